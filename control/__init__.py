@@ -1,0 +1,1 @@
+"""The control plane: schema and migrations, catalog, operator CLI, launcher."""

@@ -1,0 +1,192 @@
+"""The operator CLI, ``gateway``.  Every command that prints data takes ``--json``.
+
+Environment: GATEWAY_PORT, GATEWAY_STATE_DIR, GATEWAY_CATALOG, DATABASE_URL, REDIS_URL (see README).
+Without DATABASE_URL / REDIS_URL the commands find the stack that ``gateway up`` started through
+``$GATEWAY_STATE_DIR/stack.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from extproc.catalog import CatalogError
+from extproc.settings import Settings
+
+from .admin import Admin, AdminError, micro_to_pln, pln_to_micro
+
+
+def _urls(s: Settings) -> tuple[str, str]:
+    db, rd = s.database_url, s.redis_url
+    f = s.state / "stack.json"
+    if (not db or not rd) and f.exists():
+        doc = json.loads(f.read_text())
+        db, rd = db or doc["database_url"], rd or doc["redis_url"]
+    if not db or not rd:
+        raise AdminError(f"no running stack found in {s.state} (start it with 'gateway up'),"
+                         " or set DATABASE_URL and REDIS_URL")
+    return db, rd
+
+
+async def _with_admin(s: Settings, fn: Callable[[Admin], Awaitable[Any]]) -> Any:
+    import asyncpg
+    import redis.asyncio as aioredis
+    db, rd = _urls(s)
+    pool = await asyncpg.create_pool(db, min_size=1, max_size=2)
+    r = aioredis.from_url(rd)
+    try:
+        return await fn(Admin(pool, r))
+    finally:
+        await pool.close()
+        await r.aclose()
+
+
+def _print(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(data, default=str) if args.json else text)
+
+
+DEMO_FILE = "demo.json"
+
+
+async def ensure_demo(admin: Admin, s: Settings) -> dict[str, str]:
+    """First start: a demo organisation with the trial balance and a key, remembered in the state dir."""
+    f = s.state / DEMO_FILE
+    if f.exists():
+        return dict(json.loads(f.read_text()))
+    org = await admin.create_org("demo", pln_to_micro(s.trial_balance_pln))
+    kid, key = await admin.create_key(org, "demo")
+    demo = {"org": org, "key_id": kid, "key": key}
+    f.write_text(json.dumps(demo))
+    f.chmod(0o600)
+    return demo
+
+
+def cmd_up(args: argparse.Namespace, s: Settings) -> int:
+    from .launcher import Stack
+    if args.port:
+        s = Settings.from_env(gateway_port=args.port)
+    stack = Stack(s)
+    stopping = False
+
+    def _stop(*_: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        stack.start()
+        s2 = Settings.from_env(gateway_port=s.gateway_port, database_url=stack.database_url,
+                               redis_url=stack.redis_url)
+        demo = asyncio.run(_with_admin(s2, lambda a: ensure_demo(a, s2)))
+        base = f"http://{s.gateway_host}:{s.gateway_port}/v1"
+        print(f"""
+Gateway ready on {base}
+  demo organisation: {demo['org']}
+  API key:           {demo['key']}
+
+Try it:
+  curl -s {base}/chat/completions -H "Authorization: Bearer {demo['key']}" \\
+    -H "Content-Type: application/json" \\
+    -d '{{"model": "polish-pro", "messages": [{{"role": "user", "content": "Dzień dobry!"}}]}}'
+
+Ctrl-C stops every process.""", flush=True)
+        stack.supervise(lambda: stopping)
+    finally:
+        stack.stop()
+    return 0
+
+
+def cmd_sim(args: argparse.Namespace, s: Settings) -> int:
+    import sim
+    sim.main(["--port", str(args.port)] + args.rest)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="gateway", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start the whole stack in the foreground")
+    up.add_argument("--port", type=int)
+    sm = sub.add_parser("sim", help="run the model-server simulator")
+    sm.add_argument("--port", type=int, default=9100)
+    sm.add_argument("rest", nargs=argparse.REMAINDER)
+    org = sub.add_parser("org").add_subparsers(dest="sub", required=True)
+    oc = org.add_parser("create"); oc.add_argument("name"); oc.add_argument("--balance", default="0")
+    for n in ("suspend", "reactivate"):
+        org.add_parser(n).add_argument("org")
+    ol = org.add_parser("limits"); ol.add_argument("org")
+    ol.add_argument("--rpm", type=int); ol.add_argument("--concurrency", type=int)
+    key = sub.add_parser("key").add_subparsers(dest="sub", required=True)
+    key.add_parser("create").add_argument("org")
+    key.add_parser("revoke").add_argument("key_id")
+    kl = key.add_parser("limits"); kl.add_argument("key_id"); kl.add_argument("--rpm", type=int, required=True)
+    bal = sub.add_parser("balance").add_subparsers(dest="sub", required=True)
+    bc = bal.add_parser("credit"); bc.add_argument("org"); bc.add_argument("pln")
+    bc.add_argument("--ref", help="idempotency reference: the same reference credits once")
+    bal.add_parser("show").add_argument("org")
+    us = sub.add_parser("usage"); us.add_argument("org"); us.add_argument("--limit", type=int, default=50)
+    for sp in list(sub.choices.values()):
+        sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+    for grp in (org, key, bal):
+        for sp in grp.choices.values():
+            sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+    args = p.parse_args(argv)
+    s = Settings.from_env()
+    try:
+        if args.cmd == "up":
+            return cmd_up(args, s)
+        if args.cmd == "sim":
+            return cmd_sim(args, s)
+        return asyncio.run(_with_admin(s, lambda a: _admin_cmd(args, a)))
+    except (AdminError, CatalogError) as e:
+        print(f"gateway: {e}", file=sys.stderr)
+        return 2
+
+
+async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
+    c, sc = args.cmd, getattr(args, "sub", None)
+    if c == "org" and sc == "create":
+        oid = await a.create_org(args.name, pln_to_micro(args.balance))
+        _print(args, {"id": oid}, oid)
+    elif c == "org" and sc in ("suspend", "reactivate"):
+        await a.set_status(args.org, "suspended" if sc == "suspend" else "active")
+        _print(args, {"id": args.org, "status": "suspended" if sc == "suspend" else "active"}, "ok")
+    elif c == "org" and sc == "limits":
+        await a.set_limits(args.org, args.rpm, args.concurrency)
+        _print(args, {"id": args.org, "rpm": args.rpm, "concurrency": args.concurrency}, "ok")
+    elif c == "key" and sc == "create":
+        kid, k = await a.create_key(args.org)
+        _print(args, {"id": kid, "key": k}, f"{kid}\n{k}\n(the key is shown once; store it now)")
+    elif c == "key" and sc == "revoke":
+        await a.revoke_key(args.key_id)
+        _print(args, {"id": args.key_id, "revoked": True}, "revoked")
+    elif c == "key" and sc == "limits":
+        await a.set_key_limits(args.key_id, args.rpm)
+        _print(args, {"id": args.key_id, "rpm": args.rpm}, "ok")
+    elif c == "balance" and sc == "credit":
+        new = await a.credit(args.org, pln_to_micro(args.pln), ref=args.ref)
+        b = await a.balance(args.org)
+        _print(args, {**b, "credited": new}, f"{'credited' if new else 'already credited'}; balance {b['balance_pln']} PLN")
+    elif c == "balance" and sc == "show":
+        b = await a.balance(args.org)
+        _print(args, b, f"{b['balance_pln']} PLN")
+    elif c == "usage":
+        rows = await a.usage(args.org, args.limit)
+        lines = [f"{r['started_at']}  {r['request_id']}  {r['alias']:<12} {r['status']}  "
+                 f"in={r['prompt_tokens']} out={r['completion_tokens']}  "
+                 f"{micro_to_pln(r['cost_micro_pln'])} PLN{'  (estimated)' if r['estimated'] else ''}"
+                 for r in rows]
+        _print(args, rows, "\n".join(lines) or "no requests yet")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

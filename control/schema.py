@@ -1,0 +1,75 @@
+"""PostgreSQL schema as ordered migrations, applied once each (``gateway up`` and the tests run them)."""
+from __future__ import annotations
+
+import asyncpg
+
+MIGRATIONS: list[str] = [
+    # 1: organisations, hashed keys, the ledger, usage metadata (never any text)
+    """
+    CREATE TABLE orgs (
+      id text PRIMARY KEY,
+      name text NOT NULL,
+      status text NOT NULL DEFAULT 'active' CHECK (status IN ('active', 'suspended')),
+      rpm integer CHECK (rpm > 0),
+      concurrency integer CHECK (concurrency > 0),
+      created_at timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE TABLE api_keys (
+      id text PRIMARY KEY,
+      org_id text NOT NULL REFERENCES orgs(id),
+      key_hash text NOT NULL UNIQUE,
+      prefix text NOT NULL,
+      name text,
+      rpm integer CHECK (rpm > 0),
+      created_at timestamptz NOT NULL DEFAULT now(),
+      revoked_at timestamptz
+    );
+    CREATE TABLE ledger (
+      id bigserial PRIMARY KEY,
+      org_id text NOT NULL REFERENCES orgs(id),
+      amount_micro_pln bigint NOT NULL,
+      kind text NOT NULL CHECK (kind IN ('topup', 'trial', 'correction', 'usage')),
+      ref text NOT NULL UNIQUE,
+      created_at timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE INDEX ledger_org ON ledger (org_id);
+    CREATE TABLE usage_records (
+      request_id text PRIMARY KEY,
+      org_id text NOT NULL,
+      key_id text NOT NULL,
+      alias text NOT NULL,
+      upstream_model text NOT NULL,
+      endpoint text NOT NULL,
+      status integer NOT NULL,
+      stream boolean NOT NULL,
+      prompt_tokens integer NOT NULL,
+      completion_tokens integer NOT NULL,
+      estimated boolean NOT NULL,
+      cost_micro_pln bigint NOT NULL,
+      input_price bigint NOT NULL,
+      output_price bigint NOT NULL,
+      started_at timestamptz NOT NULL,
+      ttfb_ms integer,
+      ended_at timestamptz NOT NULL
+    );
+    CREATE INDEX usage_org_time ON usage_records (org_id, started_at DESC);
+    """,
+]
+
+
+async def migrate(conn: asyncpg.Connection) -> int:
+    """Apply pending migrations under an advisory lock; returns the schema version."""
+    await conn.execute("SELECT pg_advisory_lock(7420001)")
+    try:
+        await conn.execute("CREATE TABLE IF NOT EXISTS schema_migrations"
+                           " (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())")
+        done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+        for i, sql in enumerate(MIGRATIONS, start=1):
+            if i in done:
+                continue
+            async with conn.transaction():
+                await conn.execute(sql)
+                await conn.execute("INSERT INTO schema_migrations (version) VALUES ($1)", i)
+        return len(MIGRATIONS)
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock(7420001)")

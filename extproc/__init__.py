@@ -1,0 +1,1 @@
+"""The gateway's external-processing (ext_proc) gRPC service and its pure request rules."""

@@ -1,0 +1,60 @@
+"""Runs the ext_proc service: ``python -m extproc`` (the launcher starts it with the stack's settings)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import asyncpg
+import grpc
+import redis.asyncio as aioredis
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+
+from . import catalog as catalog_mod
+from .directory import Directory
+from .exchange import Gateway
+from .server import Processor
+from .settings import Settings
+from .store import Store
+from .usage_writer import UsageWriter
+
+
+async def serve(settings: Settings) -> None:
+    cat = catalog_mod.load(settings.catalog)
+    r = aioredis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2,
+                          health_check_interval=10)
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=4)
+    store = Store(r, default_rpm=settings.default_rpm, default_concurrency=settings.default_concurrency,
+                  lease_s=int(settings.total_timeout_s) + 60, key_ttl_s=settings.key_cache_ttl_s)
+    gw = Gateway(catalog=cat, store=store, directory=Directory(pool), pick=lambda a: a.pick_upstream())
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 128 * 1024 * 1024),
+                                      ("grpc.max_send_message_length", 128 * 1024 * 1024)])
+    ep_grpc.add_ExternalProcessorServicer_to_server(Processor(gw), server)
+    server.add_insecure_port(f"127.0.0.1:{settings.grpc_port}")
+    await server.start()
+    writer = UsageWriter(r, pool)
+    writer_task = asyncio.create_task(writer.run())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    logging.getLogger("extproc").info("ext_proc listening on 127.0.0.1:%d", settings.grpc_port)
+    await stop.wait()
+    await server.stop(grace=10)
+    writer_task.cancel()
+    try:
+        await writer.drain()
+    except Exception:  # noqa: BLE001
+        logging.getLogger("extproc").warning("usage drain at shutdown incomplete; the next writer finishes it")
+    await pool.close()
+    await r.aclose()
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format='{"t":"%(asctime)s","level":"%(levelname)s",'
+                        '"logger":"%(name)s","msg":"%(message)s"}')
+    asyncio.run(serve(Settings.from_env()))
+
+
+if __name__ == "__main__":
+    main()

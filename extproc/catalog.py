@@ -1,0 +1,189 @@
+"""The model catalog: aliases, capabilities, limits, prices with effective times, upstream models
+with traffic shares, and deployments. Loaded from YAML; validation errors name the file and field.
+"""
+from __future__ import annotations
+
+import bisect
+import datetime as dt
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .cost import Prices
+
+
+class CatalogError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class PriceStep:
+    effective: int  # unix seconds
+    prices: Prices
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    model: str
+    share: int
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    name: str
+    host: str
+    port: int
+
+
+@dataclass(slots=True)
+class Alias:
+    id: str
+    capabilities: tuple[str, ...]
+    context_length: int
+    max_output_tokens: int
+    created: int
+    price_steps: tuple[PriceStep, ...]
+    upstreams: tuple[Upstream, ...]
+    _cum: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        total = 0
+        self._cum = []
+        for u in self.upstreams:
+            total += u.share
+            self._cum.append(total)
+
+    def prices_at(self, when: float) -> Prices:
+        """The prices in force at ``when`` (unix seconds)."""
+        chosen = self.price_steps[0].prices
+        for step in self.price_steps:
+            if step.effective <= when:
+                chosen = step.prices
+        return chosen
+
+    def pick_upstream(self, rnd: random.Random | None = None) -> str | None:
+        """An upstream model chosen by traffic share; None when the alias has no upstream."""
+        if not self._cum or self._cum[-1] <= 0:
+            return None
+        x = (rnd or random).randrange(self._cum[-1])
+        return self.upstreams[bisect.bisect_right(self._cum, x)].model
+
+    def model_object(self, now: float) -> dict[str, Any]:
+        p = self.prices_at(now)
+        return {
+            "id": self.id,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "service",
+            "capabilities": list(self.capabilities),
+            "context_length": self.context_length,
+            "max_output_tokens": self.max_output_tokens,
+            "pricing": {
+                "input_micro_pln_per_1m": p.input,
+                "output_micro_pln_per_1m": p.output,
+                "currency": "PLN",
+            },
+        }
+
+
+@dataclass(slots=True)
+class Catalog:
+    aliases: dict[str, Alias]
+    deployments: dict[str, tuple[Deployment, ...]]  # upstream model -> deployments
+
+    @staticmethod
+    def cluster_name(upstream_model: str) -> str:
+        return "upstream_" + "".join(c if c.isalnum() or c in "-_." else "_" for c in upstream_model)
+
+    def has_capacity(self, upstream_model: str) -> bool:
+        return bool(self.deployments.get(upstream_model))
+
+
+_CAPS = {"chat", "embeddings", "vision"}
+
+
+def _ts(value: Any, where: str) -> int:
+    if isinstance(value, dt.datetime):
+        d = value
+    elif isinstance(value, dt.date):
+        d = dt.datetime(value.year, value.month, value.day)
+    elif isinstance(value, str):
+        try:
+            d = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise CatalogError(f"{where}: not an ISO date-time: {value!r}") from None
+    else:
+        raise CatalogError(f"{where}: missing or not a date-time")
+    if d.tzinfo is None:
+        d = d.replace(tzinfo=dt.timezone.utc)
+    return int(d.timestamp())
+
+
+def _int(d: dict[str, Any], key: str, where: str, minimum: int = 0) -> int:
+    v = d.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+        raise CatalogError(f"{where}.{key}: must be an integer >= {minimum}")
+    return v
+
+
+def parse(doc: Any, source: str = "<catalog>") -> Catalog:
+    if not isinstance(doc, dict):
+        raise CatalogError(f"{source}: the catalog must be a mapping")
+    models_doc = doc.get("upstream_models") or {}
+    deployments: dict[str, tuple[Deployment, ...]] = {}
+    for name, m in models_doc.items():
+        where = f"{source}: upstream_models.{name}"
+        deps = []
+        for i, d in enumerate((m or {}).get("deployments") or []):
+            w = f"{where}.deployments[{i}]"
+            if not isinstance(d, dict) or not isinstance(d.get("host"), str):
+                raise CatalogError(f"{w}.host: must be a string")
+            deps.append(Deployment(str(d.get("name", f"{name}-{i}")), d["host"], _int(d, "port", w, 1)))
+        deployments[str(name)] = tuple(deps)
+    aliases: dict[str, Alias] = {}
+    for name, a in (doc.get("aliases") or {}).items():
+        where = f"{source}: aliases.{name}"
+        if not isinstance(a, dict):
+            raise CatalogError(f"{where}: must be a mapping")
+        caps = tuple(a.get("capabilities") or ())
+        if not caps or not set(caps) <= _CAPS:
+            raise CatalogError(f"{where}.capabilities: each must be one of {sorted(_CAPS)}")
+        steps = []
+        for i, p in enumerate(a.get("prices") or []):
+            w = f"{where}.prices[{i}]"
+            if not isinstance(p, dict):
+                raise CatalogError(f"{w}: must be a mapping")
+            steps.append(PriceStep(_ts(p.get("effective"), w + ".effective"),
+                                   Prices(_int(p, "input_micro_pln_per_1m", w),
+                                          int(p.get("output_micro_pln_per_1m", 0)))))
+        if not steps:
+            raise CatalogError(f"{where}.prices: at least one price with an effective date is required")
+        steps.sort(key=lambda s: s.effective)
+        ups = []
+        for i, u in enumerate(a.get("upstreams") or []):
+            w = f"{where}.upstreams[{i}]"
+            if not isinstance(u, dict) or u.get("model") not in deployments:
+                raise CatalogError(f"{w}.model: must name an entry of upstream_models")
+            ups.append(Upstream(u["model"], _int(u, "share", w) if "share" in u else 100))
+        aliases[str(name)] = Alias(
+            id=str(name), capabilities=caps,
+            context_length=_int(a, "context_length", where, 1),
+            max_output_tokens=_int(a, "max_output_tokens", where, 0),
+            created=_ts(a.get("created", "2026-01-01T00:00:00Z"), where + ".created"),
+            price_steps=tuple(steps), upstreams=tuple(ups),
+        )
+    return Catalog(aliases, deployments)
+
+
+def load(path: str | Path) -> Catalog:
+    p = Path(path)
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark is not None else ""
+        raise CatalogError(f"{p}:{line} malformed YAML") from None
+    return parse(doc, str(p))

@@ -1,0 +1,68 @@
+"""The billing rule (SPEC section 4, cost computation) and the token estimator. Pure, integers only."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Prices:
+    """micro-PLN per 1 000 000 tokens."""
+
+    input: int
+    output: int
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def cost_micro_pln(prompt_tokens: int, completion_tokens: int, prices: Prices) -> int:
+    """ceil(prompt x input / 1e6) + ceil(completion x output / 1e6), each term rounded up alone."""
+    return _ceil_div(prompt_tokens * prices.input, 1_000_000) + _ceil_div(
+        completion_tokens * prices.output, 1_000_000
+    )
+
+
+def estimate_tokens(text_bytes: int) -> int:
+    """The one estimator: 1 token per 4 UTF-8 bytes of text, rounded up (at least 1 for non-empty text)."""
+    return _ceil_div(text_bytes, 4)
+
+
+def _text_bytes(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value.encode())
+    if isinstance(value, list):
+        return sum(_text_bytes(v) for v in value)
+    if isinstance(value, dict):
+        # content parts: only text counts; an image part counts as nothing here
+        return _text_bytes(value.get("text")) if value.get("type", "text") == "text" else 0
+    return 0
+
+
+def estimate_chat_prompt(messages: list[Any]) -> int:
+    """Estimated prompt tokens of a chat request: its message texts, plus 4 tokens of framing per message."""
+    total = 0
+    for m in messages:
+        if isinstance(m, dict):
+            total += estimate_tokens(_text_bytes(m.get("content"))) + 4
+    return total
+
+
+def estimate_embedding_prompt(inputs: list[str]) -> int:
+    return sum(estimate_tokens(len(s.encode())) for s in inputs)
+
+
+def usage_json_tokens(usage: Any) -> tuple[int, int] | None:
+    """(prompt, completion) from a Usage object, or None when it is not a valid one."""
+    if not isinstance(usage, dict):
+        return None
+    p = usage.get("prompt_tokens")
+    c = usage.get("completion_tokens", 0) or 0
+    if not isinstance(p, int) or not isinstance(c, int) or p < 0 or c < 0:
+        return None
+    return p, c
+
+
+__all__ = ["Prices", "cost_micro_pln", "estimate_tokens", "estimate_chat_prompt",
+           "estimate_embedding_prompt", "usage_json_tokens"]

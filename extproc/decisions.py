@@ -1,0 +1,47 @@
+"""Small typed values that policies return and the exchange acts on."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import ApiError
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    key_id: str
+    org_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The one answer of the way-in Redis script: who is calling and whether they may proceed."""
+
+    identity: Identity | None
+    error: ApiError | None
+
+    @property
+    def admitted(self) -> bool:
+        return self.error is None and self.identity is not None
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRecord:
+    """Metadata of one request: never any text."""
+
+    request_id: str
+    org_id: str
+    key_id: str
+    alias: str
+    upstream_model: str
+    endpoint: str
+    status: int
+    stream: bool
+    prompt_tokens: int
+    completion_tokens: int
+    estimated: bool
+    cost_micro_pln: int
+    input_price: int
+    output_price: int
+    started_at: float
+    ttfb_ms: int | None
+    ended_at: float

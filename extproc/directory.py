@@ -1,0 +1,28 @@
+"""PostgreSQL reads on a cache miss only (never once per request): keys and organisations."""
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+
+
+class Directory:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    async def key(self, key_hash: str) -> dict[str, Any] | None:
+        row = await self.pool.fetchrow(
+            "SELECT id, org_id, rpm FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL", key_hash)
+        if row is None:
+            return None
+        return {"id": row["id"], "org": row["org_id"], "rpm": row["rpm"]}
+
+    async def org(self, org_id: str) -> dict[str, Any]:
+        row = await self.pool.fetchrow(
+            "SELECT o.status, o.rpm, o.concurrency,"
+            " (SELECT COALESCE(SUM(amount_micro_pln), 0) FROM ledger l WHERE l.org_id = o.id) AS balance"
+            " FROM orgs o WHERE o.id = $1", org_id)
+        if row is None:
+            return {"status": "suspended", "balance": 0}
+        return {"status": row["status"], "balance": int(row["balance"]), "rpm": row["rpm"],
+                "conc": row["concurrency"]}

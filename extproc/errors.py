@@ -1,0 +1,62 @@
+"""SPEC section 7 as data: every client-visible error code, its HTTP status and type.
+
+Pure: no I/O.  ``ApiError`` is the one value every rule returns to reject a request.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+# code -> (HTTP status, type)
+TABLE: dict[str, tuple[int, str]] = {
+    "invalid_json": (400, "invalid_request_error"),
+    "invalid_request": (400, "invalid_request_error"),
+    "context_length_exceeded": (400, "invalid_request_error"),
+    "invalid_api_key": (401, "authentication_error"),
+    "insufficient_quota": (402, "insufficient_quota"),
+    "org_suspended": (403, "permission_error"),
+    "model_not_found": (404, "invalid_request_error"),
+    "unsupported_endpoint": (404, "invalid_request_error"),
+    "rate_limit_exceeded": (429, "rate_limit_error"),
+    "concurrency_limit_exceeded": (429, "rate_limit_error"),
+    "internal_error": (500, "server_error"),
+    "no_capacity": (503, "server_error"),
+    "upstream_unavailable": (502, "upstream_error"),
+    "upstream_timeout": (502, "upstream_error"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ApiError:
+    """A rejection with SPEC's code; ``message`` never quotes request or reply text."""
+
+    code: str
+    message: str
+    param: str | None = None
+    retry_after: int | None = None
+
+    @property
+    def status(self) -> int:
+        return TABLE[self.code][0]
+
+    @property
+    def type(self) -> str:
+        return TABLE[self.code][1]
+
+    def body(self, request_id: str) -> bytes:
+        return json.dumps(
+            {
+                "error": {
+                    "message": self.message,
+                    "type": self.type,
+                    "code": self.code,
+                    "param": self.param,
+                    "request_id": request_id,
+                }
+            },
+            separators=(",", ":"),
+        ).encode()
+
+
+def internal_error() -> ApiError:
+    return ApiError("internal_error", "The gateway failed unexpectedly; retry with backoff.")

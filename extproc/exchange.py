@@ -1,0 +1,251 @@
+"""One request's journey through the ext_proc phases, as plain method calls.
+
+The stream loop (``server``) turns ext_proc messages into calls on an ``Exchange`` and its ``Answer``s
+back into messages; this module knows nothing of gRPC.  Pure rules come from ``rules``, ``sse``,
+``responses`` and ``cost``; I/O goes through ``Gateway.store`` (Redis) and, on a cache miss only,
+``Gateway.directory`` (PostgreSQL).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .catalog import Alias, Catalog
+from .cost import cost_micro_pln
+from .decisions import Admission, UsageRecord
+from .directory import Directory
+from .errors import ApiError, internal_error
+from .keys import bearer_key, key_hash
+from .responses import rewrite_body, upstream_error
+from .rules import CHAT, Prepared, prepare_chat, prepare_embeddings
+from .sse import StreamRelay
+from .store import INVALID_KEY, Miss, Store
+
+log = logging.getLogger("extproc")
+
+CLUSTER_HEADER = "x-gateway-cluster"
+LOCAL_REPLY_HEADER = "x-gateway-local-reply"
+# Headers a client may send that never go upstream: the key, vendor org/project headers, routing.
+_STRIP_PREFIXES = ("openai-",)
+_STRIP = frozenset({"authorization", CLUSTER_HEADER, "x-api-key"})
+
+_CHAT_PATH = "/v1/chat/completions"
+_EMB_PATH = "/v1/embeddings"
+_MODELS_PATH = "/v1/models"
+
+
+@dataclass(slots=True)
+class Answer:
+    """What the stream loop sends back for one phase.  ``reply`` set means an immediate response."""
+
+    set_headers: dict[str, str] = field(default_factory=dict)
+    remove_headers: list[str] = field(default_factory=list)
+    body: bytes | None = None
+    clear_route_cache: bool = False
+    stream_response: bool = False  # switch the response body to streamed mode
+    skip_response_body: bool = False
+    reply: tuple[int, bytes, dict[str, str]] | None = None
+
+
+@dataclass(slots=True)
+class Gateway:
+    """What every exchange shares: configuration and the two stores."""
+
+    catalog: Catalog
+    store: Store
+    directory: Directory
+    pick: Callable[[Alias], str | None]
+    clock: Callable[[], float] = time.time
+
+    def upstream_for(self, alias: Alias) -> str | None:
+        up = self.pick(alias)
+        return up if up is not None and self.catalog.has_capacity(up) else None
+
+
+def _error_answer(err: ApiError, request_id: str) -> Answer:
+    headers = {"content-type": "application/json"}
+    if err.retry_after is not None:
+        headers["retry-after"] = str(err.retry_after)
+    return Answer(reply=(err.status, err.body(request_id), headers))
+
+
+def _json_answer(doc: object) -> Answer:
+    return Answer(reply=(200, json.dumps(doc, separators=(",", ":")).encode(),
+                         {"content-type": "application/json"}))
+
+
+class Exchange:
+    __slots__ = ("gw", "request_id", "method", "path", "key_hash", "admission", "prepared", "started",
+                 "ttfb", "status", "relay", "output_seen", "finished", "local_reply")
+
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.request_id = ""
+        self.method = ""
+        self.path = ""
+        self.key_hash: str | None = None
+        self.admission: Admission | None = None
+        self.prepared: Prepared | None = None
+        self.started = gw.clock()
+        self.ttfb: float | None = None
+        self.status = 0
+        self.relay: StreamRelay | None = None
+        self.output_seen = False
+        self.finished = False
+        self.local_reply = False
+
+    # ---- request headers -------------------------------------------------------------------
+    async def request_headers(self, headers: dict[str, str], end_of_stream: bool) -> Answer:
+        self.request_id = headers.get("x-request-id", "")
+        self.method = headers.get(":method", "")
+        self.path = headers.get(":path", "").split("?", 1)[0]
+        key = bearer_key(headers.get("authorization"))
+        if key is None:
+            return _error_answer(INVALID_KEY, self.request_id)
+        self.key_hash = key_hash(key)
+        if self.method == "POST" and self.path in (_CHAT_PATH, _EMB_PATH):
+            if end_of_stream:
+                return await self.request_body(b"")
+            strip = [h for h in headers if h in _STRIP or h.startswith(_STRIP_PREFIXES)]
+            return Answer(remove_headers=strip)
+        # Everything else is answered here, after authentication only.
+        adm = await self._admit(limits=False)
+        if adm.error is not None:
+            return _error_answer(adm.error, self.request_id)
+        if self.method == "GET" and self.path == _MODELS_PATH:
+            now = self.gw.clock()
+            return _json_answer({"object": "list",
+                                 "data": [a.model_object(now) for a in self.gw.catalog.aliases.values()]})
+        if self.method == "GET" and self.path.startswith(_MODELS_PATH + "/"):
+            alias = self.gw.catalog.aliases.get(self.path[len(_MODELS_PATH) + 1:])
+            if alias is None:
+                return _error_answer(ApiError("model_not_found", "The requested model does not exist.",
+                                              "model"), self.request_id)
+            return _json_answer(alias.model_object(self.gw.clock()))
+        return _error_answer(ApiError("unsupported_endpoint",
+                                      "This endpoint or method is not offered by the service."),
+                             self.request_id)
+
+    # ---- request body ----------------------------------------------------------------------
+    async def request_body(self, body: bytes) -> Answer:
+        prepare = prepare_chat if self.path == _CHAT_PATH else prepare_embeddings
+        prepared = prepare(body, self.gw.catalog, self.gw.upstream_for)
+        valid = not isinstance(prepared, ApiError)
+        adm = await self._admit(limits=valid)
+        if adm.error is not None:
+            return _error_answer(adm.error, self.request_id)
+        if isinstance(prepared, ApiError):
+            return _error_answer(prepared, self.request_id)
+        self.prepared = prepared
+        return Answer(
+            set_headers={CLUSTER_HEADER: Catalog.cluster_name(prepared.upstream_model),
+                         "content-length": str(len(prepared.body))},
+            body=prepared.body, clear_route_cache=True)
+
+    async def _admit(self, *, limits: bool) -> Admission:
+        assert self.key_hash is not None
+        for _ in range(3):
+            try:
+                adm = await self.gw.store.admit(self.key_hash, self.request_id, limits=limits)
+            except Miss as miss:
+                if miss.what == "key":
+                    await self.gw.store.fill_key(self.key_hash, await self.gw.directory.key(self.key_hash))
+                else:
+                    assert miss.org_id is not None
+                    await self.gw.store.fill_org(miss.org_id, await self.gw.directory.org(miss.org_id))
+                continue
+            self.admission = adm
+            return adm
+        raise RuntimeError("cache fill did not converge")
+
+    # ---- response --------------------------------------------------------------------------
+    async def response_headers(self, headers: dict[str, str]) -> Answer:
+        self.ttfb = self.gw.clock()
+        self.status = int(headers.get(":status", "0") or 0)
+        if LOCAL_REPLY_HEADER in headers:
+            # Envoy's own reply (upstream unreachable, timeout, ...), already in SPEC's shape.
+            self.local_reply = True
+            return Answer(remove_headers=[LOCAL_REPLY_HEADER], skip_response_body=True)
+        p = self.prepared
+        if p is None:
+            return Answer()
+        if (p.stream and self.status == 200
+                and headers.get("content-type", "").startswith("text/event-stream")):
+            self.relay = StreamRelay(p.upstream_model, p.alias.id, p.client_wants_usage)
+            return Answer(stream_response=True)
+        return Answer()
+
+    async def response_body(self, body: bytes, end_of_stream: bool) -> Answer:
+        p = self.prepared
+        if p is None:
+            return Answer()
+        if self.relay is not None:
+            if body:
+                self.output_seen = True
+            out = self.relay.feed(body)
+            if end_of_stream:
+                out += self.relay.end()
+                await self._finish_stream()
+            return Answer(body=out)
+        if self.status >= 400 or self.status < 200:
+            err = upstream_error(self.status, body)
+            await self._bill(None)
+            return _error_answer(err, self.request_id)
+        new, usage = rewrite_body(body, p.upstream_model, p.alias.id)
+        if usage is None:
+            await self._bill((p.estimated_prompt_tokens, 0), estimated=True)
+        else:
+            await self._bill(usage)
+        return Answer(body=new, set_headers={"content-length": str(len(new))})
+
+    async def _finish_stream(self) -> None:
+        relay = self.relay
+        assert relay is not None and self.prepared is not None
+        if relay.usage is not None:
+            await self._bill(relay.usage)
+        else:
+            await self._bill((self.prepared.estimated_prompt_tokens, relay.content_events), estimated=True)
+
+    # ---- the end, however it came ----------------------------------------------------------
+    async def close(self) -> None:
+        """The gRPC stream ended.  A forwarded request not billed yet ended abnormally."""
+        if self.finished or self.prepared is None:
+            return
+        p = self.prepared
+        if self.local_reply and self.status >= 500:
+            await self._bill(None)  # the model server produced nothing
+        elif self.relay is not None and self.output_seen:
+            await self._bill((p.estimated_prompt_tokens, self.relay.content_events), estimated=True)
+        else:
+            # client gone or reply broken after the request reached the model server: input tokens
+            await self._bill((p.estimated_prompt_tokens, 0), estimated=True)
+
+    async def _bill(self, tokens: tuple[int, int] | None, *, estimated: bool = False) -> None:
+        """Release the slot and record the request once; ``None`` tokens: nothing billed."""
+        if self.finished:
+            return
+        self.finished = True
+        adm, p = self.admission, self.prepared
+        if adm is None or adm.identity is None or p is None:
+            return
+        record = None
+        if tokens is not None:
+            prices = p.alias.prices_at(self.started)
+            prompt, completion = tokens
+            now = self.gw.clock()
+            record = UsageRecord(
+                request_id=self.request_id, org_id=adm.identity.org_id, key_id=adm.identity.key_id,
+                alias=p.alias.id, upstream_model=p.upstream_model, endpoint=p.endpoint,
+                status=self.status, stream=p.stream, prompt_tokens=prompt,
+                completion_tokens=completion if p.endpoint == CHAT else 0, estimated=estimated,
+                cost_micro_pln=cost_micro_pln(prompt, completion if p.endpoint == CHAT else 0, prices),
+                input_price=prices.input, output_price=prices.output, started_at=self.started,
+                ttfb_ms=None if self.ttfb is None else int((self.ttfb - self.started) * 1000),
+                ended_at=now)
+        await self.gw.store.finish(adm.identity.org_id, self.request_id, record)
+
+
+__all__ = ["Answer", "Exchange", "Gateway", "internal_error"]

@@ -1,0 +1,33 @@
+"""API key format, generation and hashing (SPEC section 5). Pure."""
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import string
+
+PREFIX = "sk-service-"
+_BODY_LEN = 40
+_ALPHABET = string.ascii_letters + string.digits
+_FORMAT = re.compile(r"sk-service-[A-Za-z0-9]{40}")
+_BEARER = re.compile(r"[Bb][Ee][Aa][Rr][Ee][Rr] +(\S+) *")
+
+
+def bearer_key(authorization: str | None) -> str | None:
+    """The well-formed key in an Authorization header, or None (missing or malformed)."""
+    if not authorization:
+        return None
+    m = _BEARER.fullmatch(authorization)
+    if m is None:
+        return None
+    key = m.group(1)
+    return key if _FORMAT.fullmatch(key) else None
+
+
+def key_hash(key: str) -> str:
+    """SHA-256 of a key: keys are high-entropy, so an unsalted fast hash is safe to store."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_key() -> str:
+    return PREFIX + "".join(secrets.choice(_ALPHABET) for _ in range(_BODY_LEN))

@@ -1,0 +1,75 @@
+"""Model-server replies, translated for the client.  Pure.
+
+- ``rewrite_body``: a successful JSON reply with the alias put back in ``model`` and its usage read,
+  at the bytes level (no full JSON parse of a possibly large embeddings reply).
+- ``upstream_error``: a model-server error reply mapped to SPEC section 7, with a message of our own:
+  nothing of the model server's text (which may quote the prompt) reaches the client.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from .errors import ApiError
+
+_USAGE_KEY = b'"usage"'
+_PROMPT = re.compile(rb'"prompt_tokens":\s*(\d+)')
+_COMPLETION = re.compile(rb'"completion_tokens":\s*(\d+)')
+_SAFE_PARAM = re.compile(r"[A-Za-z_][A-Za-z0-9_.\[\]]{0,63}")
+
+
+def model_pattern(upstream_model: str) -> re.Pattern[bytes]:
+    return re.compile(rb'"model":\s*' + re.escape(json.dumps(upstream_model).encode()))
+
+
+def rewrite_body(body: bytes, upstream_model: str, alias: str) -> tuple[bytes, tuple[int, int] | None]:
+    """(body with ``model`` = alias, (prompt, completion) usage or None when not reported)."""
+    new = model_pattern(upstream_model).sub(b'"model":' + json.dumps(alias).encode(), body, count=1)
+    return new, read_usage(new)
+
+
+def read_usage(body: bytes) -> tuple[int, int] | None:
+    at = body.rfind(_USAGE_KEY)
+    if at < 0:
+        return None
+    end = body.find(b"}", at)
+    tail = body[at:end if end > 0 else len(body)]
+    p = _PROMPT.search(tail)
+    if p is None:
+        return None
+    c = _COMPLETION.search(tail)
+    return int(p.group(1)), int(c.group(1)) if c else 0
+
+
+def _upstream_message_and_param(body: bytes) -> tuple[str, str | None]:
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return "", None
+    if not isinstance(doc, dict):
+        return "", None
+    err = doc.get("error") if isinstance(doc.get("error"), dict) else doc
+    msg = err.get("message")
+    param = err.get("param")
+    return (msg if isinstance(msg, str) else ""), (
+        param if isinstance(param, str) and _SAFE_PARAM.fullmatch(param) else None)
+
+
+def upstream_error(status: int, body: bytes) -> ApiError:
+    """Map a model server's error status and body to SPEC section 7."""
+    message, param = _upstream_message_and_param(body)
+    low = message.lower()
+    if status in (400, 413, 422):
+        if "context length" in low or "context_length" in low or "maximum context" in low:
+            return ApiError("context_length_exceeded",
+                            "The input is longer than the model's context length.", param or "messages")
+        if "multimodal" in low or "image" in low or "vision" in low:
+            return ApiError("invalid_request", "This model does not accept image content.", "messages")
+        return ApiError("invalid_request",
+                        "The model server rejected the request" + (f" (parameter '{param}')." if param else "."),
+                        param)
+    if status == 429:
+        return ApiError("no_capacity", "No capacity for this model right now; retry with backoff.")
+    if status == 504:
+        return ApiError("upstream_timeout", "The model server timed out; retry with backoff.")
+    return ApiError("upstream_unavailable", "The model server could not complete the request; retry with backoff.")

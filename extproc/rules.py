@@ -1,0 +1,145 @@
+"""Request rules of SPEC section 4 for chat completions and embeddings.
+
+Pure: bytes in, a ``Prepared`` request (the body to forward upstream and what billing needs)
+or an ``ApiError`` out.  The body is parsed once and serialised once.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .catalog import Alias, Catalog
+from .cost import estimate_chat_prompt, estimate_embedding_prompt
+from .errors import ApiError
+
+CHAT = "chat"
+EMBEDDINGS = "embeddings"
+_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    endpoint: str  # CHAT or EMBEDDINGS
+    alias: Alias
+    upstream_model: str
+    body: bytes  # what goes upstream
+    stream: bool
+    client_wants_usage: bool  # show the usage chunk to the client
+    estimated_prompt_tokens: int
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _bad(message: str, param: str | None) -> ApiError:
+    return ApiError("invalid_request", message, param)
+
+
+def _parse(raw: bytes) -> dict[str, Any] | ApiError:
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return ApiError("invalid_json", "The request body is not valid JSON.")
+    if not isinstance(doc, dict):
+        return _bad("The request body must be a JSON object.", None)
+    return doc
+
+
+def _alias(doc: dict[str, Any], catalog: Catalog, capability: str) -> Alias | ApiError:
+    model = doc.get("model")
+    if model is None:
+        return _bad("The 'model' field is required.", "model")
+    if not isinstance(model, str):
+        return _bad("The 'model' field must be a string.", "model")
+    alias = catalog.aliases.get(model)
+    if alias is None:
+        return ApiError("model_not_found", "The requested model does not exist.", "model")
+    if capability not in alias.capabilities:
+        what = "chat completions" if capability == "chat" else "embeddings"
+        return _bad(f"This model does not support {what}.", "model")
+    return alias
+
+
+def _upstream(alias: Alias, pick: Callable[[Alias], str | None]) -> str | ApiError:
+    up = pick(alias)
+    if up is None:
+        return ApiError("no_capacity", "No capacity for this model right now; retry with backoff.")
+    return up
+
+
+def _max_tokens(doc: dict[str, Any], alias: Alias) -> int | ApiError:
+    ceiling = alias.max_output_tokens
+    chosen = ceiling
+    for name in ("max_tokens", "max_completion_tokens"):
+        v = doc.pop(name, None)
+        if v is None:
+            continue
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            return _bad(f"'{name}' must be an integer >= 1.", name)
+        chosen = min(chosen, v)
+    return chosen
+
+
+def prepare_chat(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | None]) -> Prepared | ApiError:
+    doc = _parse(raw)
+    if isinstance(doc, ApiError):
+        return doc
+    alias = _alias(doc, catalog, "chat")
+    if isinstance(alias, ApiError):
+        return alias
+    messages = doc.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return _bad("'messages' must be a non-empty array.", "messages")
+    for m in messages:
+        if not isinstance(m, dict) or m.get("role") not in _ROLES:
+            return _bad("Each message must be an object with a valid 'role'.", "messages")
+    stream = doc.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        return _bad("'stream' must be a boolean.", "stream")
+    max_tokens = _max_tokens(doc, alias)
+    if isinstance(max_tokens, ApiError):
+        return max_tokens
+    up = _upstream(alias, pick)
+    if isinstance(up, ApiError):
+        return up
+    wants_usage = False
+    if stream:
+        opts = doc.get("stream_options")
+        if opts is None:
+            opts = {}
+        elif not isinstance(opts, dict):
+            return _bad("'stream_options' must be an object.", "stream_options")
+        wants_usage = opts.get("include_usage") is True
+        doc["stream_options"] = {**opts, "include_usage": True}
+    doc["model"] = up
+    doc["max_tokens"] = max_tokens
+    return Prepared(CHAT, alias, up, _dumps(doc), bool(stream), wants_usage,
+                    estimate_chat_prompt(messages))
+
+
+def prepare_embeddings(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | None]) -> Prepared | ApiError:
+    doc = _parse(raw)
+    if isinstance(doc, ApiError):
+        return doc
+    alias = _alias(doc, catalog, "embeddings")
+    if isinstance(alias, ApiError):
+        return alias
+    inp = doc.get("input")
+    if isinstance(inp, str):
+        inputs = [inp]
+    elif isinstance(inp, list) and inp and all(isinstance(s, str) for s in inp):
+        inputs = inp
+    elif isinstance(inp, list) and inp and all(isinstance(s, (int, list)) for s in inp):
+        return _bad("Pre-tokenized (integer) input is not accepted; send strings.", "input")
+    else:
+        return _bad("'input' must be a string or a non-empty array of strings.", "input")
+    fmt = doc.get("encoding_format")
+    if fmt is not None and fmt not in ("float", "base64"):
+        return _bad("'encoding_format' must be 'float' or 'base64'.", "encoding_format")
+    up = _upstream(alias, pick)
+    if isinstance(up, ApiError):
+        return up
+    doc["model"] = up
+    return Prepared(EMBEDDINGS, alias, up, _dumps(doc), False, False, estimate_embedding_prompt(inputs))

@@ -1,0 +1,115 @@
+"""The ext_proc gRPC stream loop: protocol plumbing only.
+
+Each gRPC stream is one HTTP request; its messages become calls on an ``Exchange`` and the
+``Answer``s become ``ProcessingResponse``s.  No policy lives here.
+"""
+from __future__ import annotations
+
+import logging
+from typing import AsyncIterator
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from envoy.type.v3 import http_status_pb2
+
+from .errors import internal_error
+from .exchange import Answer, Exchange, Gateway
+
+log = logging.getLogger("extproc")
+
+_STREAMED = pm.ProcessingMode(response_body_mode=pm.ProcessingMode.STREAMED)
+_NO_BODY = pm.ProcessingMode(response_body_mode=pm.ProcessingMode.NONE)
+
+
+def _headers(hm: base_pb2.HeaderMap) -> dict[str, str]:
+    return {h.key: (h.raw_value.decode("latin-1") if h.raw_value else h.value) for h in hm.headers}
+
+
+
+
+def _common(answer: Answer) -> ep.CommonResponse:
+    c = ep.CommonResponse()
+    for k, v in answer.set_headers.items():
+        c.header_mutation.set_headers.append(base_pb2.HeaderValueOption(
+            header=base_pb2.HeaderValue(key=k, raw_value=v.encode()),
+            append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD))
+    if answer.remove_headers:
+        c.header_mutation.remove_headers.extend(answer.remove_headers)
+    if answer.body is not None:
+        if answer.body:
+            c.body_mutation.body = answer.body
+        else:
+            c.body_mutation.clear_body = True
+    if answer.clear_route_cache:
+        c.clear_route_cache = True
+    return c
+
+
+def _immediate(answer: Answer) -> ep.ProcessingResponse:
+    assert answer.reply is not None
+    status, body, headers = answer.reply
+    ir = ep.ImmediateResponse(status=http_status_pb2.HttpStatus(code=status), body=body, details="gateway")
+    for k, v in headers.items():
+        ir.headers.set_headers.append(base_pb2.HeaderValueOption(
+            header=base_pb2.HeaderValue(key=k, raw_value=v.encode())))
+    return ep.ProcessingResponse(immediate_response=ir)
+
+
+def _to_message(phase: str, answer: Answer) -> ep.ProcessingResponse:
+    if answer.reply is not None:
+        return _immediate(answer)
+    common = _common(answer)
+    if phase == "request_headers":
+        return ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=common))
+    if phase == "request_body":
+        return ep.ProcessingResponse(request_body=ep.BodyResponse(response=common))
+    if phase == "response_headers":
+        msg = ep.ProcessingResponse(response_headers=ep.HeadersResponse(response=common))
+        if answer.stream_response:
+            msg.mode_override.CopyFrom(_STREAMED)
+        elif answer.skip_response_body:
+            msg.mode_override.CopyFrom(_NO_BODY)
+        return msg
+    if phase == "response_body":
+        return ep.ProcessingResponse(response_body=ep.BodyResponse(response=common))
+    if phase == "request_trailers":
+        return ep.ProcessingResponse(request_trailers=ep.TrailersResponse())
+    return ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
+
+
+class Processor(ep_grpc.ExternalProcessorServicer):
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    async def Process(self, request_iterator: AsyncIterator[ep.ProcessingRequest],  # noqa: N802
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[ep.ProcessingResponse]:
+        ex = Exchange(self.gateway)
+        try:
+            async for req in request_iterator:
+                phase = req.WhichOneof("request")
+                try:
+                    if phase == "request_headers":
+                        h = req.request_headers
+                        answer = await ex.request_headers(_headers(h.headers), h.end_of_stream)
+                    elif phase == "request_body":
+                        answer = await ex.request_body(req.request_body.body)
+                    elif phase == "response_headers":
+                        answer = await ex.response_headers(_headers(req.response_headers.headers))
+                    elif phase == "response_body":
+                        b = req.response_body
+                        answer = await ex.response_body(b.body, b.end_of_stream)
+                    else:
+                        answer = Answer()
+                except Exception:  # noqa: BLE001 - every failure becomes SPEC's 500, never a hang
+                    log.exception("ext_proc phase %s failed (request %s)", phase, ex.request_id)
+                    answer = Answer(reply=(500, internal_error().body(ex.request_id),
+                                           {"content-type": "application/json"}))
+                yield _to_message(phase or "", answer)
+        finally:
+            try:
+                await ex.close()
+            except Exception:  # noqa: BLE001
+                log.exception("closing request %s failed", ex.request_id)

@@ -1,0 +1,77 @@
+"""Every setting and its environment variable, in one place (the README's table is generated from this)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Settings:
+    gateway_host: str = "127.0.0.1"          # GATEWAY_HOST: address of the public listener
+    gateway_port: int = 8080                 # GATEWAY_PORT: public /v1 listener (Envoy)
+    state_dir: str = ".gateway"              # GATEWAY_STATE_DIR: embedded servers' data, logs, rendered config
+    catalog: str = str(_HERE / "control" / "catalog.yaml")  # GATEWAY_CATALOG: model catalog YAML
+    database_url: str = ""                   # DATABASE_URL: PostgreSQL; empty = embedded server in the state dir
+    redis_url: str = ""                      # REDIS_URL: Redis; empty = embedded server in the state dir
+    extproc_port: int = 0                    # GATEWAY_EXTPROC_PORT: ext_proc gRPC port; 0 = gateway_port + 10
+    admin_port: int = 0                      # GATEWAY_ADMIN_PORT: Envoy admin (loopback only); 0 = gateway_port + 11
+    default_rpm: int = 600                   # GATEWAY_DEFAULT_RPM: requests per minute per key
+    default_concurrency: int = 32            # GATEWAY_DEFAULT_CONCURRENCY: concurrent requests per organisation
+    trial_balance_pln: str = "5"             # GATEWAY_TRIAL_BALANCE_PLN: demo organisation's first credit
+    key_cache_ttl_s: int = 60                # GATEWAY_KEY_CACHE_TTL_S: backstop lifetime of a cached key in Redis
+    max_body_bytes: int = 20 * 1024 * 1024   # GATEWAY_MAX_BODY_BYTES: request body cap (400 above it)
+    max_reply_bytes: int = 64 * 1024 * 1024  # GATEWAY_MAX_REPLY_BYTES: relayable model-server reply (502 above)
+    first_byte_timeout_s: float = 180.0      # GATEWAY_FIRST_BYTE_TIMEOUT_S: retried once on another deployment
+    idle_timeout_s: float = 60.0             # GATEWAY_IDLE_TIMEOUT_S: gap inside an upstream reply
+    total_timeout_s: float = 600.0           # GATEWAY_TOTAL_TIMEOUT_S: whole upstream budget
+    run_sim: bool = True                     # GATEWAY_RUN_SIM: start the simulator for loopback deployments
+    pg_port: int = 0                         # GATEWAY_PG_PORT: embedded PostgreSQL port; 0 = gateway_port + 12
+    redis_port: int = 0                      # GATEWAY_REDIS_PORT: embedded Redis port; 0 = gateway_port + 13
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> "Settings":
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            env = _ENV[f.name]
+            if env in os.environ:
+                raw = os.environ[env]
+                default = f.default
+                if isinstance(default, bool):
+                    values[f.name] = raw.lower() in ("1", "true", "yes", "on")
+                elif isinstance(default, int):
+                    values[f.name] = int(raw)
+                elif isinstance(default, float):
+                    values[f.name] = float(raw)
+                else:
+                    values[f.name] = raw
+        values.update(overrides)
+        return cls(**values)  # type: ignore[arg-type]
+
+    @property
+    def grpc_port(self) -> int:
+        return self.extproc_port or self.gateway_port + 10
+
+    @property
+    def envoy_admin_port(self) -> int:
+        return self.admin_port or self.gateway_port + 11
+
+    @property
+    def state(self) -> Path:
+        return Path(self.state_dir).resolve()
+
+
+_ENV = {
+    "gateway_host": "GATEWAY_HOST", "gateway_port": "GATEWAY_PORT", "state_dir": "GATEWAY_STATE_DIR",
+    "catalog": "GATEWAY_CATALOG", "database_url": "DATABASE_URL", "redis_url": "REDIS_URL",
+    "extproc_port": "GATEWAY_EXTPROC_PORT", "admin_port": "GATEWAY_ADMIN_PORT",
+    "default_rpm": "GATEWAY_DEFAULT_RPM", "default_concurrency": "GATEWAY_DEFAULT_CONCURRENCY",
+    "trial_balance_pln": "GATEWAY_TRIAL_BALANCE_PLN", "key_cache_ttl_s": "GATEWAY_KEY_CACHE_TTL_S",
+    "max_body_bytes": "GATEWAY_MAX_BODY_BYTES", "max_reply_bytes": "GATEWAY_MAX_REPLY_BYTES",
+    "first_byte_timeout_s": "GATEWAY_FIRST_BYTE_TIMEOUT_S", "idle_timeout_s": "GATEWAY_IDLE_TIMEOUT_S",
+    "total_timeout_s": "GATEWAY_TOTAL_TIMEOUT_S", "run_sim": "GATEWAY_RUN_SIM",
+    "pg_port": "GATEWAY_PG_PORT", "redis_port": "GATEWAY_REDIS_PORT",
+}
+ENV_VARS = _ENV

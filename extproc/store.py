@@ -1,0 +1,157 @@
+"""The request path's one narrow interface to Redis: one round trip on the way in (``admit``), one on the
+way out (``finish``).  Cache fills on a miss come from ``directory`` (PostgreSQL) and are rare.
+
+Redis layout (all keys under ``gw:``):
+  gw:k:<sha256>    hash  id, org, rpm   | none=1 (unknown or revoked; written by revocation)  TTL-bounded
+  gw:o:<org>       hash  status, balance (micro-PLN), rpm, conc   (no TTL; kept current by control)
+  gw:rl:<key>:<minute>  counter of the key's requests in that minute
+  gw:c:<org>       zset  request id -> lease expiry (unix s): the organisation's in-flight requests
+  gw:done:<rid>    marker that a request was finished once (no double debit)
+  gw:usage         stream of usage records, drained into PostgreSQL by the usage writer
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from .decisions import Admission, Identity, UsageRecord
+from .errors import ApiError
+
+USAGE_STREAM = "gw:usage"
+
+_ADMIT = """
+local k = redis.call('HMGET', 'gw:k:' .. ARGV[1], 'id', 'org', 'rpm', 'none')
+if k[4] then return {'bad_key'} end
+if not k[1] then return {'miss_key'} end
+local org = k[2]
+local o = redis.call('HMGET', 'gw:o:' .. org, 'status', 'balance', 'rpm', 'conc')
+if not o[1] or not o[2] then return {'miss_org', k[1], org} end
+if o[1] ~= 'active' then return {'suspended', k[1], org} end
+if ARGV[2] == '0' then return {'ok', k[1], org} end
+if tonumber(o[2]) <= 0 then return {'quota', k[1], org} end
+local now = tonumber(redis.call('TIME')[1])
+local rpm = tonumber(k[3] or o[3] or ARGV[4])
+local rk = 'gw:rl:' .. k[1] .. ':' .. math.floor(now / 60)
+if tonumber(redis.call('GET', rk) or '0') >= rpm then
+  return {'rate', k[1], org, tostring(60 - (now % 60))}
+end
+local ck = 'gw:c:' .. org
+redis.call('ZREMRANGEBYSCORE', ck, '-inf', now)
+if redis.call('ZCARD', ck) >= tonumber(o[4] or ARGV[5]) then return {'conc', k[1], org} end
+redis.call('INCR', rk)
+redis.call('EXPIRE', rk, 61)
+redis.call('ZADD', ck, now + tonumber(ARGV[6]), ARGV[3])
+return {'admitted', k[1], org}
+"""
+
+_FINISH = """
+redis.call('ZREM', 'gw:c:' .. ARGV[1], ARGV[2])
+if ARGV[4] == '' then return 0 end
+if not redis.call('SET', 'gw:done:' .. ARGV[2], '1', 'NX', 'EX', 86400) then return 0 end
+local ok = 'gw:o:' .. ARGV[1]
+if tonumber(ARGV[3]) > 0 and redis.call('HEXISTS', ok, 'balance') == 1 then
+  redis.call('HINCRBY', ok, 'balance', -tonumber(ARGV[3]))
+end
+redis.call('XADD', KEYS[1], '*', 'r', ARGV[4])
+return 1
+"""
+
+# Fill a cache entry unless something (a revocation, a suspension) wrote it first.
+_FILL_KEY = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+  redis.call('EXPIRE', KEYS[1], ARGV[1])
+end
+return 1
+"""
+_FILL_ORG = """
+for i = 1, #ARGV, 2 do redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) end
+return 1
+"""
+
+
+def _err(code: str, message: str, retry_after: int | None = None) -> ApiError:
+    return ApiError(code, message, None, retry_after)
+
+
+INVALID_KEY = _err("invalid_api_key", "Invalid API key.")
+SUSPENDED = _err("org_suspended", "The organisation is suspended.")
+QUOTA = _err("insufficient_quota", "The organisation's prepaid balance is exhausted; top up to continue.")
+CONCURRENCY = _err("concurrency_limit_exceeded", "Too many concurrent requests for this organisation.", 1)
+
+
+class Miss(Exception):
+    """A cache entry is missing: fill it from PostgreSQL and ask again."""
+
+    def __init__(self, what: str, org_id: str | None = None) -> None:
+        super().__init__(what)
+        self.what = what
+        self.org_id = org_id
+
+
+class Store:
+    def __init__(self, client: aioredis.Redis, *, default_rpm: int, default_concurrency: int,
+                 lease_s: int, key_ttl_s: int) -> None:
+        self.r = client
+        self._defaults = (str(default_rpm), str(default_concurrency), str(lease_s))
+        self._key_ttl = key_ttl_s
+        self._admit = client.register_script(_ADMIT)
+        self._finish = client.register_script(_FINISH)
+        self._fill_key = client.register_script(_FILL_KEY)
+        self._fill_org = client.register_script(_FILL_ORG)
+
+    async def admit(self, key_hash: str, request_id: str, *, limits: bool) -> Admission:
+        """Authenticate and, with ``limits``, check balance, rate and concurrency and take a slot."""
+        rpm, conc, lease = self._defaults
+        res = await self._admit(args=[key_hash, "1" if limits else "0", request_id, rpm, conc, lease])
+        tag = res[0].decode() if isinstance(res[0], bytes) else res[0]
+        if tag == "bad_key":
+            return Admission(None, INVALID_KEY)
+        if tag == "miss_key":
+            raise Miss("key")
+        ident = Identity(_s(res[1]), _s(res[2]))
+        if tag == "miss_org":
+            raise Miss("org", ident.org_id)
+        if tag in ("ok", "admitted"):
+            return Admission(ident, None)
+        if tag == "suspended":
+            return Admission(ident, SUSPENDED)
+        if tag == "quota":
+            return Admission(ident, QUOTA)
+        if tag == "rate":
+            wait = max(1, int(_s(res[3])))
+            return Admission(ident, _err("rate_limit_exceeded",
+                                         "Too many requests for this API key; retry after the window resets.",
+                                         wait))
+        return Admission(ident, CONCURRENCY)
+
+    async def finish(self, org_id: str, request_id: str, record: UsageRecord | None) -> None:
+        """Release the request's slot and, with a record, debit its cost and queue the record (once)."""
+        payload = "" if record is None else json.dumps(asdict(record), separators=(",", ":"))
+        await self._finish(keys=[USAGE_STREAM], args=[org_id, request_id, 0 if record is None
+                                                      else record.cost_micro_pln, payload])
+
+    async def fill_key(self, key_hash: str, fields: dict[str, Any] | None) -> None:
+        """Cache a key (fields) or its absence (None, for a short time)."""
+        if fields is None:
+            await self._fill_key(keys=["gw:k:" + key_hash], args=[5, "none", "1"])
+            return
+        flat: list[Any] = [self._key_ttl]
+        for k, v in fields.items():
+            if v is not None:
+                flat += [k, v]
+        await self._fill_key(keys=["gw:k:" + key_hash], args=flat)
+
+    async def fill_org(self, org_id: str, fields: dict[str, Any]) -> None:
+        flat: list[Any] = []
+        for k, v in fields.items():
+            if v is not None:
+                flat += [k, v]
+        await self._fill_org(keys=["gw:o:" + org_id], args=flat)
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)

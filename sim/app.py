@@ -1,0 +1,598 @@
+"""HTTP handlers of the simulated vLLM OpenAI-compatible server.
+
+JSON is written compactly (``separators=(",", ":")``, ``ensure_ascii=False``),
+as vLLM (pydantic / starlette ``JSONResponse``) does, both for plain replies
+and for every ``data:`` event of a stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from .errors import SimError, error_body
+from .knobs import Knobs, parse_knobs
+from .records import Record, RecordStore
+from .tokens import (
+    apply_stop,
+    chat_prompt_tokens,
+    content_text,
+    count_tokens,
+    embedding_vector,
+    generate_tokens,
+    pack_base64,
+)
+
+MULTIMODAL_PART_TYPES = frozenset({"image_url", "input_audio", "audio_url", "video_url", "image", "image_embeds"})
+TOOL_CALL_TOKENS = 5
+CLIENT_MAX_SIZE = 1 << 30  # accept very large prompts (context-length tests)
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _hex() -> str:
+    return uuid.uuid4().hex
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+@dataclass
+class ChoicePlan:
+    """What one choice will contain."""
+
+    pieces: list[str] = field(default_factory=list)  # content chunks, one token each
+    weights: list[int] = field(default_factory=list)  # tokens per piece
+    finish_reason: str = "stop"
+    tool_call: dict[str, Any] | None = None
+
+    @property
+    def tokens(self) -> int:
+        return TOOL_CALL_TOKENS if self.tool_call is not None else sum(self.weights)
+
+
+@dataclass
+class StreamEvent:
+    data: bytes
+    tokens: int = 0
+    usage: bool = False
+
+
+class Simulator:
+    """State and handlers of one simulated deployment."""
+
+    def __init__(self, name: str, chat_models: dict[str, int], embed_models: dict[str, int]) -> None:
+        self.name = name
+        self.chat_models = dict(chat_models)
+        self.embed_models = dict(embed_models)
+        self.records = RecordStore()
+        self.created = int(time.time())
+
+    # ------------------------------------------------------------------ helpers
+
+    def _begin(self, request: web.Request, endpoint: str) -> Record:
+        rid = request.headers.get("X-Request-Id") or _hex()
+        rec = Record(request_id=rid, deployment=self.name, model="", endpoint=endpoint)
+        self.records.add(rec)
+        return rec
+
+    async def _error(self, rec: Record, err: SimError, knobs: Knobs, quote: str | None) -> web.Response:
+        if knobs.ttft_ms:
+            await asyncio.sleep(knobs.ttft_ms / 1000)
+        message = err.message
+        if quote is not None:
+            message = f"{message} Prompt: {quote}"
+        rec.status = err.status
+        rec.completion_tokens = 0
+        rec.usage_reported = False
+        rec.completed = True
+        return web.Response(status=err.status, body=error_body(err.status, message), content_type="application/json")
+
+    def _resolve_model(self, body: dict[str, Any], endpoint: str) -> str:
+        model = body.get("model")
+        own = self.chat_models if endpoint == "chat" else self.embed_models
+        if model is None:
+            names = list(own) or list(self.chat_models) + list(self.embed_models)
+            if not names:
+                raise SimError(404, "The model `None` does not exist.")
+            model = names[0]
+        if not isinstance(model, str):
+            raise SimError(400, "model must be a string.")
+        if model not in self.chat_models and model not in self.embed_models:
+            raise SimError(404, f"The model `{model}` does not exist.")
+        if model not in own:
+            api = "Chat Completions API" if endpoint == "chat" else "Embeddings API"
+            raise SimError(400, f"The model `{model}` does not support {api}.")
+        return model
+
+    @staticmethod
+    async def _read_json(request: web.Request) -> dict[str, Any]:
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise SimError(400, f"JSON decode error: {exc}") from None
+        if not isinstance(body, dict):
+            raise SimError(400, "Request body must be a JSON object.")
+        return body
+
+    @staticmethod
+    def _wants_quote(body: dict[str, Any]) -> bool:
+        sim = body.get("sim")
+        return isinstance(sim, dict) and sim.get("quote_prompt") is True
+
+    @staticmethod
+    async def _drop(request: web.Request) -> None:
+        """Abort the TCP connection once what was written has left the process."""
+        transport = request.transport
+        if transport is None:
+            return
+        for _ in range(400):
+            if transport.is_closing() or transport.get_write_buffer_size() == 0:
+                break
+            await asyncio.sleep(0.005)
+        transport.abort()
+
+    async def _send_json(
+        self, request: web.Request, rec: Record, doc: dict[str, Any], knobs: Knobs, usage: bool
+    ) -> web.StreamResponse:
+        """Send a 200 JSON body honouring ttft/reply_bytes/stall/fail knobs."""
+        data = _dumps(doc)
+        if knobs.reply_bytes > len(data):
+            data = data + b" " * (knobs.reply_bytes - len(data))
+        if knobs.ttft_ms:
+            await asyncio.sleep(knobs.ttft_ms / 1000)
+        resp = web.StreamResponse(status=200)
+        resp.content_type = "application/json"
+        resp.content_length = len(data)
+        rec.status = 200
+        try:
+            await resp.prepare(request)
+            if knobs.fail_after_chunks is not None or knobs.stall_ms:
+                view = memoryview(data)
+                half = len(data) // 2
+                await resp.write(view[:half])
+                if knobs.fail_after_chunks is not None:
+                    await self._drop(request)
+                    return resp
+                await asyncio.sleep(knobs.stall_ms / 1000)
+                await resp.write(view[half:])
+            else:
+                await resp.write(data)
+            await resp.write_eof()
+            rec.completed = True
+            rec.usage_reported = usage
+        except ConnectionError:
+            pass
+        return resp
+
+    # ------------------------------------------------------------- plain routes
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = []
+        for name, ctx in list(self.chat_models.items()) + list(self.embed_models.items()):
+            data.append({
+                "id": name,
+                "object": "model",
+                "created": self.created,
+                "owned_by": "vllm",
+                "root": name,
+                "parent": None,
+                "max_model_len": ctx,
+                "permission": [{
+                    "id": f"modelperm-{_hex()}",
+                    "object": "model_permission",
+                    "created": self.created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }],
+            })
+        return web.Response(body=_dumps({"object": "list", "data": data}), content_type="application/json")
+
+    async def get_record(self, request: web.Request) -> web.Response:
+        rec = self.records.get(request.match_info["request_id"])
+        if rec is None:
+            return web.Response(status=404, body=error_body(404, "Unknown request id."), content_type="application/json")
+        return web.Response(body=_dumps(rec.to_json()), content_type="application/json")
+
+    async def list_records(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=_dumps({"data": [r.to_json() for r in self.records.all()]}), content_type="application/json"
+        )
+
+    async def clear_records(self, request: web.Request) -> web.Response:
+        self.records.clear()
+        return web.Response(status=200, body=b"{}", content_type="application/json")
+
+    # ------------------------------------------------------------------- chat
+
+    @staticmethod
+    def _chat_quote(body: dict[str, Any]) -> str:
+        messages = body.get("messages")
+        if isinstance(messages, list):
+            for m in messages:
+                if isinstance(m, dict) and m.get("role") == "user":
+                    return content_text(m.get("content"))
+        return ""
+
+    def _validate_messages(self, model: str, messages: Any) -> list[dict[str, Any]]:
+        if not isinstance(messages, list) or not messages:
+            raise SimError(400, "Field 'messages' is required and must be a non-empty array.")
+        for m in messages:
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise SimError(400, "Each message must be an object with a string 'role'.")
+            content = m.get("content")
+            if content is None or isinstance(content, str):
+                continue
+            if not isinstance(content, list):
+                raise SimError(400, "Message content must be a string, null or an array of parts.")
+            for part in content:
+                ptype = part.get("type") if isinstance(part, dict) else None
+                if ptype == "text":
+                    if not isinstance(part.get("text"), str):
+                        raise SimError(400, "Text content parts must have a string 'text'.")
+                elif ptype in MULTIMODAL_PART_TYPES:
+                    raise SimError(400, f"{model} is not a multimodal model")
+                else:
+                    raise SimError(400, f"Unknown part type: {ptype}")
+        return messages
+
+    def _plan_chat(
+        self, request: web.Request, body: dict[str, Any], model: str, knobs: Knobs, rec: Record
+    ) -> tuple[list[ChoicePlan], bool, bool]:
+        """Validate a chat request; return (choices, stream, include_usage)."""
+        messages = self._validate_messages(model, body.get("messages"))
+
+        stream = body.get("stream")
+        if stream is not None and not isinstance(stream, bool):
+            raise SimError(400, "stream must be a boolean.")
+        stream = bool(stream)
+
+        max_tokens = body.get("max_completion_tokens")
+        mt_name = "max_completion_tokens"
+        if max_tokens is None:
+            max_tokens, mt_name = body.get("max_tokens"), "max_tokens"
+        if max_tokens is not None:
+            if not _is_int(max_tokens):
+                raise SimError(400, f"{mt_name} must be an integer, got {max_tokens!r}.")
+            if max_tokens < 1:
+                raise SimError(400, f"max_tokens must be at least 1, got {max_tokens}.")
+
+        n = body.get("n")
+        if n is None:
+            n = 1
+        if not _is_int(n):
+            raise SimError(400, f"n must be an integer, got {n!r}.")
+        if n < 1:
+            raise SimError(400, f"n must be at least 1, got {n}.")
+
+        temperature = body.get("temperature")
+        if temperature is not None:
+            if not _is_number(temperature):
+                raise SimError(400, f"temperature must be a number, got {temperature!r}.")
+            if temperature < 0:
+                raise SimError(400, f"temperature must be non-negative, got {float(temperature)}.")
+
+        top_p = body.get("top_p")
+        if top_p is not None:
+            if not _is_number(top_p):
+                raise SimError(400, f"top_p must be a number, got {top_p!r}.")
+            if not 0 < top_p <= 1:
+                raise SimError(400, f"top_p must be in (0, 1], got {float(top_p)}.")
+
+        stop = body.get("stop")
+        stops: list[str]
+        if stop is None:
+            stops = []
+        elif isinstance(stop, str):
+            stops = [stop]
+        elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+            stops = list(stop)
+        else:
+            raise SimError(400, "stop must be a string or an array of strings.")
+
+        include_usage = False
+        stream_options = body.get("stream_options")
+        if stream_options is not None:
+            if not isinstance(stream_options, dict):
+                raise SimError(400, "stream_options must be an object.")
+            if not stream:
+                raise SimError(400, "Stream options can only be defined when `stream=True`.")
+            iu = stream_options.get("include_usage")
+            if iu is not None and not isinstance(iu, bool):
+                raise SimError(400, "stream_options.include_usage must be a boolean.")
+            include_usage = bool(iu)
+
+        tools = body.get("tools")
+        tool_names: list[str] = []
+        if tools is not None:
+            if not isinstance(tools, list):
+                raise SimError(400, "tools must be an array.")
+            for t in tools:
+                fn = t.get("function") if isinstance(t, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                    raise SimError(400, "Each tool must be {'type': 'function', 'function': {'name': ...}}.")
+                tool_names.append(fn["name"])
+        tool_choice = body.get("tool_choice")
+        chosen: str | None = tool_names[0] if tool_names else None
+        if isinstance(tool_choice, dict):
+            fn = tool_choice.get("function")
+            name = fn.get("name") if isinstance(fn, dict) else None
+            if not isinstance(name, str):
+                raise SimError(400, "Invalid tool_choice.")
+            if name not in tool_names:
+                raise SimError(400, f"Tool '{name}' has not been passed in `tools`.")
+            chosen = name
+        elif tool_choice is not None and tool_choice not in ("none", "auto", "required"):
+            raise SimError(400, f"Invalid tool_choice: {tool_choice!r}.")
+        elif tool_choice == "required" and not tool_names:
+            raise SimError(400, "When using `tool_choice`, `tools` must be set.")
+
+        prompt_tokens = chat_prompt_tokens(messages)
+        rec.prompt_tokens = prompt_tokens
+        ctx = self.chat_models[model]
+        if prompt_tokens > ctx:
+            raise SimError(
+                400,
+                f"This model's maximum context length is {ctx} tokens. However, your request has "
+                f"{prompt_tokens} input tokens. Please reduce the length of the input messages.",
+            )
+        if max_tokens is not None and prompt_tokens + max_tokens > ctx:
+            raise SimError(
+                400,
+                f"This model's maximum context length is {ctx} tokens. However, you requested "
+                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} "
+                f"in the completion). Please reduce the length of the messages or completion.",
+            )
+
+        choices: list[ChoicePlan] = []
+        if chosen is not None and tool_choice != "none":
+            for _ in range(n):
+                call = {"id": f"call_{_hex()[:24]}", "type": "function",
+                        "function": {"name": chosen, "arguments": "{}"}}
+                choices.append(ChoicePlan(finish_reason="tool_calls", tool_call=call))
+        elif knobs.echo:
+            headers: dict[str, str] = {}
+            for k, v in request.headers.items():
+                key = k.lower()
+                headers[key] = f"{headers[key]}, {v}" if key in headers else v
+            content = json.dumps({"body": body, "headers": headers}, ensure_ascii=False)
+            for _ in range(n):
+                choices.append(ChoicePlan(pieces=[content], weights=[count_tokens(content)]))
+        else:
+            count = knobs.output_tokens
+            finish = "stop"
+            if max_tokens is not None and max_tokens < count:
+                count, finish = max_tokens, "length"
+            for i in range(n):
+                pieces, hit = apply_stop(generate_tokens(model, i, count), stops)
+                choices.append(ChoicePlan(pieces=pieces, weights=[1] * len(pieces),
+                                          finish_reason="stop" if hit else finish))
+        return choices, stream, include_usage
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        rec = self._begin(request, "chat")
+        knobs = Knobs()
+        quote: str | None = None
+        try:
+            body = await self._read_json(request)
+            if isinstance(body.get("model"), str):
+                rec.model = body["model"]
+            rec.stream = body.get("stream") is True
+            if self._wants_quote(body):
+                quote = self._chat_quote(body)
+            knobs = parse_knobs(body.get("sim"))
+            if knobs.status is not None:
+                try:
+                    rec.prompt_tokens = chat_prompt_tokens(body["messages"])
+                except Exception:  # best effort only
+                    rec.prompt_tokens = 0
+                raise SimError(knobs.status, knobs.message)
+            model = self._resolve_model(body, "chat")
+            rec.model = model
+            choices, stream, include_usage = self._plan_chat(request, body, model, knobs, rec)
+        except SimError as err:
+            return await self._error(rec, err, knobs, quote)
+
+        completion = sum(c.tokens for c in choices)
+        usage = {"prompt_tokens": rec.prompt_tokens, "total_tokens": rec.prompt_tokens + completion,
+                 "completion_tokens": completion}
+        cid = f"chatcmpl-{_hex()}"
+        created = int(time.time())
+        if not stream:
+            out = []
+            for i, c in enumerate(choices):
+                if c.tool_call is not None:
+                    msg: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [c.tool_call]}
+                else:
+                    msg = {"role": "assistant", "content": "".join(c.pieces), "tool_calls": []}
+                out.append({"index": i, "message": msg, "logprobs": None,
+                            "finish_reason": c.finish_reason, "stop_reason": None})
+            doc: dict[str, Any] = {"id": cid, "object": "chat.completion", "created": created, "model": model,
+                                   "choices": out, "usage": usage, "prompt_logprobs": None}
+            if knobs.no_usage:
+                del doc["usage"]
+            rec.completion_tokens = completion
+            return await self._send_json(request, rec, doc, knobs, usage=not knobs.no_usage)
+
+        events = self._stream_events(cid, created, model, choices,
+                                     usage if include_usage and not knobs.no_usage else None)
+        return await self._send_stream(request, rec, events, knobs)
+
+    @staticmethod
+    def _stream_events(
+        cid: str, created: int, model: str, choices: list[ChoicePlan], usage: dict[str, int] | None
+    ) -> list[StreamEvent]:
+        def chunk(chs: list[dict[str, Any]], u: dict[str, int] | None = None) -> bytes:
+            doc: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created,
+                                   "model": model, "choices": chs}
+            if u is not None:
+                doc["usage"] = u
+            return b"data: " + _dumps(doc) + b"\n\n"
+
+        def ch(i: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            return {"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+        events = [StreamEvent(chunk([ch(i, {"role": "assistant", "content": ""})])) for i in range(len(choices))]
+        per_choice: list[list[StreamEvent]] = []
+        for i, c in enumerate(choices):
+            evs: list[StreamEvent] = []
+            if c.tool_call is not None:
+                tc = c.tool_call
+                evs.append(StreamEvent(chunk([ch(i, {"tool_calls": [{
+                    "index": 0, "id": tc["id"], "type": "function",
+                    "function": {"name": tc["function"]["name"], "arguments": ""}}]})])))
+                evs.append(StreamEvent(chunk([ch(i, {"tool_calls": [{
+                    "index": 0, "function": {"arguments": tc["function"]["arguments"]}}]})]),
+                    tokens=TOOL_CALL_TOKENS))
+            else:
+                for piece, weight in zip(c.pieces, c.weights):
+                    evs.append(StreamEvent(chunk([ch(i, {"content": piece})]), tokens=weight))
+            evs.append(StreamEvent(chunk([ch(i, {}, c.finish_reason)])))
+            per_choice.append(evs)
+        for step in range(max(len(e) for e in per_choice)):
+            for evs in per_choice:
+                if step < len(evs):
+                    events.append(evs[step])
+        if usage is not None:
+            events.append(StreamEvent(chunk([], usage), usage=True))
+        events.append(StreamEvent(b"data: [DONE]\n\n"))
+        return events
+
+    async def _send_stream(
+        self, request: web.Request, rec: Record, events: list[StreamEvent], knobs: Knobs
+    ) -> web.StreamResponse:
+        if knobs.ttft_ms:
+            await asyncio.sleep(knobs.ttft_ms / 1000)
+        resp = web.StreamResponse(status=200, headers={
+            "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"})
+        rec.status = 200
+        rec.completion_tokens = 0
+        half = len(events) // 2
+        try:
+            await resp.prepare(request)
+            for k, ev in enumerate(events):
+                if knobs.fail_after_chunks is not None and k >= knobs.fail_after_chunks:
+                    await self._drop(request)
+                    return resp
+                if k > 0 and knobs.itl_ms:
+                    await asyncio.sleep(knobs.itl_ms / 1000)
+                if k == half and knobs.stall_ms:
+                    await asyncio.sleep(knobs.stall_ms / 1000)
+                await resp.write(ev.data)
+                rec.completion_tokens += ev.tokens
+                if ev.usage:
+                    rec.usage_reported = True
+            await resp.write_eof()
+            rec.completed = True
+        except ConnectionError:
+            pass
+        return resp
+
+    # -------------------------------------------------------------- embeddings
+
+    @staticmethod
+    def _embed_items(inp: Any) -> list[str | list[int]]:
+        if isinstance(inp, str):
+            return [inp]
+        if isinstance(inp, list):
+            if not inp:
+                raise SimError(400, "Input cannot be empty.")
+            if all(isinstance(x, str) for x in inp):
+                return list(inp)
+            if all(_is_int(x) for x in inp):
+                return [list(inp)]
+            if all(isinstance(x, list) and x and all(_is_int(y) for y in x) for x in inp):
+                return [list(x) for x in inp]
+        raise SimError(400, "input must be a string, an array of strings, an array of integers "
+                            "or an array of non-empty arrays of integers.")
+
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        rec = self._begin(request, "embeddings")
+        knobs = Knobs()
+        quote: str | None = None
+        try:
+            body = await self._read_json(request)
+            if isinstance(body.get("model"), str):
+                rec.model = body["model"]
+            if self._wants_quote(body):
+                inp = body.get("input")
+                first = inp[0] if isinstance(inp, list) and inp else inp
+                quote = first if isinstance(first, str) else ""
+            knobs = parse_knobs(body.get("sim"))
+            if knobs.status is not None:
+                raise SimError(knobs.status, knobs.message)
+            model = self._resolve_model(body, "embeddings")
+            rec.model = model
+            items = self._embed_items(body.get("input"))
+            fmt = body.get("encoding_format")
+            if fmt is None:
+                fmt = "float"
+            if fmt not in ("float", "base64"):
+                raise SimError(400, f"encoding_format must be 'float' or 'base64', got {fmt!r}.")
+            ctx = self.embed_models[model]
+            counts = [count_tokens(x) if isinstance(x, str) else len(x) for x in items]
+            rec.prompt_tokens = sum(counts)
+            for c in counts:
+                if c > ctx:
+                    raise SimError(
+                        400,
+                        f"This model's maximum context length is {ctx} tokens. However, you requested "
+                        f"{c} tokens in the input for embedding generation. Please reduce the length of the input.",
+                    )
+        except SimError as err:
+            return await self._error(rec, err, knobs, quote)
+
+        data = []
+        for i, item in enumerate(items):
+            vec = embedding_vector(item)
+            data.append({"index": i, "object": "embedding",
+                         "embedding": pack_base64(vec) if fmt == "base64" else vec})
+        doc: dict[str, Any] = {
+            "id": f"embd-{_hex()}", "object": "list", "created": int(time.time()), "model": model, "data": data,
+            "usage": {"prompt_tokens": rec.prompt_tokens, "total_tokens": rec.prompt_tokens, "completion_tokens": 0},
+        }
+        if knobs.no_usage:
+            del doc["usage"]
+        return await self._send_json(request, rec, doc, knobs, usage=not knobs.no_usage)
+
+
+SIMULATOR_KEY: web.AppKey[Simulator] = web.AppKey("simulator", Simulator)
+
+
+def make_app(name: str, chat_models: dict[str, int], embed_models: dict[str, int]) -> web.Application:
+    """Build the aiohttp application of one simulated deployment."""
+    sim = Simulator(name, chat_models, embed_models)
+    app = web.Application(client_max_size=CLIENT_MAX_SIZE)
+    app[SIMULATOR_KEY] = sim
+    app.router.add_get("/health", sim.health)
+    app.router.add_get("/v1/models", sim.models)
+    app.router.add_post("/v1/chat/completions", sim.chat)
+    app.router.add_post("/v1/embeddings", sim.embeddings)
+    app.router.add_get("/sim/requests", sim.list_records)
+    app.router.add_delete("/sim/requests", sim.clear_records)
+    app.router.add_get("/sim/requests/{request_id}", sim.get_record)
+    return app

@@ -1,0 +1,51 @@
+"""Command line: ``python -m sim --port 9000 --chat-model NAME[@CTX] ...``."""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+
+from aiohttp import web
+
+from .app import make_app
+
+DEFAULT_CTX = 8192
+
+
+def parse_model_spec(spec: str) -> tuple[str, int]:
+    """``"name@4096"`` → ``("name", 4096)``; ``"name"`` → ``("name", 8192)``."""
+    name, sep, ctx = spec.rpartition("@")
+    if sep and name and ctx.isdigit() and int(ctx) > 0:
+        return name, int(ctx)
+    if not spec:
+        raise argparse.ArgumentTypeError("empty model name")
+    return spec, DEFAULT_CTX
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sim", description="Simulated vLLM OpenAI-compatible server.")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--name", default="sim", help="deployment name reported in the records")
+    p.add_argument("--chat-model", action="append", default=[], type=parse_model_spec, metavar="NAME[@CTX]")
+    p.add_argument("--embed-model", action="append", default=[], type=parse_model_spec, metavar="NAME[@CTX]")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse ``argv`` and serve until SIGINT/SIGTERM."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    chat = dict(args.chat_model)
+    embed = dict(args.embed_model)
+    if not chat and not embed:
+        parser.error("at least one --chat-model or --embed-model is required")
+    both = set(chat) & set(embed)
+    if both:
+        parser.error(f"model(s) both chat and embed: {', '.join(sorted(both))}")
+    app = make_app(args.name, chat, embed)
+
+    def say(msg: str) -> None:
+        builtins.print(msg, flush=True)
+
+    web.run_app(app, host=args.host, port=args.port, print=say, access_log=None)
