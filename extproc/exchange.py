@@ -27,7 +27,6 @@ from .store import INVALID_KEY, Miss, Store
 log = logging.getLogger("extproc")
 
 CLUSTER_HEADER = "x-gateway-cluster"
-LOCAL_REPLY_HEADER = "x-gateway-local-reply"
 # Headers a client may send that never go upstream: the key, vendor org/project headers, routing.
 _STRIP_PREFIXES = ("openai-",)
 _STRIP = frozenset({"authorization", CLUSTER_HEADER, "x-api-key"})
@@ -46,7 +45,6 @@ class Answer:
     body: bytes | None = None
     clear_route_cache: bool = False
     stream_response: bool = False  # switch the response body to streamed mode
-    skip_response_body: bool = False
     reply: tuple[int, bytes, dict[str, str]] | None = None
 
 
@@ -79,7 +77,7 @@ def _json_answer(doc: object) -> Answer:
 
 class Exchange:
     __slots__ = ("gw", "request_id", "method", "path", "key_hash", "admission", "prepared", "started",
-                 "ttfb", "status", "relay", "output_seen", "finished", "local_reply")
+                 "ttfb", "status", "relay", "output_seen", "finished")
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
@@ -95,7 +93,6 @@ class Exchange:
         self.relay: StreamRelay | None = None
         self.output_seen = False
         self.finished = False
-        self.local_reply = False
 
     # ---- request headers -------------------------------------------------------------------
     async def request_headers(self, headers: dict[str, str], end_of_stream: bool) -> Answer:
@@ -165,10 +162,6 @@ class Exchange:
     async def response_headers(self, headers: dict[str, str]) -> Answer:
         self.ttfb = self.gw.clock()
         self.status = int(headers.get(":status", "0") or 0)
-        if LOCAL_REPLY_HEADER in headers:
-            # Envoy's own reply (upstream unreachable, timeout, ...), already in SPEC's shape.
-            self.local_reply = True
-            return Answer(remove_headers=[LOCAL_REPLY_HEADER], skip_response_body=True)
         p = self.prepared
         if p is None:
             return Answer()
@@ -191,9 +184,10 @@ class Exchange:
                 await self._finish_stream()
             return Answer(body=out)
         if self.status >= 400 or self.status < 200:
-            err = upstream_error(self.status, body)
-            await self._bill(None)
-            return _error_answer(err, self.request_id)
+            await self._bill(None)  # the model server produced no output
+            if body.startswith(b'{"error"') and self.request_id.encode() in body:
+                return Answer()  # Envoy's own reply, already in SPEC's shape
+            return _error_answer(upstream_error(self.status, body), self.request_id)
         new, usage = rewrite_body(body, p.upstream_model, p.alias.id)
         if usage is None:
             await self._bill((p.estimated_prompt_tokens, 0), estimated=True)
@@ -215,9 +209,7 @@ class Exchange:
         if self.finished or self.prepared is None:
             return
         p = self.prepared
-        if self.local_reply and self.status >= 500:
-            await self._bill(None)  # the model server produced nothing
-        elif self.relay is not None and self.output_seen:
+        if self.relay is not None and self.output_seen:
             await self._bill((p.estimated_prompt_tokens, self.relay.content_events), estimated=True)
         else:
             # client gone or reply broken after the request reached the model server: input tokens

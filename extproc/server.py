@@ -21,7 +21,6 @@ from .exchange import Answer, Exchange, Gateway
 log = logging.getLogger("extproc")
 
 _STREAMED = pm.ProcessingMode(response_body_mode=pm.ProcessingMode.STREAMED)
-_NO_BODY = pm.ProcessingMode(response_body_mode=pm.ProcessingMode.NONE)
 
 
 def _headers(hm: base_pb2.HeaderMap) -> dict[str, str]:
@@ -70,8 +69,6 @@ def _to_message(phase: str, answer: Answer) -> ep.ProcessingResponse:
         msg = ep.ProcessingResponse(response_headers=ep.HeadersResponse(response=common))
         if answer.stream_response:
             msg.mode_override.CopyFrom(_STREAMED)
-        elif answer.skip_response_body:
-            msg.mode_override.CopyFrom(_NO_BODY)
         return msg
     if phase == "response_body":
         return ep.ProcessingResponse(response_body=ep.BodyResponse(response=common))

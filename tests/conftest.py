@@ -1,0 +1,180 @@
+"""The suite's stack: real Envoy, PostgreSQL, Redis and ext_proc, started once on free ports with a
+test catalog whose model servers are the simulator (two deployments)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterator
+
+import httpx
+import pytest
+import yaml
+
+from control.admin import Admin
+from control.launcher import Stack
+from extproc.settings import Settings
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_base(span: int = 20) -> int:
+    for _ in range(200):
+        base = random.randrange(20000, 50000, span)
+        if all(_free(base + i) for i in range(span)):
+            return base
+    raise RuntimeError("no free port range")
+
+
+def test_catalog(base: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    a, b = base + 15, base + 16
+    price = lambda i, o: [{"effective": "2026-01-01T00:00:00Z",  # noqa: E731
+                           "input_micro_pln_per_1m": i, "output_micro_pln_per_1m": o}]
+    doc: dict[str, Any] = {
+        "aliases": {
+            "polish-fast": {"capabilities": ["chat"], "context_length": 8192, "max_output_tokens": 2048,
+                            "prices": price(800000, 1600000), "upstreams": [{"model": "up-fast"}]},
+            "polish-pro": {"capabilities": ["chat"], "context_length": 8192, "max_output_tokens": 2048,
+                           "prices": price(1500000, 3000000), "upstreams": [{"model": "up-pro"}]},
+            "advanced": {"capabilities": ["chat"], "context_length": 32768, "max_output_tokens": 4096,
+                         "prices": price(4000000, 8000000), "upstreams": [{"model": "up-adv"}]},
+            "embed": {"capabilities": ["embeddings"], "context_length": 8192, "max_output_tokens": 0,
+                      "prices": price(200000, 0), "upstreams": [{"model": "up-embed"}]},
+            "empty-alias": {"capabilities": ["chat"], "context_length": 8192, "max_output_tokens": 2048,
+                            "prices": price(1, 1), "upstreams": [{"model": "up-none"}]},
+        },
+        "upstream_models": {
+            "up-fast": {"deployments": [{"name": "sim-a", "host": "127.0.0.1", "port": a}]},
+            "up-pro": {"deployments": [{"name": "sim-a", "host": "127.0.0.1", "port": a},
+                                       {"name": "sim-b", "host": "127.0.0.1", "port": b}]},
+            "up-adv": {"deployments": [{"name": "sim-b", "host": "127.0.0.1", "port": b}]},
+            "up-embed": {"deployments": [{"name": "sim-a", "host": "127.0.0.1", "port": a}]},
+            "up-none": {"deployments": []},
+        },
+    }
+    if extra:
+        doc.update(extra)
+    return doc
+
+
+class Gateway:
+    """Handles for tests: the base URL, the stack, and admin actions run synchronously."""
+
+    def __init__(self, stack: Stack, base: int) -> None:
+        self.stack = stack
+        self.port = stack.s.gateway_port
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.v1 = self.url + "/v1"
+        self.sim_a = f"http://127.0.0.1:{base + 15}"
+        self.sim_b = f"http://127.0.0.1:{base + 16}"
+
+    def admin(self, fn: Callable[[Admin], Awaitable[Any]]) -> Any:
+        async def go() -> Any:
+            import asyncpg
+            import redis.asyncio as aioredis
+            pool = await asyncpg.create_pool(self.stack.database_url, min_size=1, max_size=2)
+            r = aioredis.from_url(self.stack.redis_url)
+            try:
+                return await fn(Admin(pool, r))
+            finally:
+                await pool.close()
+                await r.aclose()
+        return asyncio.run(go())
+
+    def sql(self, query: str, *args: Any) -> list[dict[str, Any]]:
+        async def go() -> list[dict[str, Any]]:
+            import asyncpg
+            conn = await asyncpg.connect(self.stack.database_url)
+            try:
+                return [dict(r) for r in await conn.fetch(query, *args)]
+            finally:
+                await conn.close()
+        return asyncio.run(go())
+
+    def new_org(self, balance_micro: int = 10_000_000) -> tuple[str, str, str]:
+        """(org id, key id, key) of a fresh organisation."""
+        async def go(a: Admin) -> tuple[str, str, str]:
+            org = await a.create_org("test", balance_micro)
+            kid, key = await a.create_key(org)
+            return org, kid, key
+        return self.admin(go)
+
+    def sim_record(self, request_id: str, sim: str | None = None) -> dict[str, Any] | None:
+        for url in ([sim] if sim else [self.sim_a, self.sim_b]):
+            r = httpx.get(f"{url}/sim/requests/{request_id}")
+            if r.status_code == 200:
+                return dict(r.json())
+        return None
+
+
+@pytest.fixture(scope="session")
+def gateway() -> Iterator[Gateway]:
+    base = free_base()
+    tmp = Path(tempfile.mkdtemp(prefix="gw-test-"))
+    cat = tmp / "catalog.yaml"
+    cat.write_text(yaml.safe_dump(test_catalog(base)))
+    env = {k: v for k, v in os.environ.items()}
+    settings = Settings.from_env(gateway_port=base, state_dir=str(tmp / "state"), catalog=str(cat),
+                                 default_rpm=100000, default_concurrency=1000)
+    stack = Stack(settings)
+    try:
+        stack.start()
+        yield Gateway(stack, base)
+    finally:
+        stack.stop()
+        os.environ.clear()
+        os.environ.update(env)
+
+
+@pytest.fixture(scope="session")
+def org(gateway: Gateway) -> tuple[str, str, str]:
+    return gateway.new_org(100_000_000)
+
+
+@pytest.fixture
+def client(gateway: Gateway, org: tuple[str, str, str]) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=gateway.v1, headers={"Authorization": f"Bearer {org[2]}"},
+                      timeout=30) as c:
+        yield c
+
+
+def assert_error(r: httpx.Response, status: int, code: str, type_: str, param: str | None = None) -> dict[str, Any]:
+    """Every member of SPEC section 7's error shape, and the request id header."""
+    assert r.status_code == status, (r.status_code, r.text)
+    assert r.headers["content-type"].startswith("application/json")
+    body = r.json()
+    assert set(body) == {"error"}
+    err = body["error"]
+    assert set(err) == {"message", "type", "code", "param", "request_id"}
+    assert err["code"] == code
+    assert err["type"] == type_
+    assert err["param"] == param
+    assert isinstance(err["message"], str) and err["message"]
+    assert err["request_id"] == r.headers["x-request-id"] and err["request_id"]
+    return dict(err)
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 5.0, interval: float = 0.05) -> Any:
+    import time
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(interval)
+
+
+__all__ = ["assert_error", "wait_for", "json"]
