@@ -1,0 +1,125 @@
+"""Unit tests of the pure request rules (no sockets)."""
+import json
+
+import pytest
+
+from extproc.catalog import parse
+from extproc.errors import ApiError
+from extproc.rules import prepare_chat, prepare_embeddings
+
+CAT = parse({
+    "aliases": {
+        "polish-pro": {"capabilities": ["chat"], "context_length": 8192, "max_output_tokens": 2048,
+                       "prices": [{"effective": "2026-01-01T00:00:00Z", "input_micro_pln_per_1m": 1500000,
+                                   "output_micro_pln_per_1m": 3000000}],
+                       "upstreams": [{"model": "up-pro"}]},
+        "embed": {"capabilities": ["embeddings"], "context_length": 8192, "max_output_tokens": 0,
+                  "prices": [{"effective": "2026-01-01T00:00:00Z", "input_micro_pln_per_1m": 200000}],
+                  "upstreams": [{"model": "up-embed"}]},
+    },
+    "upstream_models": {"up-pro": {"deployments": [{"host": "127.0.0.1", "port": 1}]},
+                        "up-embed": {"deployments": [{"host": "127.0.0.1", "port": 1}]}},
+})
+
+
+def pick(alias):  # type: ignore[no-untyped-def]
+    return alias.upstreams[0].model
+
+
+def chat(doc: object) -> object:
+    return prepare_chat(json.dumps(doc).encode(), CAT, pick)
+
+
+MSG = [{"role": "user", "content": "Cześć"}]
+
+
+def test_rewrites_model_and_sets_ceiling_when_absent() -> None:
+    p = chat({"model": "polish-pro", "messages": MSG, "temperature": None, "x-custom": {"a": 1}})
+    assert not isinstance(p, ApiError)
+    sent = json.loads(p.body)
+    assert sent["model"] == "up-pro"
+    assert sent["max_tokens"] == 2048
+    assert sent["temperature"] is None and sent["x-custom"] == {"a": 1}
+    assert "stream_options" not in sent and p.stream is False
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_max_tokens_clamped_and_renamed(field: str) -> None:
+    p = chat({"model": "polish-pro", "messages": MSG, field: 999999})
+    assert not isinstance(p, ApiError)
+    sent = json.loads(p.body)
+    assert sent["max_tokens"] == 2048 and "max_completion_tokens" not in sent
+
+
+def test_smaller_of_both_synonyms_and_null_is_absent() -> None:
+    p = chat({"model": "polish-pro", "messages": MSG, "max_tokens": 7, "max_completion_tokens": None})
+    assert not isinstance(p, ApiError)
+    assert json.loads(p.body)["max_tokens"] == 7
+
+
+@pytest.mark.parametrize("value", [0, -1, "5", 1.5, True, [], {}])
+def test_bad_max_tokens(value: object) -> None:
+    for field in ("max_tokens", "max_completion_tokens"):
+        e = chat({"model": "polish-pro", "messages": MSG, field: value})
+        assert isinstance(e, ApiError) and (e.code, e.param, e.status) == ("invalid_request", field, 400)
+
+
+@pytest.mark.parametrize("doc,code,param", [
+    ({"messages": MSG}, "invalid_request", "model"),
+    ({"model": None, "messages": MSG}, "invalid_request", "model"),
+    ({"model": "gpt-4o", "messages": MSG}, "model_not_found", "model"),
+    ({"model": "embed", "messages": MSG}, "invalid_request", "model"),
+    ({"model": "polish-pro"}, "invalid_request", "messages"),
+    ({"model": "polish-pro", "messages": None}, "invalid_request", "messages"),
+    ({"model": "polish-pro", "messages": []}, "invalid_request", "messages"),
+    ({"model": "polish-pro", "messages": "hi"}, "invalid_request", "messages"),
+    ({"model": "polish-pro", "messages": [{"content": "x"}]}, "invalid_request", "messages"),
+    ({"model": "polish-pro", "messages": MSG, "stream": True, "stream_options": "yes"},
+     "invalid_request", "stream_options"),
+])
+def test_chat_rejections(doc: dict, code: str, param: str) -> None:
+    e = chat(doc)
+    assert isinstance(e, ApiError) and (e.code, e.param) == (code, param)
+
+
+def test_invalid_json_and_non_object() -> None:
+    e = prepare_chat(b"{nope", CAT, pick)
+    assert isinstance(e, ApiError) and e.code == "invalid_json" and e.param is None
+    e = prepare_chat(b"[1]", CAT, pick)
+    assert isinstance(e, ApiError) and e.code == "invalid_request"
+
+
+def test_stream_usage_always_requested_upstream_shown_only_when_asked() -> None:
+    for opts, shown in [(None, False), ({"include_usage": False}, False), ({"include_usage": True}, True),
+                        ({}, False)]:
+        doc = {"model": "polish-pro", "messages": MSG, "stream": True}
+        if opts is not None or shown:
+            doc["stream_options"] = opts
+        p = chat(doc)
+        assert not isinstance(p, ApiError)
+        assert json.loads(p.body)["stream_options"]["include_usage"] is True
+        assert p.client_wants_usage is shown
+
+
+def test_no_capacity_when_no_upstream() -> None:
+    e = prepare_chat(json.dumps({"model": "polish-pro", "messages": MSG}).encode(), CAT, lambda a: None)
+    assert isinstance(e, ApiError) and (e.code, e.status) == ("no_capacity", 503)
+
+
+@pytest.mark.parametrize("inp,ok", [("x", True), (["a", "b"], True), ([], False), ([1, 2], False),
+                                    ([[1, 2]], False), (None, False), (5, False), (["a", 1], False)])
+def test_embedding_inputs(inp: object, ok: bool) -> None:
+    p = prepare_embeddings(json.dumps({"model": "embed", "input": inp}).encode(), CAT, pick)
+    if ok:
+        assert not isinstance(p, ApiError) and json.loads(p.body)["model"] == "up-embed"
+    else:
+        assert isinstance(p, ApiError) and (p.code, p.param) == ("invalid_request", "input")
+
+
+def test_embeddings_wrong_alias_and_format() -> None:
+    e = prepare_embeddings(b'{"model":"polish-pro","input":"x"}', CAT, pick)
+    assert isinstance(e, ApiError) and (e.code, e.param) == ("invalid_request", "model")
+    e = prepare_embeddings(b'{"model":"nope","input":"x"}', CAT, pick)
+    assert isinstance(e, ApiError) and (e.code, e.status) == ("model_not_found", 404)
+    e = prepare_embeddings(b'{"model":"embed","input":"x","encoding_format":"hex"}', CAT, pick)
+    assert isinstance(e, ApiError) and e.param == "encoding_format"

@@ -1,0 +1,75 @@
+"""Unit tests of reply translation, the cost rule, the catalog and key handling."""
+import json
+
+import pytest
+
+from extproc.catalog import CatalogError, parse
+from extproc.cost import Prices, cost_micro_pln, estimate_chat_prompt
+from extproc.keys import bearer_key, key_hash, new_key
+from extproc.responses import read_usage, rewrite_body, upstream_error
+
+
+def test_rewrite_body_puts_alias_back_and_reads_usage() -> None:
+    body = json.dumps({"id": "x", "model": "up-pro", "choices": [],
+                       "usage": {"prompt_tokens": 12, "total_tokens": 20, "completion_tokens": 8}}).encode()
+    new, usage = rewrite_body(body, "up-pro", "polish-pro")
+    assert json.loads(new)["model"] == "polish-pro" and usage == (12, 8)
+    assert read_usage(b'{"model":"m"}') is None
+    emb = b'{"object":"list","model":"e","data":[],"usage":{"prompt_tokens":3,"total_tokens":3}}'
+    assert rewrite_body(emb, "e", "embed")[1] == (3, 0)
+
+
+@pytest.mark.parametrize("status,msg,code,http", [
+    (400, "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens", "context_length_exceeded", 400),
+    (400, "temperature must be non-negative, got -1.0.", "invalid_request", 400),
+    (400, "m is not a multimodal model", "invalid_request", 400),
+    (422, "bad", "invalid_request", 400),
+    (500, "boom", "upstream_unavailable", 502),
+    (503, "boom", "upstream_unavailable", 502),
+    (404, "The model `x` does not exist.", "upstream_unavailable", 502),
+])
+def test_upstream_errors_mapped(status: int, msg: str, code: str, http: int) -> None:
+    body = json.dumps({"error": {"message": msg + " SECRET-PROMPT", "type": "BadRequestError",
+                                 "param": None, "code": status}}).encode()
+    e = upstream_error(status, body)
+    assert (e.code, e.status) == (code, http)
+    assert "SECRET-PROMPT" not in e.message and "SECRET-PROMPT" not in e.body("r").decode()
+
+
+def test_cost_rounds_each_term_up() -> None:
+    p = Prices(1_500_000, 3_000_000)
+    assert cost_micro_pln(1, 1, p) == 2 + 3
+    assert cost_micro_pln(1000, 500, p) == 1500 + 1500
+    assert cost_micro_pln(3, 0, Prices(333_333, 0)) == 1  # 0.999999 -> 1
+    assert cost_micro_pln(0, 0, p) == 0
+    assert estimate_chat_prompt([{"role": "user", "content": "abcdefgh"}]) == 2 + 4
+
+
+def test_catalog_errors_name_the_field() -> None:
+    with pytest.raises(CatalogError, match=r"aliases\.a\.prices"):
+        parse({"aliases": {"a": {"capabilities": ["chat"], "context_length": 1, "max_output_tokens": 1}},
+               "upstream_models": {}})
+    with pytest.raises(CatalogError, match=r"upstreams\[0\]\.model"):
+        parse({"aliases": {"a": {"capabilities": ["chat"], "context_length": 1, "max_output_tokens": 1,
+                                 "prices": [{"effective": "2026-01-01", "input_micro_pln_per_1m": 1}],
+                                 "upstreams": [{"model": "nope"}]}}, "upstream_models": {}})
+
+
+def test_prices_in_force_by_effective_time() -> None:
+    cat = parse({"aliases": {"a": {"capabilities": ["chat"], "context_length": 1, "max_output_tokens": 1,
+                                   "prices": [{"effective": "2026-01-01T00:00:00Z", "input_micro_pln_per_1m": 1,
+                                               "output_micro_pln_per_1m": 2},
+                                              {"effective": "2027-01-01T00:00:00Z", "input_micro_pln_per_1m": 5,
+                                               "output_micro_pln_per_1m": 6}]}}, "upstream_models": {}})
+    a = cat.aliases["a"]
+    assert a.prices_at(1798761599) == Prices(1, 2)  # 2026-12-31T23:59:59Z
+    assert a.prices_at(1798761600) == Prices(5, 6)
+
+
+def test_keys() -> None:
+    k = new_key()
+    assert k.startswith("sk-service-") and len(k) == 51
+    assert bearer_key(f"Bearer {k}") == k and bearer_key(f"bEaReR {k}") == k
+    assert bearer_key(f"Basic {k}") is None and bearer_key(f"Bearer {k}x") is None
+    assert bearer_key("Bearer sk-service-short") is None and bearer_key(None) is None
+    assert len(key_hash(k)) == 64 and key_hash(k) != k
