@@ -7,6 +7,7 @@ back into messages; this module knows nothing of gRPC.  Pure rules come from ``r
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -57,6 +58,29 @@ class Gateway:
     directory: Directory
     pick: Callable[[Alias], str | None]
     clock: Callable[[], float] = time.time
+    _retrying: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def finish(self, org_id: str, request_id: str, record: UsageRecord | None) -> None:
+        """Release and record through the store; while Redis is unreachable, keep retrying in the
+        background (bounded by the slot's lease), so a served request's record is not lost."""
+        try:
+            await self.store.finish(org_id, request_id, record)
+        except Exception:  # noqa: BLE001
+            task = asyncio.create_task(self._retry_finish(org_id, request_id, record))
+            self._retrying.add(task)
+            task.add_done_callback(self._retrying.discard)
+
+    async def _retry_finish(self, org_id: str, request_id: str, record: UsageRecord | None) -> None:
+        delay = 0.1
+        deadline = self.clock() + 3600
+        while self.clock() < deadline:
+            await asyncio.sleep(delay)
+            try:
+                await self.store.finish(org_id, request_id, record)
+                return
+            except Exception:  # noqa: BLE001
+                delay = min(delay * 2, 2.0)
+        log.error("usage record of request %s could not be queued for an hour", request_id)
 
     def upstream_for(self, alias: Alias) -> str | None:
         up = self.pick(alias)
@@ -237,7 +261,7 @@ class Exchange:
                 input_price=prices.input, output_price=prices.output, started_at=self.started,
                 ttfb_ms=None if self.ttfb is None else int((self.ttfb - self.started) * 1000),
                 ended_at=now)
-        await self.gw.store.finish(adm.identity.org_id, self.request_id, record)
+        await self.gw.finish(adm.identity.org_id, self.request_id, record)
 
 
 __all__ = ["Answer", "Exchange", "Gateway", "internal_error"]
