@@ -51,6 +51,8 @@ def test_catalog(base: int, extra: dict[str, Any] | None = None) -> dict[str, An
                          "prices": price(4000000, 8000000), "upstreams": [{"model": "up-adv"}]},
             "embed": {"capabilities": ["embeddings"], "context_length": 8192, "max_output_tokens": 0,
                       "prices": price(200000, 0), "upstreams": [{"model": "up-embed"}]},
+            "dead-alias": {"capabilities": ["chat"], "context_length": 8192, "max_output_tokens": 2048,
+                           "prices": price(1500000, 3000000), "upstreams": [{"model": "up-dead"}]},
             "empty-alias": {"capabilities": ["chat"], "context_length": 8192, "max_output_tokens": 2048,
                             "prices": price(1, 1), "upstreams": [{"model": "up-none"}]},
         },
@@ -61,6 +63,8 @@ def test_catalog(base: int, extra: dict[str, Any] | None = None) -> dict[str, An
             "up-adv": {"deployments": [{"name": "sim-b", "host": "127.0.0.1", "port": b}]},
             "up-embed": {"deployments": [{"name": "sim-a", "host": "127.0.0.1", "port": a}]},
             "up-none": {"deployments": []},
+            # nothing listens there (the launcher starts simulators on 127.0.0.1 only): a dead deployment
+            "up-dead": {"deployments": [{"name": "dead", "host": "127.0.0.2", "port": base + 17}]},
         },
     }
     if extra:

@@ -106,7 +106,7 @@ def test_embeddings_float_and_base64(gateway: Gateway, sdk: openai.OpenAI) -> No
 
 def test_models_list_and_get(sdk: openai.OpenAI) -> None:
     ids = [m.id for m in sdk.models.list()]
-    assert set(ids) == {"polish-fast", "polish-pro", "advanced", "embed", "empty-alias"}
+    assert set(ids) == {"polish-fast", "polish-pro", "advanced", "embed", "empty-alias", "dead-alias"}
     m = sdk.models.retrieve("polish-pro")
     d = m.model_dump()
     assert d["owned_by"] == "service" and d["object"] == "model" and isinstance(d["created"], int)

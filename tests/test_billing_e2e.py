@@ -1,0 +1,123 @@
+"""Billing through the real stack: the cost rule, the ledger, and billing on failure (SPEC section 4)."""
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from conftest import Gateway, assert_error, wait_for
+from extproc.cost import estimate_chat_prompt
+
+MSGS = [{"role": "user", "content": "Ile kosztuje bilet do Krakowa?"}]
+EST_PROMPT = estimate_chat_prompt(MSGS)
+
+
+@pytest.fixture
+def fresh(gateway: Gateway) -> tuple[str, str, str]:
+    return gateway.new_org(10_000_000)
+
+
+def _h(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _records(gateway: Gateway, org: str) -> list[dict]:
+    return gateway.sql("SELECT * FROM usage_records WHERE org_id = $1 ORDER BY started_at", org)
+
+
+def _record(gateway: Gateway, rid: str) -> dict:
+    return wait_for(lambda: gateway.sql("SELECT * FROM usage_records WHERE request_id = $1", rid), 5)[0]
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _ledger(gateway: Gateway, org: str) -> int:
+    return int(gateway.sql("SELECT COALESCE(SUM(amount_micro_pln),0) AS s FROM ledger WHERE org_id=$1", org)[0]["s"])
+
+
+def test_balance_is_the_sum_of_the_ledger(gateway: Gateway, fresh: tuple[str, str, str]) -> None:
+    org, _, key = fresh
+    for i in range(3):
+        r = httpx.post(gateway.v1 + "/chat/completions", headers=_h(key),
+                       json={"model": "advanced", "messages": MSGS, "sim": {"output_tokens": 7 + i}})
+        assert r.status_code == 200
+        _record(gateway, r.headers["x-request-id"])
+    rows = _records(gateway, org)
+    assert len(rows) == 3
+    for row in rows:  # advanced: 4 / 8 PLN per 1M tokens
+        assert row["cost_micro_pln"] == _ceil(row["prompt_tokens"] * 4_000_000, 10**6) + _ceil(
+            row["completion_tokens"] * 8_000_000, 10**6)
+        assert (row["input_price"], row["output_price"]) == (4_000_000, 8_000_000)
+    spent = sum(r["cost_micro_pln"] for r in rows)
+    assert _ledger(gateway, org) == 10_000_000 - spent
+    bal = gateway.admin(lambda a: a.balance(org))
+    assert bal["balance_micro_pln"] == bal["ledger_micro_pln"] == 10_000_000 - spent
+
+
+def test_broken_stream_billed_estimated(gateway: Gateway, fresh: tuple[str, str, str]) -> None:
+    org, _, key = fresh
+    body = {"model": "polish-pro", "messages": MSGS, "stream": True,
+            "sim": {"fail_after_chunks": 4, "itl_ms": 30, "output_tokens": 10}}
+    got = b""
+    with httpx.stream("POST", gateway.v1 + "/chat/completions", json=body, headers=_h(key)) as s:
+        assert s.status_code == 200
+        rid = s.headers["x-request-id"]
+        with pytest.raises(httpx.RemoteProtocolError):
+            for chunk in s.iter_bytes():
+                got += chunk
+    assert b"[DONE]" not in got and b'"error"' not in got
+    row = _record(gateway, rid)
+    served = gateway.sim_record(rid)
+    assert served is not None and served["completed"] is False
+    assert row["estimated"] is True
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (EST_PROMPT, 3)  # role chunk + 3 pieces
+    assert row["cost_micro_pln"] == _ceil(EST_PROMPT * 1_500_000, 10**6) + _ceil(3 * 3_000_000, 10**6)
+
+
+def test_stream_without_usage_from_model_server_is_estimated(gateway: Gateway, fresh: tuple[str, str, str]) -> None:
+    org, _, key = fresh
+    r = httpx.post(gateway.v1 + "/chat/completions", headers=_h(key),
+                   json={"model": "polish-pro", "messages": MSGS, "stream": True,
+                         "stream_options": {"include_usage": True},
+                         "sim": {"no_usage": True, "output_tokens": 5}})
+    assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
+    row = _record(gateway, r.headers["x-request-id"])
+    assert (row["estimated"], row["prompt_tokens"], row["completion_tokens"]) == (True, EST_PROMPT, 5)
+
+
+def test_model_server_error_bills_nothing(gateway: Gateway, fresh: tuple[str, str, str]) -> None:
+    org, _, key = fresh
+    r = httpx.post(gateway.v1 + "/chat/completions", headers=_h(key),
+                   json={"model": "polish-pro", "messages": MSGS, "sim": {"status": 503}})
+    assert_error(r, 502, "upstream_unavailable", "upstream_error")
+    r2 = httpx.post(gateway.v1 + "/chat/completions", headers=_h(key),
+                    json={"model": "dead-alias", "messages": MSGS})
+    assert_error(r2, 502, "upstream_unavailable", "upstream_error")
+    time.sleep(1.0)
+    assert _records(gateway, org) == []
+    assert _ledger(gateway, org) == 10_000_000
+
+
+def test_non_streaming_reply_broken_after_start_bills_estimated_input(gateway: Gateway, fresh: tuple[str, str, str]) -> None:
+    org, _, key = fresh
+    r = httpx.post(gateway.v1 + "/chat/completions", headers=_h(key),
+                   json={"model": "polish-pro", "messages": MSGS, "sim": {"fail_after_chunks": 1}})
+    assert_error(r, 502, "upstream_unavailable", "upstream_error")
+    row = _record(gateway, r.headers["x-request-id"])
+    assert (row["estimated"], row["prompt_tokens"], row["completion_tokens"]) == (True, EST_PROMPT, 0)
+    assert row["cost_micro_pln"] == _ceil(EST_PROMPT * 1_500_000, 10**6)
+
+
+def test_client_that_gives_up_is_billed_estimated_input(gateway: Gateway, fresh: tuple[str, str, str]) -> None:
+    org, _, key = fresh
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(gateway.v1 + "/chat/completions", headers=_h(key), timeout=0.5,
+                   json={"model": "polish-pro", "messages": MSGS, "sim": {"ttft_ms": 1500}})
+    rows = wait_for(lambda: _records(gateway, org), 5)
+    assert len(rows) == 1
+    row = rows[0]
+    assert (row["estimated"], row["prompt_tokens"], row["completion_tokens"]) == (True, EST_PROMPT, 0)
+    assert gateway.sim_record(row["request_id"]) is not None  # it did reach the model server
