@@ -100,10 +100,11 @@ class Stack:
         (data / "postmaster.pid").unlink(missing_ok=True) if not self._pg_running(data) else None
         self.database_url = f"postgresql://postgres@127.0.0.1:{self.pg_port}/postgres"
         port = self.pg_port
+        isready = [str(POSTGRES_BIN_PATH / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(port)]
         return Proc("postgres", [str(POSTGRES_BIN_PATH / "postgres"), "-D", str(data), "-p", str(port),
                                  "-h", "127.0.0.1", "-k", str(data), "-c", "log_min_messages=warning",
                                  "-c", "log_statement=none"],
-                    ready=lambda: _port_open(port), user=PG_USER)
+                    ready=lambda: subprocess.run(isready).returncode == 0, user=PG_USER)
 
     @staticmethod
     def _pg_running(data: Path) -> bool:
