@@ -18,7 +18,7 @@ TEMPLATE = Path(__file__).resolve().parent.parent / "envoy" / "envoy.yaml"
 def render_bootstrap(s: Settings) -> str:
     return Template(TEMPLATE.read_text()).substitute(
         STATE=str(s.state), HOST=s.gateway_host, PORT=s.gateway_port, ADMIN_PORT=s.envoy_admin_port,
-        EXTPROC_PORT=s.grpc_port, BODY_LIMIT=s.max_body_bytes, REPLY_LIMIT=s.max_reply_bytes + 1024 * 1024,
+        EXTPROC_PORT=s.grpc_port, REPLY_LIMIT=s.max_reply_bytes,
         TOTAL_TIMEOUT=s.total_timeout_s, IDLE_TIMEOUT=s.idle_timeout_s,
         FIRST_BYTE_TIMEOUT=s.first_byte_timeout_s)
 
@@ -40,7 +40,7 @@ def clusters(cat: Catalog, s: Settings) -> list[dict[str, Any]]:
             "name": name,
             "type": "STATIC" if all(_is_ip(d.host) for d in deps) else "STRICT_DNS",
             "connect_timeout": "2s",
-            "per_connection_buffer_limit_bytes": s.max_reply_bytes + 1024 * 1024,
+            "per_connection_buffer_limit_bytes": s.max_reply_bytes,
             "outlier_detection": {"consecutive_5xx": 5, "consecutive_local_origin_failure": 2,
                                   "split_external_local_origin_errors": True,
                                   "base_ejection_time": "10s", "max_ejection_percent": 100},

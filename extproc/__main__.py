@@ -8,6 +8,9 @@ import signal
 import asyncpg
 import grpc
 import redis.asyncio as aioredis
+import redis.exceptions
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from . import catalog as catalog_mod
@@ -15,25 +18,42 @@ from .directory import Directory
 from .exchange import Gateway
 from .server import Processor
 from .settings import Settings
-from .store import Store
+from .store import Store, heartbeat
 from .usage_writer import UsageWriter
 
 
 async def serve(settings: Settings) -> None:
     cat = catalog_mod.load(settings.catalog)
+    # A restarted Redis leaves dead pooled connections: a failed call is retried on a new one.
     r = aioredis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2,
-                          health_check_interval=10)
+                          health_check_interval=10, retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2),
+                          retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError])
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=4)
     store = Store(r, default_rpm=settings.default_rpm, default_concurrency=settings.default_concurrency,
                   lease_s=int(settings.total_timeout_s) + 60, key_ttl_s=settings.key_cache_ttl_s)
-    gw = Gateway(catalog=cat, store=store, directory=Directory(pool), pick=lambda a: a.pick_upstream())
+    gw = Gateway(catalog=cat, store=store, directory=Directory(pool), pick=lambda a: a.pick_upstream(),
+                 max_body_bytes=settings.max_body_bytes)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 128 * 1024 * 1024),
                                       ("grpc.max_send_message_length", 128 * 1024 * 1024)])
     ep_grpc.add_ExternalProcessorServicer_to_server(Processor(gw), server)
     server.add_insecure_port(f"127.0.0.1:{settings.grpc_port}")
+    try:
+        await heartbeat(r, gw.owner)
+    except Exception:  # noqa: BLE001 - Redis down at start: requests get 500 until it is back
+        logging.getLogger("extproc").warning("Redis unreachable at start")
     await server.start()
-    writer = UsageWriter(r, pool)
+    writer = UsageWriter(r, pool, store)
     writer_task = asyncio.create_task(writer.run())
+
+    async def beat() -> None:
+        while True:
+            try:
+                await heartbeat(r, gw.owner)
+            except Exception:  # noqa: BLE001 - Redis down: the next beat tries again
+                pass
+            await asyncio.sleep(1.0)
+
+    beat_task = asyncio.create_task(beat())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -42,6 +62,7 @@ async def serve(settings: Settings) -> None:
     await stop.wait()
     await server.stop(grace=10)
     writer_task.cancel()
+    beat_task.cancel()
     try:
         await writer.drain()
     except Exception:  # noqa: BLE001

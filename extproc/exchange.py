@@ -11,7 +11,8 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+import uuid
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from .catalog import Alias, Catalog
@@ -58,6 +59,8 @@ class Gateway:
     directory: Directory
     pick: Callable[[Alias], str | None]
     clock: Callable[[], float] = time.time
+    max_body_bytes: int = 20 * 1024 * 1024
+    owner: str = field(default_factory=lambda: uuid.uuid4().hex)  # this process, in the in-flight journal
     _retrying: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def finish(self, org_id: str, request_id: str, record: UsageRecord | None) -> None:
@@ -128,6 +131,9 @@ class Exchange:
             return _error_answer(INVALID_KEY, self.request_id)
         self.key_hash = key_hash(key)
         if self.method == "POST" and self.path in (_CHAT_PATH, _EMB_PATH):
+            length = headers.get("content-length", "")
+            if length.isdigit() and int(length) > self.gw.max_body_bytes:
+                return self._too_large()
             if end_of_stream:
                 return await self.request_body(b"")
             strip = [h for h in headers if h in _STRIP or h.startswith(_STRIP_PREFIXES)]
@@ -151,16 +157,24 @@ class Exchange:
                              self.request_id)
 
     # ---- request body ----------------------------------------------------------------------
+    def _too_large(self) -> Answer:
+        return _error_answer(ApiError("invalid_request", "The request body is larger than the size limit."),
+                             self.request_id)
+
     async def request_body(self, body: bytes) -> Answer:
+        if len(body) > self.gw.max_body_bytes:
+            return self._too_large()
         prepare = prepare_chat if self.path == _CHAT_PATH else prepare_embeddings
         prepared = prepare(body, self.gw.catalog, self.gw.upstream_for)
         valid = not isinstance(prepared, ApiError)
+        if valid:
+            self.prepared = prepared
         adm = await self._admit(limits=valid)
         if adm.error is not None:
+            self.prepared = None
             return _error_answer(adm.error, self.request_id)
         if isinstance(prepared, ApiError):
             return _error_answer(prepared, self.request_id)
-        self.prepared = prepared
         return Answer(
             set_headers={CLUSTER_HEADER: Catalog.cluster_name(prepared.upstream_model),
                          "content-length": str(len(prepared.body))},
@@ -168,9 +182,10 @@ class Exchange:
 
     async def _admit(self, *, limits: bool) -> Admission:
         assert self.key_hash is not None
+        pending = self._pending() if limits else ""
         for _ in range(3):
             try:
-                adm = await self.gw.store.admit(self.key_hash, self.request_id, limits=limits)
+                adm = await self.gw.store.admit(self.key_hash, self.request_id, limits=limits, pending=pending)
             except Miss as miss:
                 if miss.what == "key":
                     await self.gw.store.fill_key(self.key_hash, await self.gw.directory.key(self.key_hash))
@@ -211,8 +226,9 @@ class Exchange:
             await self._bill(None)  # the model server produced no output
             if body.startswith(b'{"error"') and self.request_id.encode() in body:
                 return Answer()  # Envoy's own reply, already in SPEC's shape
-            return _error_answer(upstream_error(self.status, body), self.request_id)
-        new, usage = rewrite_body(body, p.upstream_model, p.alias.id)
+            return _error_answer(upstream_error(self.status, body, "messages" if p.endpoint == CHAT else "input"),
+                                 self.request_id)
+        new, usage = rewrite_body(body, p.upstream_model, p.alias.id, embeddings=p.endpoint != CHAT)
         if usage is None:
             await self._bill((p.estimated_prompt_tokens, 0), estimated=True)
         else:
@@ -239,29 +255,38 @@ class Exchange:
             # client gone or reply broken after the request reached the model server: input tokens
             await self._bill((p.estimated_prompt_tokens, 0), estimated=True)
 
+    def _record(self, tokens: tuple[int, int], estimated: bool, org_id: str, key_id: str) -> UsageRecord:
+        p = self.prepared
+        assert p is not None
+        prices = p.alias.prices_at(self.started)
+        prompt, completion = tokens
+        if p.endpoint != CHAT:
+            completion = 0
+        return UsageRecord(
+            request_id=self.request_id, org_id=org_id, key_id=key_id, alias=p.alias.id,
+            upstream_model=p.upstream_model, endpoint=p.endpoint, status=self.status or 500,
+            stream=p.stream, prompt_tokens=prompt, completion_tokens=completion, estimated=estimated,
+            cost_micro_pln=cost_micro_pln(prompt, completion, prices), input_price=prices.input,
+            output_price=prices.output, started_at=self.started,
+            ttfb_ms=None if self.ttfb is None else int((self.ttfb - self.started) * 1000),
+            ended_at=self.gw.clock())
+
+    def _pending(self) -> str:
+        """The journal entry while in flight: what is billed if this process dies (estimated input)."""
+        rec = self._record((self.prepared.estimated_prompt_tokens, 0) if self.prepared else (0, 0), True, "", "")
+        return self.gw.owner + "|" + json.dumps(asdict(rec), separators=(",", ":"))
+
     async def _bill(self, tokens: tuple[int, int] | None, *, estimated: bool = False) -> None:
         """Release the slot and record the request once; ``None`` tokens: nothing billed."""
         if self.finished:
             return
         self.finished = True
-        adm, p = self.admission, self.prepared
-        if adm is None or adm.identity is None or p is None:
+        adm = self.admission
+        if adm is None or adm.identity is None or self.prepared is None:
             return
-        record = None
-        if tokens is not None:
-            prices = p.alias.prices_at(self.started)
-            prompt, completion = tokens
-            now = self.gw.clock()
-            record = UsageRecord(
-                request_id=self.request_id, org_id=adm.identity.org_id, key_id=adm.identity.key_id,
-                alias=p.alias.id, upstream_model=p.upstream_model, endpoint=p.endpoint,
-                status=self.status, stream=p.stream, prompt_tokens=prompt,
-                completion_tokens=completion if p.endpoint == CHAT else 0, estimated=estimated,
-                cost_micro_pln=cost_micro_pln(prompt, completion if p.endpoint == CHAT else 0, prices),
-                input_price=prices.input, output_price=prices.output, started_at=self.started,
-                ttfb_ms=None if self.ttfb is None else int((self.ttfb - self.started) * 1000),
-                ended_at=now)
-        await self.gw.finish(adm.identity.org_id, self.request_id, record)
+        ident = adm.identity
+        record = None if tokens is None else self._record(tokens, estimated, ident.org_id, ident.key_id)
+        await self.gw.finish(ident.org_id, self.request_id, record)
 
 
 __all__ = ["Answer", "Exchange", "Gateway", "internal_error"]

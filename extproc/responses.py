@@ -22,10 +22,19 @@ def model_pattern(upstream_model: str) -> re.Pattern[bytes]:
     return re.compile(rb'"model":\s*' + re.escape(json.dumps(upstream_model).encode()))
 
 
-def rewrite_body(body: bytes, upstream_model: str, alias: str) -> tuple[bytes, tuple[int, int] | None]:
-    """(body with ``model`` = alias, (prompt, completion) usage or None when not reported)."""
+_EMB_COMPLETION = re.compile(rb',\s*"completion_tokens":\s*\d+|"completion_tokens":\s*\d+\s*,?')
+
+
+def rewrite_body(body: bytes, upstream_model: str, alias: str, *, embeddings: bool = False
+                 ) -> tuple[bytes, tuple[int, int] | None]:
+    """(body with ``model`` = alias, (prompt, completion) usage or None when not reported).
+    Embeddings usage carries no ``completion_tokens`` (SPEC section 2): it is taken out."""
     new = model_pattern(upstream_model).sub(b'"model":' + json.dumps(alias).encode(), body, count=1)
-    return new, read_usage(new)
+    usage = read_usage(new)
+    if embeddings and usage is not None:
+        at = new.rfind(_USAGE_KEY)
+        new = new[:at] + _EMB_COMPLETION.sub(b"", new[at:], count=1)
+    return new, usage
 
 
 def read_usage(body: bytes) -> tuple[int, int] | None:
@@ -55,16 +64,17 @@ def _upstream_message_and_param(body: bytes) -> tuple[str, str | None]:
         param if isinstance(param, str) and _SAFE_PARAM.fullmatch(param) else None)
 
 
-def upstream_error(status: int, body: bytes) -> ApiError:
-    """Map a model server's error status and body to SPEC section 7."""
+def upstream_error(status: int, body: bytes, input_param: str = "messages") -> ApiError:
+    """Map a model server's error status and body to SPEC section 7; ``input_param`` names the
+    request field that carries the input (``messages`` for chat, ``input`` for embeddings)."""
     message, param = _upstream_message_and_param(body)
     low = message.lower()
     if status in (400, 413, 422):
         if "context length" in low or "context_length" in low or "maximum context" in low:
             return ApiError("context_length_exceeded",
-                            "The input is longer than the model's context length.", param or "messages")
+                            "The input is longer than the model's context length.", input_param)
         if "multimodal" in low or "image" in low or "vision" in low:
-            return ApiError("invalid_request", "This model does not accept image content.", "messages")
+            return ApiError("invalid_request", "This model does not accept image content.", input_param)
         return ApiError("invalid_request",
                         "The model server rejected the request" + (f" (parameter '{param}')." if param else "."),
                         param)

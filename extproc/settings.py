@@ -30,6 +30,23 @@ class Settings:
     run_sim: bool = True                     # GATEWAY_RUN_SIM: start the simulator for loopback deployments
     pg_port: int = 0                         # GATEWAY_PG_PORT: embedded PostgreSQL port; 0 = gateway_port + 12
     redis_port: int = 0                      # GATEWAY_REDIS_PORT: embedded Redis port; 0 = gateway_port + 13
+    # ---- the console (control/console) ----
+    console_port: int = 0                    # GATEWAY_CONSOLE_PORT: console web app; 0 = gateway_port + 1 (8081)
+    console_url: str = ""                    # GATEWAY_CONSOLE_URL: public address of the console (links, payments)
+    console_secret: str = ""                 # GATEWAY_CONSOLE_SECRET: CSRF/signing secret; empty = generated in state dir
+    smtp_host: str = ""                      # GATEWAY_SMTP_HOST: mail server; empty = the local capture server
+    smtp_port: int = 0                       # GATEWAY_SMTP_PORT: 0 = 587 (or the capture server: gateway_port + 18)
+    smtp_user: str = ""                      # GATEWAY_SMTP_USER
+    smtp_password: str = ""                  # GATEWAY_SMTP_PASSWORD
+    smtp_tls: str = "starttls"               # GATEWAY_SMTP_TLS: starttls | tls | none
+    mail_from: str = "console@localhost"     # GATEWAY_MAIL_FROM: sender of the console's e-mails
+    payment_provider: str = "sandbox"        # GATEWAY_PAYMENT_PROVIDER: sandbox | p24
+    p24_merchant_id: int = 0                 # GATEWAY_P24_MERCHANT_ID
+    p24_pos_id: int = 0                      # GATEWAY_P24_POS_ID: 0 = the merchant id
+    p24_crc: str = ""                        # GATEWAY_P24_CRC: CRC key (signatures)
+    p24_api_key: str = ""                    # GATEWAY_P24_API_KEY: REST API key (HTTP basic password)
+    p24_sandbox: bool = True                 # GATEWAY_P24_SANDBOX: sandbox.przelewy24.pl instead of secure.
+    p24_api_url: str = ""                    # GATEWAY_P24_API_URL: override of the P24 base address
 
     @classmethod
     def from_env(cls, **overrides: object) -> "Settings":
@@ -59,6 +76,18 @@ class Settings:
         return self.admin_port or self.gateway_port + 11
 
     @property
+    def console_http_port(self) -> int:
+        return self.console_port or self.gateway_port + 1
+
+    @property
+    def smtp_capture_port(self) -> int:
+        return self.gateway_port + 18
+
+    @property
+    def console_base_url(self) -> str:
+        return (self.console_url or f"http://{self.gateway_host}:{self.console_http_port}").rstrip("/")
+
+    @property
     def state(self) -> Path:
         return Path(self.state_dir).resolve()
 
@@ -73,5 +102,11 @@ _ENV = {
     "first_byte_timeout_s": "GATEWAY_FIRST_BYTE_TIMEOUT_S", "idle_timeout_s": "GATEWAY_IDLE_TIMEOUT_S",
     "total_timeout_s": "GATEWAY_TOTAL_TIMEOUT_S", "run_sim": "GATEWAY_RUN_SIM",
     "pg_port": "GATEWAY_PG_PORT", "redis_port": "GATEWAY_REDIS_PORT",
+    "console_port": "GATEWAY_CONSOLE_PORT", "console_url": "GATEWAY_CONSOLE_URL",
+    "console_secret": "GATEWAY_CONSOLE_SECRET", "smtp_host": "GATEWAY_SMTP_HOST", "smtp_port": "GATEWAY_SMTP_PORT",
+    "smtp_user": "GATEWAY_SMTP_USER", "smtp_password": "GATEWAY_SMTP_PASSWORD", "smtp_tls": "GATEWAY_SMTP_TLS",
+    "mail_from": "GATEWAY_MAIL_FROM", "payment_provider": "GATEWAY_PAYMENT_PROVIDER",
+    "p24_merchant_id": "GATEWAY_P24_MERCHANT_ID", "p24_pos_id": "GATEWAY_P24_POS_ID", "p24_crc": "GATEWAY_P24_CRC",
+    "p24_api_key": "GATEWAY_P24_API_KEY", "p24_sandbox": "GATEWAY_P24_SANDBOX", "p24_api_url": "GATEWAY_P24_API_URL",
 }
 ENV_VARS = _ENV

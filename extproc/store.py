@@ -8,6 +8,9 @@ Redis layout (all keys under ``gw:``):
   gw:c:<org>       zset  request id -> lease expiry (unix s): the organisation's in-flight requests
   gw:done:<rid>    marker that a request was finished once (no double debit)
   gw:usage         stream of usage records, drained into PostgreSQL by the usage writer
+  gw:if            hash  request id -> "key|org|owner|pending record": requests in flight, so that a
+                   request whose ext_proc process died is still billed (see ``reap``)
+  gw:hb:<owner>    an ext_proc process's heartbeat (expires 3 s after the process stops)
 """
 from __future__ import annotations
 
@@ -44,11 +47,13 @@ if redis.call('ZCARD', ck) >= tonumber(o[4] or ARGV[5]) then return {'conc', k[1
 redis.call('INCR', rk)
 redis.call('EXPIRE', rk, 61)
 redis.call('ZADD', ck, now + tonumber(ARGV[6]), ARGV[3])
+if ARGV[7] ~= '' then redis.call('HSET', 'gw:if', ARGV[3], k[1] .. '|' .. org .. '|' .. ARGV[7]) end
 return {'admitted', k[1], org}
 """
 
 _FINISH = """
 redis.call('ZREM', 'gw:c:' .. ARGV[1], ARGV[2])
+redis.call('HDEL', 'gw:if', ARGV[2])
 if ARGV[4] == '' then return 0 end
 if not redis.call('SET', 'gw:done:' .. ARGV[2], '1', 'NX', 'EX', 86400) then return 0 end
 local ok = 'gw:o:' .. ARGV[1]
@@ -103,10 +108,11 @@ class Store:
         self._fill_key = client.register_script(_FILL_KEY)
         self._fill_org = client.register_script(_FILL_ORG)
 
-    async def admit(self, key_hash: str, request_id: str, *, limits: bool) -> Admission:
-        """Authenticate and, with ``limits``, check balance, rate and concurrency and take a slot."""
+    async def admit(self, key_hash: str, request_id: str, *, limits: bool, pending: str = "") -> Admission:
+        """Authenticate and, with ``limits``, check balance, rate and concurrency and take a slot.
+        ``pending`` is the journal entry kept while the request is in flight."""
         rpm, conc, lease = self._defaults
-        res = await self._admit(args=[key_hash, "1" if limits else "0", request_id, rpm, conc, lease])
+        res = await self._admit(args=[key_hash, "1" if limits else "0", request_id, rpm, conc, lease, pending])
         tag = res[0].decode() if isinstance(res[0], bytes) else res[0]
         if tag == "bad_key":
             return Admission(None, INVALID_KEY)
@@ -155,3 +161,22 @@ class Store:
 
 def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
+
+
+async def heartbeat(r: aioredis.Redis, owner: str) -> None:
+    await r.set("gw:hb:" + owner, "1", ex=3)
+
+
+async def orphans(r: aioredis.Redis) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """In-flight entries whose ext_proc process is gone: (request id, key id, org id, pending record)."""
+    entries: dict[bytes, bytes] = await r.hgetall("gw:if")
+    if not entries:
+        return []
+    parsed = []
+    for rid, v in entries.items():
+        key_id, org, owner, payload = v.decode().split("|", 3)
+        parsed.append((rid.decode(), key_id, org, owner, payload))
+    owners = sorted({p[3] for p in parsed})
+    alive = dict(zip(owners, await r.mget(["gw:hb:" + o for o in owners])))
+    return [(rid, key_id, org, json.loads(payload)) for rid, key_id, org, owner, payload in parsed
+            if alive[owner] is None]

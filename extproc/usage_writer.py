@@ -16,7 +16,8 @@ import asyncpg
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from .store import USAGE_STREAM
+from .decisions import UsageRecord
+from .store import USAGE_STREAM, Store, orphans
 
 log = logging.getLogger("extproc.usage")
 GROUP = "writers"
@@ -60,9 +61,12 @@ async def write_batch(pool: asyncpg.Pool, records: list[dict[str, Any]]) -> None
 
 
 class UsageWriter:
-    def __init__(self, r: aioredis.Redis, pool: asyncpg.Pool, *, batch: int = 500,
+    def __init__(self, r: aioredis.Redis, pool: asyncpg.Pool, store: Store, *, batch: int = 500,
                  claim_idle_ms: int = 15000) -> None:
         self.r = r
+        self.store = store
+        self._last_reap = 0.0
+        self._suspects: dict[str, float] = {}  # request id -> when its owner was first seen gone
         self.pool = pool
         self.batch = batch
         self.claim_idle_ms = claim_idle_ms
@@ -76,7 +80,10 @@ class UsageWriter:
                 raise
 
     async def _take(self) -> list[tuple[bytes, dict[bytes, bytes]]]:
-        # first what this consumer or a dead one left pending, then new entries
+        # first what this consumer left pending (a batch that failed), then a dead one's, then new
+        own = await self.r.xreadgroup(GROUP, self.consumer, {USAGE_STREAM: "0"}, count=self.batch)
+        if own and own[0][1]:
+            return [e for e in own[0][1] if e and e[1]]
         claimed = await self.r.xautoclaim(USAGE_STREAM, GROUP, self.consumer, self.claim_idle_ms,
                                           start_id="0-0", count=self.batch)
         entries = claimed[1] if claimed else []
@@ -85,7 +92,29 @@ class UsageWriter:
         res = await self.r.xreadgroup(GROUP, self.consumer, {USAGE_STREAM: ">"}, count=self.batch, block=200)
         return res[0][1] if res else []
 
+    async def reap(self) -> int:
+        """Bill the requests of ext_proc processes that died mid-request (estimated input tokens):
+        such a request reached the model server, but its process can no longer see its end."""
+        now = asyncio.get_running_loop().time()
+        found = await orphans(self.r)
+        # an owner must stay silent for 3 s more (past Redis's own outages) before its requests are taken
+        self._suspects = {rid: self._suspects.get(rid, now) for rid, *_ in found}
+        reaped = 0
+        for rid, key_id, org, pending in found:
+            if now - self._suspects[rid] < 3.0:
+                continue
+            pending.update(org_id=org, key_id=key_id)
+            await self.store.finish(org, rid, UsageRecord(**pending))
+            reaped += 1
+        if reaped:
+            log.warning("billed %d request(s) left in flight by a stopped ext_proc", reaped)
+        return reaped
+
     async def step(self) -> int:
+        now = asyncio.get_running_loop().time()
+        if now - self._last_reap > 1.0:
+            self._last_reap = now
+            await self.reap()
         entries = await self._take()
         if not entries:
             return 0

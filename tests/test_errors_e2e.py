@@ -671,3 +671,100 @@ def test_reply_under_64_mib_relayed(client: httpx.Client, size_mib: int) -> None
                     timeout=120)
     doc = ok(r)
     assert len(doc["data"][0]["embedding"]) == 1024
+
+
+# ---------------------------------------------------------------------- check order and misc. rows
+
+
+def test_auth_checked_before_request_validation(anon: httpx.Client) -> None:
+    for path, body in (("/chat/completions", {"model": "gpt-4o", "messages": MSGS}),
+                       ("/chat/completions", {"model": "polish-pro", "messages": []}),
+                       ("/chat/completions", {"model": "embed", "messages": MSGS, "max_tokens": 0}),
+                       ("/embeddings", {"model": "polish-pro", "input": [1, 2]})):
+        err(anon.post(path, json=body), 401, "invalid_api_key", "authentication_error")
+    err(anon.get("/models/no-such-alias"), 401, "invalid_api_key", "authentication_error")
+
+
+def test_stream_validation_errors_are_json(client: httpx.Client) -> None:
+    err(chat(client, {"model": "polish-pro", "messages": MSGS, "stream": True, "max_tokens": 0}), 400,
+        "invalid_request", "invalid_request_error", "max_tokens")
+    err(chat(client, {"model": "embed", "messages": MSGS, "stream": True}), 400, "invalid_request",
+        "invalid_request_error", "model")
+
+
+def test_stream_response_has_request_id(gateway: Gateway, client: httpx.Client) -> None:
+    r, _, _ = echo_stream(client, {})
+    rid = r.headers["x-request-id"]
+    assert rid and gateway.sim_record(rid) is not None
+    no_limit_headers(r)
+
+
+def test_embeddings_missing_input_400(client: httpx.Client) -> None:
+    err_any_param(client.post("/embeddings", json={"model": "embed"}), 400, "invalid_request",
+                  "invalid_request_error", ["input"])
+
+
+def test_embeddings_bad_encoding_format_400(client: httpx.Client) -> None:
+    err_any_param(client.post("/embeddings", json={"model": "embed", "input": "x", "encoding_format": "int8"}),
+                  400, "invalid_request", "invalid_request_error", ["encoding_format"])
+
+
+@pytest.mark.parametrize("body", [{"input": "x"}, {"model": None, "input": "x"}], ids=["missing", "null"])
+def test_embeddings_missing_or_null_model_400(client: httpx.Client, body: dict[str, Any]) -> None:
+    err(client.post("/embeddings", json=body), 400, "invalid_request", "invalid_request_error", "model")
+
+
+def test_rate_limit_429_has_retry_after(gateway: Gateway) -> None:
+    org_id, kid, key = gateway.new_org(10_000_000)
+    gateway.admin(lambda a: a.set_key_limits(kid, 2))
+    with keyed(gateway, key) as c:
+        statuses = []
+        r = None
+        for _ in range(6):
+            r = chat(c, {"model": "polish-fast", "messages": MSGS})
+            statuses.append(r.status_code)
+            if r.status_code == 429:
+                break
+        assert r is not None and r.status_code == 429, statuses
+        err(r, 429, "rate_limit_exceeded", "rate_limit_error")
+        ra = r.headers.get("retry-after")
+        assert ra is not None and ra.isdigit() and 1 <= int(ra) <= 60, ra
+        # embeddings share the per-key limit; models are never rate limited
+        e = c.post("/embeddings", json={"model": "embed", "input": "x"})
+        err(e, 429, "rate_limit_exceeded", "rate_limit_error")
+        for _ in range(5):
+            ok(c.get("/models"))
+            ok(c.get("/models/embed"))
+
+
+def test_balance_checked_before_rate_limit(gateway: Gateway) -> None:
+    org_id, kid, key = gateway.new_org(0)
+    gateway.admin(lambda a: a.set_key_limits(kid, 1))
+    with keyed(gateway, key) as c:
+        for _ in range(4):
+            err(chat(c, {"model": "polish-fast", "messages": MSGS}), 402, "insufficient_quota",
+                "insufficient_quota")
+
+
+def test_concurrency_limit_429_retry_after_1(gateway: Gateway) -> None:
+    import threading
+    org_id, kid, key = gateway.new_org(10_000_000)
+    gateway.admin(lambda a: a.set_limits(org_id, None, 1))
+    slow: list[httpx.Response] = []
+
+    def run() -> None:
+        with keyed(gateway, key) as c:
+            slow.append(chat(c, {"model": "polish-fast", "messages": MSGS, "sim": {"ttft_ms": 2000}}))
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        time.sleep(0.7)
+        with keyed(gateway, key) as c:
+            r = chat(c, {"model": "polish-fast", "messages": MSGS})
+            err(r, 429, "concurrency_limit_exceeded", "rate_limit_error")
+            assert r.headers.get("retry-after") == "1"
+            ok(c.get("/models"))
+    finally:
+        t.join()
+    ok(slow[0])
