@@ -87,6 +87,7 @@ def cmd_up(args: argparse.Namespace, s: Settings) -> int:
         base = f"http://{s.gateway_host}:{s.gateway_port}/v1"
         print(f"""
 Gateway ready on {base}
+  console:           http://{s.gateway_host}:{s.console_http_port}/
   demo organisation: {demo['org']}
   API key:           {demo['key']}
 

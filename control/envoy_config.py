@@ -15,11 +15,17 @@ from extproc.settings import Settings
 TEMPLATE = Path(__file__).resolve().parent.parent / "envoy" / "envoy.yaml"
 
 
+def idle_budget(s: Settings) -> float:
+    """Envoy's idle timer runs from the start of the upstream request: it may not fire before both
+    tries have had their first-byte budget."""
+    return max(s.idle_timeout_s, 2 * s.first_byte_timeout_s + 1)
+
+
 def render_bootstrap(s: Settings) -> str:
     return Template(TEMPLATE.read_text()).substitute(
         STATE=str(s.state), HOST=s.gateway_host, PORT=s.gateway_port, ADMIN_PORT=s.envoy_admin_port,
         EXTPROC_PORT=s.grpc_port, REPLY_LIMIT=s.max_reply_bytes,
-        TOTAL_TIMEOUT=s.total_timeout_s, IDLE_TIMEOUT=s.idle_timeout_s,
+        TOTAL_TIMEOUT=s.total_timeout_s, IDLE_TIMEOUT=idle_budget(s),
         FIRST_BYTE_TIMEOUT=s.first_byte_timeout_s)
 
 

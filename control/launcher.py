@@ -17,12 +17,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
 from extproc import catalog as catalog_mod
-from extproc.settings import Settings
+from extproc.settings import ENV_VARS, Settings
 
 from . import envoy_config
 
@@ -152,10 +152,13 @@ class Stack:
         return procs
 
     def _child_env(self) -> dict[str, str]:
+        """Every setting in force, as the environment of the processes the stack starts."""
         env = dict(os.environ)
+        for f in fields(Settings):
+            value = getattr(self.s, f.name)
+            env[ENV_VARS[f.name]] = ("1" if value else "0") if isinstance(value, bool) else str(value)
         env.update({"DATABASE_URL": self.database_url, "REDIS_URL": self.redis_url,
-                    "GATEWAY_PORT": str(self.s.gateway_port), "GATEWAY_STATE_DIR": str(self.state),
-                    "GATEWAY_CATALOG": str(Path(self.s.catalog).resolve()),
+                    "GATEWAY_STATE_DIR": str(self.state), "GATEWAY_CATALOG": str(Path(self.s.catalog).resolve()),
                     "GATEWAY_EXTPROC_PORT": str(self.s.grpc_port)})
         return env
 
@@ -174,6 +177,14 @@ class Stack:
         return Proc("envoy", [envoy, "-c", str(boot), "--concurrency", "2", "--log-level", "warn",
                               "--base-id", str(self.s.gateway_port)],
                     ready=lambda: _http_ok(f"http://127.0.0.1:{admin}/ready"))
+
+    def _smtp_proc(self) -> Proc:
+        from .console.launch import smtp_proc
+        return smtp_proc(self)
+
+    def _console_proc(self) -> Proc:
+        from .console.launch import console_proc
+        return console_proc(self)
 
     # ---- lifecycle --------------------------------------------------------------------------
     def start_proc(self, p: Proc, timeout: float = 30.0) -> None:
@@ -207,6 +218,9 @@ class Stack:
                 self.start_proc(p)
         self.start_proc(self._extproc_proc())
         self.start_proc(self._envoy_proc())
+        if not self.s.smtp_host:
+            self.start_proc(self._smtp_proc())
+        self.start_proc(self._console_proc())
 
     async def _migrate(self) -> None:
         import asyncpg
@@ -254,9 +268,25 @@ class Stack:
         for name in reversed(list(self.procs)):
             self.stop_proc(name)
 
+    def reload_catalog(self) -> None:
+        """Render the catalog's clusters for the running Envoy (it swaps them in without a restart);
+        the ext_proc notices the catalog file itself.  A catalog that does not load changes nothing."""
+        envoy_config.write_cds(catalog_mod.load(self.s.catalog), self.s)
+
     def supervise(self, should_stop: Callable[[], bool]) -> None:
-        """Foreground loop of ``gateway up``: restart a component that died, until told to stop."""
+        """Foreground loop of ``gateway up``: restart a component that died and apply a changed
+        catalog, until told to stop."""
+        catalog = Path(self.s.catalog)
+        seen = catalog.stat().st_mtime_ns
         while not should_stop():
+            mtime = catalog.stat().st_mtime_ns
+            if mtime != seen:
+                seen = mtime
+                try:
+                    self.reload_catalog()
+                    print("gateway: catalog change applied", file=sys.stderr)
+                except Exception as e:  # noqa: BLE001 - a bad catalog is refused, the old one stays
+                    print(f"gateway: catalog not applied: {e}", file=sys.stderr)
             for name, p in list(self.procs.items()):
                 if not p.alive and not should_stop():
                     print(f"gateway: {name} exited; restarting", file=sys.stderr)

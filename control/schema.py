@@ -54,6 +54,73 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX usage_org_time ON usage_records (org_id, started_at DESC);
     """,
+    # 2: the console: users, memberships, sessions, e-mail tokens, invitations, payments, login attempts
+    """
+    CREATE TABLE users (
+      id text PRIMARY KEY,
+      email text NOT NULL UNIQUE,
+      password_hash text NOT NULL,
+      verified_at timestamptz,
+      created_at timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE TABLE memberships (
+      user_id text NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+      org_id text NOT NULL REFERENCES orgs(id),
+      role text NOT NULL CHECK (role IN ('owner', 'member')),
+      created_at timestamptz NOT NULL DEFAULT now(),
+      PRIMARY KEY (user_id, org_id)
+    );
+    CREATE INDEX memberships_org ON memberships (org_id);
+    CREATE TABLE console_sessions (
+      token_hash text PRIMARY KEY,
+      user_id text NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+      org_id text NOT NULL REFERENCES orgs(id),
+      created_at timestamptz NOT NULL DEFAULT now(),
+      expires_at timestamptz NOT NULL
+    );
+    CREATE TABLE email_tokens (
+      token_hash text PRIMARY KEY,
+      user_id text NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+      purpose text NOT NULL CHECK (purpose IN ('confirm', 'reset')),
+      created_at timestamptz NOT NULL DEFAULT now(),
+      expires_at timestamptz NOT NULL,
+      used_at timestamptz
+    );
+    CREATE TABLE invites (
+      id text PRIMARY KEY,
+      org_id text NOT NULL REFERENCES orgs(id),
+      email text NOT NULL,
+      role text NOT NULL CHECK (role IN ('owner', 'member')),
+      token_hash text NOT NULL UNIQUE,
+      invited_by text REFERENCES users(id) ON DELETE SET NULL,
+      created_at timestamptz NOT NULL DEFAULT now(),
+      expires_at timestamptz NOT NULL,
+      accepted_at timestamptz
+    );
+    CREATE INDEX invites_org ON invites (org_id);
+    CREATE TABLE payments (
+      id text PRIMARY KEY,
+      org_id text NOT NULL REFERENCES orgs(id),
+      provider text NOT NULL,
+      amount_micro_pln bigint NOT NULL CHECK (amount_micro_pln > 0),
+      status text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'paid', 'failed')),
+      provider_ref text,
+      created_by text REFERENCES users(id) ON DELETE SET NULL,
+      created_at timestamptz NOT NULL DEFAULT now(),
+      paid_at timestamptz
+    );
+    CREATE INDEX payments_org ON payments (org_id, created_at DESC);
+    CREATE TABLE login_attempts (
+      id bigserial PRIMARY KEY,
+      email text NOT NULL,
+      ip text NOT NULL,
+      kind text NOT NULL DEFAULT 'login',
+      at timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE INDEX login_attempts_email ON login_attempts (email, at);
+    CREATE INDEX login_attempts_ip ON login_attempts (ip, at);
+    CREATE INDEX usage_org_key ON usage_records (org_id, key_id, started_at DESC);
+    """,
 ]
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 
 import asyncpg
@@ -20,6 +21,26 @@ from .server import Processor
 from .settings import Settings
 from .store import Store, heartbeat
 from .usage_writer import UsageWriter
+
+
+async def watch_catalog(path: str, gw: Gateway, every: float = 0.5, settle: float = 1.0) -> None:
+    """Apply a changed catalog without a restart.  The change is taken ``settle`` seconds after it is
+    seen, by which time Envoy has loaded the clusters rendered from it; a catalog that does not load is
+    refused (logged) and the one in force stays."""
+    log = logging.getLogger("extproc")
+    seen = os.stat(path).st_mtime_ns
+    while True:
+        await asyncio.sleep(every)
+        try:
+            mtime = os.stat(path).st_mtime_ns
+            if mtime == seen:
+                continue
+            seen = mtime
+            await asyncio.sleep(settle)
+            gw.catalog = catalog_mod.load(path)
+            log.info("catalog reloaded: %d aliases", len(gw.catalog.aliases))
+        except (OSError, catalog_mod.CatalogError) as e:
+            log.error("catalog not reloaded: %s", e)
 
 
 async def serve(settings: Settings) -> None:
@@ -54,6 +75,7 @@ async def serve(settings: Settings) -> None:
             await asyncio.sleep(1.0)
 
     beat_task = asyncio.create_task(beat())
+    watch_task = asyncio.create_task(watch_catalog(settings.catalog, gw))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -63,6 +85,7 @@ async def serve(settings: Settings) -> None:
     await server.stop(grace=10)
     writer_task.cancel()
     beat_task.cancel()
+    watch_task.cancel()
     try:
         await writer.drain()
     except Exception:  # noqa: BLE001

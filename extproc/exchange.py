@@ -249,7 +249,9 @@ class Exchange:
         if self.finished or self.prepared is None:
             return
         p = self.prepared
-        if self.relay is not None and self.output_seen:
+        if self.relay is not None and self.relay.usage is not None:
+            await self._bill(self.relay.usage)  # the client left after the usage chunk went by
+        elif self.relay is not None and self.output_seen:
             await self._bill((p.estimated_prompt_tokens, self.relay.content_events), estimated=True)
         else:
             # client gone or reply broken after the request reached the model server: input tokens

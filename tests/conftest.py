@@ -37,7 +37,7 @@ def free_base(span: int = 20) -> int:
     raise RuntimeError("no free port range")
 
 
-def test_catalog(base: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def make_catalog(base: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     a, b = base + 15, base + 16
     price = lambda i, o: [{"effective": "2026-01-01T00:00:00Z",  # noqa: E731
                            "input_micro_pln_per_1m": i, "output_micro_pln_per_1m": o}]
@@ -82,6 +82,7 @@ class Gateway:
         self.v1 = self.url + "/v1"
         self.sim_a = f"http://127.0.0.1:{base + 15}"
         self.sim_b = f"http://127.0.0.1:{base + 16}"
+        self.console = f"http://127.0.0.1:{stack.s.console_http_port}"  # the console web app
 
     def admin(self, fn: Callable[[Admin], Awaitable[Any]]) -> Any:
         async def go() -> Any:
@@ -127,7 +128,7 @@ def gateway() -> Iterator[Gateway]:
     base = free_base()
     tmp = Path(tempfile.mkdtemp(prefix="gw-test-"))
     cat = tmp / "catalog.yaml"
-    cat.write_text(yaml.safe_dump(test_catalog(base)))
+    cat.write_text(yaml.safe_dump(make_catalog(base)))
     env = {k: v for k, v in os.environ.items()}
     settings = Settings.from_env(gateway_port=base, state_dir=str(tmp / "state"), catalog=str(cat),
                                  default_rpm=100000, default_concurrency=1000)

@@ -1,0 +1,147 @@
+"""The console's aiohttp application: cookies, CSRF, security headers, safe access log, routes."""
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import AsyncIterator, Awaitable, Callable
+
+import asyncpg
+import redis.asyncio as aioredis
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+
+from control.admin import Admin
+from extproc.settings import Settings
+
+from .mail import Mailer
+from .payments import make_provider
+from .security import load_secret
+from .store import Store
+from .web import ANON_COOKIE, CONSOLE, HERE, SESSION_COOKIE, Console, PageError, csrf_ok, render, templates
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# Requests that do not come from our forms: the payment providers' server-to-server notifications
+# (authenticated by their signatures instead).
+CSRF_EXEMPT = ("/payments/notify/",)
+
+HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self';"
+                               " object-src 'none'; base-uri 'none'; form-action 'self' https:; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Permissions-Policy": "camera=(), microphone=(), geolocation=(), payment=()",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Strict-Transport-Security": "max-age=31536000",
+}
+
+
+def cookie(resp: web.StreamResponse, name: str, value: str, max_age: int | None) -> None:
+    resp.set_cookie(name, value, max_age=max_age, path="/", secure=True, httponly=True, samesite="Lax")
+
+
+class SafeAccessLogger(AbstractAccessLogger):
+    """Logs the route's pattern, never the path: e-mail links carry single-use tokens."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        route = "?"
+        mi = getattr(request, "match_info", None)
+        if mi is not None and mi.route.resource is not None:
+            route = mi.route.resource.canonical
+        self.logger.info("%s %s %s %.1fms", request.method, route, response.status, time * 1000)
+
+
+@web.middleware
+async def session_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
+    c = request.app[CONSOLE]
+    anon = request.cookies.get(ANON_COOKIE, "")
+    if len(anon) < 20:
+        anon = secrets.token_urlsafe(24)
+        request["new_anon"] = anon
+    request["anon"] = anon
+    token = request.cookies.get(SESSION_COOKIE)
+    if token and len(token) < 100:
+        v = await c.store.viewer(token)
+        if v is not None:
+            request["viewer"] = v
+            request["orgs"] = await c.store.orgs_of(v.user_id)
+        else:
+            request["drop_session"] = True
+    try:
+        resp = await handler(request)
+    except web.HTTPException as e:
+        _cookies(request, e)
+        raise
+    _cookies(request, resp)
+    return resp
+
+
+def _cookies(request: web.Request, resp: web.StreamResponse) -> None:
+    if "new_anon" in request:
+        cookie(resp, ANON_COOKIE, request["new_anon"], None)
+    if request.get("drop_session") and SESSION_COOKIE not in resp.cookies:
+        resp.del_cookie(SESSION_COOKIE, path="/")
+
+
+@web.middleware
+async def csrf_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.method not in ("GET", "HEAD", "OPTIONS") and not request.path.startswith(CSRF_EXEMPT):
+        form = await request.post()
+        if not csrf_ok(request, str(form.get("csrf", ""))):
+            return render(request, "error.html", status=403,
+                          error="The form expired or did not come from this site; go back, reload and try again.")
+    return await handler(request)
+
+
+@web.middleware
+async def errors_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except PageError as e:
+        return render(request, "error.html", status=e.status, error=e.text)
+    except web.HTTPNotFound:
+        return render(request, "error.html", status=404, error="There is nothing here.")
+
+
+async def on_prepare(request: web.Request, resp: web.StreamResponse) -> None:
+    for k, v in HEADERS.items():
+        resp.headers.setdefault(k, v)
+    if not request.path.startswith("/static/"):
+        resp.headers["Cache-Control"] = "no-store"
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+def make_app(settings: Settings) -> web.Application:
+    from .pages import auth, billing, dev, keys, members, usage
+    app = web.Application(middlewares=[session_mw, errors_mw, csrf_mw], client_max_size=64 * 1024)
+
+    async def resources(app: web.Application) -> AsyncIterator[None]:
+        pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=8)
+        r = aioredis.from_url(settings.redis_url)
+        secret = load_secret(settings.console_secret, settings.state)
+        app[CONSOLE] = Console(settings, pool, r, Admin(pool, r), Store(pool), Mailer(settings),
+                               make_provider(settings, secret), secret, templates())
+        yield
+        await pool.close()
+        await r.aclose()
+
+    app.cleanup_ctx.append(resources)
+    app.on_response_prepare.append(on_prepare)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_static("/static", HERE / "static")
+    for mod in (auth, keys, usage, billing, members, dev):
+        app.add_routes(mod.routes)
+    return app
+
+
+def run(settings: Settings) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("aiohttp.access").setLevel(logging.INFO)
+    web.run_app(make_app(settings), host=settings.gateway_host, port=settings.console_http_port,
+                access_log_class=SafeAccessLogger, print=None, shutdown_timeout=2)
+
+

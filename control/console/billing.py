@@ -1,0 +1,62 @@
+"""Top-ups: a pending ``payments`` row, then the provider's notification settles it.  The credit is
+written once per payment (ledger reference ``<provider>:<payment id>``), however many times the
+notification arrives, and never because the buyer's browser came back."""
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Any
+
+import asyncpg
+
+from control.admin import Admin
+
+from .payments import BadNotification, Notification, Payment, Provider
+
+log = logging.getLogger("console.billing")
+
+MIN_TOPUP_PLN = 1
+MAX_TOPUP_PLN = 10_000
+
+
+async def create_payment(pool: asyncpg.Pool, provider: str, org_id: str, amount_micro: int, user_id: str) -> str:
+    pid = "pay_" + secrets.token_hex(10)
+    await pool.execute("INSERT INTO payments (id, org_id, provider, amount_micro_pln, created_by)"
+                       " VALUES ($1, $2, $3, $4, $5)", pid, org_id, provider, amount_micro, user_id)
+    return pid
+
+
+async def payment_of(pool: asyncpg.Pool, org_id: str, payment_id: str) -> asyncpg.Record | None:
+    return await pool.fetchrow("SELECT * FROM payments WHERE id = $1 AND org_id = $2", payment_id, org_id)
+
+
+async def recent_payments(pool: asyncpg.Pool, org_id: str, limit: int = 20) -> list[asyncpg.Record]:
+    return await pool.fetch("SELECT * FROM payments WHERE org_id = $1 ORDER BY created_at DESC LIMIT $2",
+                            org_id, limit)
+
+
+async def handle_notification(admin: Admin, provider: Provider, body: bytes, content_type: str) -> dict[str, Any]:
+    """Verify and apply one notification; raises BadNotification (answer 400) for anything not ours."""
+    n: Notification = provider.parse_notification(body, content_type)
+    pay = await admin.pool.fetchrow("SELECT * FROM payments WHERE id = $1 AND provider = $2",
+                                    n.payment_id, provider.name)
+    if pay is None:
+        raise BadNotification("unknown payment")
+    if n.amount_micro_pln != pay["amount_micro_pln"]:
+        raise BadNotification("amount differs from the registered one")
+    if pay["status"] == "paid":
+        return {"status": "paid", "credited": False}
+    if not n.paid:
+        await admin.pool.execute("UPDATE payments SET status = 'failed' WHERE id = $1 AND status = 'pending'", pay["id"])
+        return {"status": "failed", "credited": False}
+    await provider.confirm(n)  # P24: the verify call; raises PaymentError (answer 502, the provider retries)
+    credited = await admin.credit(pay["org_id"], pay["amount_micro_pln"], ref=f"{provider.name}:{pay['id']}",
+                                  kind="topup")
+    await admin.pool.execute("UPDATE payments SET status = 'paid', paid_at = COALESCE(paid_at, now()),"
+                             " provider_ref = $2 WHERE id = $1", pay["id"], n.provider_ref)
+    log.info("payment %s settled (credited=%s)", pay["id"], credited)
+    return {"status": "paid", "credited": credited}
+
+
+def payment_for(row: asyncpg.Record, email: str, org_name: str) -> Payment:
+    return Payment(row["id"], row["org_id"], row["amount_micro_pln"], email, f"Top-up {org_name}"[:100])

@@ -1,0 +1,74 @@
+"""Outgoing e-mail over SMTP (host, port, credentials, TLS from the settings).  Without
+GATEWAY_SMTP_HOST the messages go to the local capture server that the launcher starts.  Nothing
+here logs a message's body (it holds single-use links)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import smtplib
+import ssl
+from email.message import EmailMessage
+
+from extproc.settings import Settings
+
+log = logging.getLogger("console.mail")
+
+
+class Mailer:
+    def __init__(self, s: Settings) -> None:
+        self.capture = not s.smtp_host
+        self.host = s.smtp_host or "127.0.0.1"
+        self.port = s.smtp_port or (s.smtp_capture_port if self.capture else (465 if s.smtp_tls == "tls" else 587))
+        self.tls = "none" if self.capture else s.smtp_tls
+        self.user, self.password = s.smtp_user, s.smtp_password
+        self.sender = s.mail_from
+
+    def _send(self, msg: EmailMessage) -> None:
+        ctx = ssl.create_default_context()
+        if self.tls == "tls":
+            smtp: smtplib.SMTP = smtplib.SMTP_SSL(self.host, self.port, timeout=20, context=ctx)
+        else:
+            smtp = smtplib.SMTP(self.host, self.port, timeout=20)
+        with smtp:
+            if self.tls == "starttls":
+                smtp.starttls(context=ctx)
+            if self.user:
+                smtp.login(self.user, self.password)
+            smtp.send_message(msg)
+
+    async def send(self, to: str, subject: str, text: str) -> bool:
+        msg = EmailMessage()
+        msg["From"], msg["To"], msg["Subject"] = self.sender, to, subject
+        msg.set_content(text)
+        try:
+            await asyncio.to_thread(self._send, msg)
+            return True
+        except (OSError, smtplib.SMTPException) as e:
+            log.warning("could not send %r: %s", subject, type(e).__name__)
+            return False
+
+
+# ---- the messages -----------------------------------------------------------------------------
+
+def confirm(link: str) -> tuple[str, str]:
+    return ("Confirm your e-mail address",
+            f"Welcome!\n\nConfirm your e-mail address to activate your account and receive the trial balance:\n\n"
+            f"{link}\n\nThe link works once and expires in 24 hours. If you did not sign up, ignore this message.\n")
+
+
+def already_registered(link: str) -> tuple[str, str]:
+    return ("Your account already exists",
+            f"Someone (probably you) tried to sign up with this address, which already has an account.\n\n"
+            f"Log in or reset your password here:\n\n{link}\n")
+
+
+def reset(link: str) -> tuple[str, str]:
+    return ("Reset your password",
+            f"Set a new password here:\n\n{link}\n\nThe link works once and expires in 1 hour."
+            " If you did not ask for it, ignore this message.\n")
+
+
+def invite(org_name: str, inviter: str, link: str) -> tuple[str, str]:
+    return (f"Invitation to {org_name}",
+            f"{inviter} invites you to the organisation \"{org_name}\" on the gateway console.\n\n"
+            f"Accept here:\n\n{link}\n\nThe invitation expires in 7 days.\n")

@@ -1,0 +1,217 @@
+"""Sign-up, e-mail confirmation (with the trial credit, once), log in and out, password reset,
+switching organisation, and the overview page."""
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from control.admin import pln_to_micro
+
+from .. import mail
+from ..app import cookie
+from ..security import check_password, hash_password, new_token, password_problem
+from ..store import SESSION_DAYS, normal_email, valid_email
+from ..web import SESSION_COOKIE, client_ip, console, need_viewer, raise_page, render, safe_next, see_other, viewer
+
+routes = web.RouteTableDef()
+
+LOGIN_MAX_PER_EMAIL = 5      # failed attempts per address ...
+LOGIN_MAX_PER_IP = 30        # ... and per client address ...
+LOGIN_WINDOW_MIN = 15        # ... in this many minutes
+RESET_MAX_PER_EMAIL = 3      # reset mails per address per hour
+
+
+async def start_session(request: web.Request, user_id: str, org_id: str | None, location: str) -> web.Response:
+    c = console(request)
+    if org_id is None:
+        orgs = await c.store.orgs_of(user_id)
+        if not orgs:
+            raise_page(request, 403, "This account belongs to no organisation.")
+        org_id = next((o["id"] for o in orgs if o["role"] == "owner"), orgs[0]["id"])
+    token = new_token()
+    await c.store.create_session(token, user_id, org_id)
+    resp = web.HTTPSeeOther(location)
+    cookie(resp, SESSION_COOKIE, token, SESSION_DAYS * 86400)
+    raise resp
+
+
+async def send_confirmation(request: web.Request, user_id: str, email: str) -> None:
+    c = console(request)
+    token = new_token()
+    await c.store.new_email_token(token, user_id, "confirm")
+    await c.mailer.send(email, *mail.confirm(f"{c.base_url}/confirm/{token}"))
+
+
+@routes.get("/")
+async def overview(request: web.Request) -> web.Response:
+    v = viewer(request)
+    if v is None:
+        see_other("/login")
+    c = console(request)
+    bal = await c.admin.balance(v.org_id)
+    recent = await c.pool.fetch("SELECT started_at, alias, status, cost_micro_pln, estimated FROM usage_records"
+                                " WHERE org_id = $1 ORDER BY started_at DESC LIMIT 5", v.org_id)
+    nkeys = await c.pool.fetchval("SELECT count(*) FROM api_keys WHERE org_id = $1 AND revoked_at IS NULL", v.org_id)
+    return render(request, "overview.html", balance=bal["balance_micro_pln"], recent=recent, nkeys=nkeys,
+                  gateway=f"http://{c.settings.gateway_host}:{c.settings.gateway_port}/v1")
+
+
+@routes.get("/signup")
+async def signup_form(request: web.Request) -> web.Response:
+    return render(request, "signup.html", error=None, email="", org="")
+
+
+@routes.post("/signup")
+async def signup(request: web.Request) -> web.Response:
+    c = console(request)
+    f = await request.post()
+    email, password, org = normal_email(str(f.get("email", ""))), str(f.get("password", "")), str(f.get("org", "")).strip()
+    error = None
+    if not valid_email(email):
+        error = "Enter a valid e-mail address."
+    elif not org or len(org) > 100:
+        error = "Enter the organisation's name (up to 100 characters)."
+    else:
+        error = password_problem(password)
+    if error:
+        return render(request, "signup.html", status=400, error=error, email=email, org=org)
+    sent, _ = await c.store.attempts("signup", email, client_ip(request), 60)
+    if sent >= RESET_MAX_PER_EMAIL:
+        return render(request, "signup.html", status=429, error="Too many sign-ups for this address; try later.",
+                      email=email, org=org)
+    await c.store.record_attempt("signup", email, client_ip(request))
+    pw_hash = await asyncio.to_thread(hash_password, password)
+    existing = await c.store.user_by_email(email)
+    if existing is not None:  # same answer as a new sign-up: the page does not tell who has an account
+        await c.mailer.send(email, *mail.already_registered(f"{c.base_url}/login"))
+        see_other("/login?msg=signed_up")
+    org_id = await c.admin.create_org(org)
+    async with c.pool.acquire() as conn, conn.transaction():
+        uid = await c.store.create_user(email, pw_hash, conn=conn)
+        await c.store.add_member(uid, org_id, "owner", conn=conn)
+    await send_confirmation(request, uid, email)
+    see_other("/login?msg=signed_up")
+
+
+@routes.get("/confirm/{token}")
+async def confirm_form(request: web.Request) -> web.Response:
+    ok = await console(request).store.peek_email_token(request.match_info["token"], "confirm")
+    if ok is None:
+        raise_page(request, 400, "That confirmation link is invalid, used or expired. Log in to get a new one.")
+    return render(request, "confirm.html", token=request.match_info["token"])
+
+
+async def grant_trial(request: web.Request, user_id: str) -> None:
+    """The trial balance, once per organisation (ledger reference ``trial:<org>``)."""
+    c = console(request)
+    micro = pln_to_micro(c.settings.trial_balance_pln)
+    if micro <= 0:
+        return
+    for org_id in (await c.store.owned_orgs(user_id))[:1]:
+        await c.admin.credit(org_id, micro, ref="trial:" + org_id, kind="trial")
+
+
+@routes.post("/confirm/{token}")
+async def confirm(request: web.Request) -> web.Response:
+    c = console(request)
+    uid = await c.store.use_email_token(request.match_info["token"], "confirm")
+    if uid is None:
+        raise_page(request, 400, "That confirmation link is invalid, used or expired. Log in to get a new one.")
+    if await c.store.mark_verified(uid):
+        await grant_trial(request, uid)
+    return await start_session(request, uid, None, "/?msg=confirmed")
+
+
+@routes.get("/login")
+async def login_form(request: web.Request) -> web.Response:
+    return render(request, "login.html", error=None, email="", next=safe_next(request.query.get("next")))
+
+
+@routes.post("/login")
+async def login(request: web.Request) -> web.Response:
+    c = console(request)
+    f = await request.post()
+    email, password = normal_email(str(f.get("email", ""))), str(f.get("password", ""))
+    nxt = safe_next(str(f.get("next", "")))
+    ip = client_ip(request)
+    by_email, by_ip = await c.store.attempts("login", email, ip, LOGIN_WINDOW_MIN)
+    if by_email >= LOGIN_MAX_PER_EMAIL or by_ip >= LOGIN_MAX_PER_IP:
+        return render(request, "login.html", status=429, email=email, next=nxt,
+                      error=f"Too many failed attempts; try again in {LOGIN_WINDOW_MIN} minutes.")
+    user = await c.store.user_by_email(email)
+    ok = await asyncio.to_thread(check_password, user["password_hash"] if user else None, password)
+    if user is None or not ok:
+        await c.store.record_attempt("login", email, ip)
+        return render(request, "login.html", status=401, email=email, next=nxt,
+                      error="Wrong e-mail address or password.")
+    await c.store.clear_attempts("login", email)
+    if user["verified_at"] is None:
+        await send_confirmation(request, user["id"], email)
+        see_other("/login?msg=unverified")
+    return await start_session(request, user["id"], None, nxt)
+
+
+@routes.post("/logout")
+async def logout(request: web.Request) -> web.Response:
+    v = viewer(request)
+    if v is not None:
+        await console(request).store.end_session(v.session_token)
+    resp = web.HTTPSeeOther("/login?msg=logged_out")
+    resp.del_cookie(SESSION_COOKIE, path="/")
+    raise resp
+
+
+@routes.get("/reset")
+async def reset_form(request: web.Request) -> web.Response:
+    return render(request, "reset.html", error=None)
+
+
+@routes.post("/reset")
+async def reset(request: web.Request) -> web.Response:
+    c = console(request)
+    email = normal_email(str((await request.post()).get("email", "")))
+    if not valid_email(email):
+        return render(request, "reset.html", status=400, error="Enter a valid e-mail address.")
+    sent, by_ip = await c.store.attempts("reset", email, client_ip(request), 60)
+    if sent < RESET_MAX_PER_EMAIL and by_ip < LOGIN_MAX_PER_IP:
+        await c.store.record_attempt("reset", email, client_ip(request))
+        user = await c.store.user_by_email(email)
+        if user is not None:
+            token = new_token()
+            await c.store.new_email_token(token, user["id"], "reset")
+            await c.mailer.send(email, *mail.reset(f"{c.base_url}/reset/{token}"))
+    see_other("/login?msg=reset_sent")
+
+
+@routes.get("/reset/{token}")
+async def new_password_form(request: web.Request) -> web.Response:
+    if await console(request).store.peek_email_token(request.match_info["token"], "reset") is None:
+        raise_page(request, 400, "That reset link is invalid, used or expired.")
+    return render(request, "new_password.html", token=request.match_info["token"], error=None)
+
+
+@routes.post("/reset/{token}")
+async def new_password(request: web.Request) -> web.Response:
+    c = console(request)
+    token = request.match_info["token"]
+    password = str((await request.post()).get("password", ""))
+    problem = password_problem(password)
+    if problem:
+        return render(request, "new_password.html", status=400, token=token, error=problem)
+    uid = await c.store.use_email_token(token, "reset")
+    if uid is None:
+        raise_page(request, 400, "That reset link is invalid, used or expired.")
+    await c.store.set_password(uid, await asyncio.to_thread(hash_password, password))  # and ends every session of the account
+    if await c.store.mark_verified(uid):  # the link proved the address
+        await grant_trial(request, uid)
+    see_other("/login?msg=reset_done")
+
+
+@routes.post("/org/switch")
+async def switch_org(request: web.Request) -> web.Response:
+    v = need_viewer(request)
+    org = str((await request.post()).get("org", ""))
+    if not await console(request).store.switch_org(v.session_token, v.user_id, org):
+        raise_page(request, 403, "You are not a member of that organisation.")
+    see_other("/")

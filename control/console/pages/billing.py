@@ -1,0 +1,164 @@
+"""Billing: the balance, the ledger, the prices in force, top-ups through the payment provider, the
+providers' notifications, and the sandbox provider's payment page."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import aiohttp
+from aiohttp import web
+
+from control.admin import AdminError, pln_to_micro
+
+from .. import billing
+from ..payments import BadNotification, PaymentError
+from ..web import console, need_owner, need_viewer, raise_page, render, see_other
+
+routes = web.RouteTableDef()
+log = logging.getLogger("console.billing")
+_TASKS: set[asyncio.Task[None]] = set()
+AMOUNTS = (10, 20, 50, 100, 200, 500)
+
+
+async def _ledger(request: web.Request, org_id: str) -> list[dict[str, object]]:
+    rows = await console(request).pool.fetch(
+        "SELECT created_at AS at, kind, amount_micro_pln AS amount, 1 AS entries FROM ledger"
+        " WHERE org_id = $1 AND kind <> 'usage'"
+        " UNION ALL SELECT date_trunc('day', created_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', 'usage',"
+        " sum(amount_micro_pln)::bigint, count(*) FROM ledger WHERE org_id = $1 AND kind = 'usage' GROUP BY 2, 1"
+        " ORDER BY 1 DESC LIMIT 200", org_id)
+    return [dict(r) for r in rows]
+
+
+def _prices(request: web.Request) -> list[dict[str, object]]:
+    from extproc import catalog
+    try:
+        cat = catalog.load(console(request).settings.catalog)
+    except (OSError, ValueError):
+        return []
+    now = time.time()
+    return [a.model_object(now) for a in sorted(cat.aliases.values(), key=lambda a: a.id)]
+
+
+@routes.get("/billing")
+async def billing_page(request: web.Request) -> web.Response:
+    v = need_owner(request)
+    c = console(request)
+    bal = await c.admin.balance(v.org_id)
+    pid = request.query.get("payment", "")
+    watched = await billing.payment_of(c.pool, v.org_id, pid) if pid else None
+    return render(request, "billing.html", balance=bal["balance_micro_pln"], ledger=await _ledger(request, v.org_id),
+                  prices=_prices(request), payments=await billing.recent_payments(c.pool, v.org_id),
+                  amounts=AMOUNTS, watched=watched, provider=c.provider.name, error=None)
+
+
+@routes.post("/billing/topup")
+async def topup(request: web.Request) -> web.Response:
+    v = need_owner(request)
+    c = console(request)
+    raw = str((await request.post()).get("amount", "")).strip().replace(",", ".")
+    try:
+        micro = pln_to_micro(raw)
+    except AdminError:
+        micro = 0
+    if not billing.MIN_TOPUP_PLN * 1_000_000 <= micro <= billing.MAX_TOPUP_PLN * 1_000_000 or micro % 10_000:
+        raise_page(request, 400, f"Choose an amount from {billing.MIN_TOPUP_PLN} to {billing.MAX_TOPUP_PLN} PLN"
+                                 " (at most 2 decimal places).")
+    pid = await billing.create_payment(c.pool, c.provider.name, v.org_id, micro, v.user_id)
+    row = await billing.payment_of(c.pool, v.org_id, pid)
+    assert row is not None
+    try:
+        url = await c.provider.start(billing.payment_for(row, v.email, v.org_name),
+                                     f"{c.base_url}/billing/return/{pid}",
+                                     f"{c.base_url}/payments/notify/{c.provider.name}")
+    except PaymentError as e:
+        log.warning("payment %s not registered: %s", pid, e)
+        await c.pool.execute("UPDATE payments SET status = 'failed' WHERE id = $1", pid)
+        raise_page(request, 502, "The payment provider is not reachable now; try again later.")
+    see_other(url)
+
+
+@routes.get("/billing/return/{payment_id}")
+async def payment_return(request: web.Request) -> web.Response:
+    """The buyer's browser comes back: this credits nothing, it only shows the payment's state."""
+    v = need_viewer(request)
+    pid = request.match_info["payment_id"]
+    if await billing.payment_of(console(request).pool, v.org_id, pid) is None:
+        raise_page(request, 404, "There is no such payment in this organisation.")
+    if request.query.get("cancelled"):
+        see_other(f"/billing?payment={pid}&msg=payment_cancelled")
+    see_other(f"/billing?payment={pid}")
+
+
+@routes.get("/billing/payment/{payment_id}")
+async def payment_status(request: web.Request) -> web.Response:
+    v = need_viewer(request)
+    row = await billing.payment_of(console(request).pool, v.org_id, request.match_info["payment_id"])
+    if row is None:
+        raise_page(request, 404, "There is no such payment in this organisation.")
+    return web.json_response({"id": row["id"], "status": row["status"], "amount_micro_pln": row["amount_micro_pln"]})
+
+
+@routes.post("/payments/notify/{provider}")
+async def notify(request: web.Request) -> web.Response:
+    c = console(request)
+    if request.match_info["provider"] != c.provider.name:
+        return web.Response(status=404, text="unknown provider")
+    body = await request.read()
+    try:
+        result = await billing.handle_notification(c.admin, c.provider, body, request.content_type)
+    except BadNotification as e:
+        log.warning("notification refused: %s", e)
+        return web.Response(status=400, text="refused")
+    except PaymentError as e:
+        log.warning("notification not verified: %s", e)
+        return web.Response(status=502, text="not verified")
+    return web.json_response(result)
+
+
+# ---- the sandbox provider's payment page ------------------------------------------------------
+
+async def _sandbox_payment(request: web.Request) -> tuple[object, object]:
+    c = console(request)
+    if c.provider.name != "sandbox":
+        raise web.HTTPNotFound()
+    v = need_viewer(request)
+    row = await billing.payment_of(c.pool, v.org_id, request.match_info["payment_id"])
+    if row is None:
+        raise_page(request, 404, "There is no such payment in this organisation.")
+    return v, row
+
+
+@routes.get("/sandbox/pay/{payment_id}")
+async def sandbox_page(request: web.Request) -> web.Response:
+    _, row = await _sandbox_payment(request)
+    return render(request, "sandbox_pay.html", payment=row)
+
+
+@routes.post("/sandbox/pay/{payment_id}")
+async def sandbox_pay(request: web.Request) -> web.Response:
+    _, row = await _sandbox_payment(request)
+    c = console(request)
+    paid = (await request.post()).get("action") == "pay"
+    doc = c.provider.notification(row["id"], row["amount_micro_pln"], paid)  # type: ignore[attr-defined]
+    host = c.settings.gateway_host if c.settings.gateway_host not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    url = f"http://{host}:{c.settings.console_http_port}/payments/notify/sandbox"
+    task = asyncio.create_task(_deliver(url, doc))
+    _TASKS.add(task)
+    task.add_done_callback(_TASKS.discard)
+    see_other(f"/billing/return/{row['id']}" + ("" if paid else "?cancelled=1"))
+
+
+async def _deliver(url: str, doc: dict[str, object]) -> None:
+    """Like a real provider: server to server, after the buyer's redirect, retried on failure."""
+    await asyncio.sleep(0.2)
+    for attempt in range(5):
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+                async with http.post(url, json=doc) as r:
+                    if r.status < 500:
+                        return
+        except (aiohttp.ClientError, TimeoutError):
+            pass
+        await asyncio.sleep(0.5 * (attempt + 1))

@@ -1,0 +1,106 @@
+"""Members: invite by e-mail, accept, roles (owner: billing and members; member: keys and usage), remove."""
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from .. import mail
+from ..security import hash_password, new_token, password_problem
+from ..store import normal_email, valid_email
+from ..web import console, need_owner, raise_page, render, see_other, viewer
+from .auth import start_session
+
+routes = web.RouteTableDef()
+
+
+async def _page(request: web.Request, status: int = 200, error: str | None = None) -> web.Response:
+    v = need_owner(request)
+    c = console(request)
+    return render(request, "members.html", status=status, error=error, members=await c.store.members(v.org_id),
+                  invites=await c.store.pending_invites(v.org_id))
+
+
+@routes.get("/members")
+async def members_page(request: web.Request) -> web.Response:
+    return await _page(request)
+
+
+@routes.post("/members/invite")
+async def invite(request: web.Request) -> web.Response:
+    v = need_owner(request)
+    c = console(request)
+    f = await request.post()
+    email, role = normal_email(str(f.get("email", ""))), str(f.get("role", "member"))
+    if not valid_email(email):
+        return await _page(request, 400, "Enter a valid e-mail address.")
+    if role not in ("owner", "member"):
+        return await _page(request, 400, "The role is owner or member.")
+    if any(m["email"] == email for m in await c.store.members(v.org_id)):
+        return await _page(request, 400, "That person is already a member.")
+    token = new_token()
+    await c.store.create_invite(token, v.org_id, email, role, v.user_id)
+    await c.mailer.send(email, *mail.invite(v.org_name, v.email, f"{c.base_url}/invite/{token}"))
+    see_other("/members?msg=invited")
+
+
+@routes.post("/members/invites/{invite_id}/revoke")
+async def revoke_invite(request: web.Request) -> web.Response:
+    v = need_owner(request)
+    if not await console(request).store.revoke_invite(v.org_id, request.match_info["invite_id"]):
+        raise_page(request, 404, "There is no such invitation in this organisation.")
+    see_other("/members?msg=invite_revoked")
+
+
+@routes.post("/members/{user_id}/remove")
+async def remove(request: web.Request) -> web.Response:
+    v = need_owner(request)
+    why = await console(request).store.remove_member(v.org_id, request.match_info["user_id"])
+    if why == "not_found":
+        raise_page(request, 404, "There is no such member in this organisation.")
+    if why == "last_owner":
+        return await _page(request, 400, "The organisation's last owner cannot be removed.")
+    see_other("/members?msg=member_removed")
+
+
+@routes.get("/invite/{token}")
+async def invite_page(request: web.Request) -> web.Response:
+    c = console(request)
+    inv = await c.store.invite(request.match_info["token"])
+    if inv is None:
+        raise_page(request, 400, "That invitation is invalid, used or expired.")
+    has_account = await c.store.user_by_email(inv["email"]) is not None
+    return render(request, "invite.html", invite=inv, token=request.match_info["token"], has_account=has_account,
+                  error=None)
+
+
+@routes.post("/invite/{token}")
+async def accept(request: web.Request) -> web.Response:
+    c = console(request)
+    token = request.match_info["token"]
+    inv = await c.store.invite(token)
+    if inv is None:
+        raise_page(request, 400, "That invitation is invalid, used or expired.")
+    v = viewer(request)
+    if v is not None:
+        if v.email != inv["email"]:
+            raise_page(request, 403, f"This invitation is for {inv['email']}; log out and accept it as that person.")
+        org = await c.store.accept_invite(token, v.user_id, v.email)
+        if org is None:
+            raise_page(request, 400, "That invitation is invalid, used or expired.")
+        await c.store.switch_org(v.session_token, v.user_id, org)
+        see_other("/?msg=joined")
+    if await c.store.user_by_email(inv["email"]) is not None:
+        see_other(f"/login?next=/invite/{token}")
+    # A new account: the invitation's link proved the address.
+    password = str((await request.post()).get("password", ""))
+    problem = password_problem(password)
+    if problem:
+        return render(request, "invite.html", status=400, invite=inv, token=token, has_account=False, error=problem)
+    pw = await asyncio.to_thread(hash_password, password)
+    async with c.pool.acquire() as conn, conn.transaction():
+        uid = await c.store.create_user(inv["email"], pw, verified=True, conn=conn)
+    org = await c.store.accept_invite(token, uid, inv["email"])
+    if org is None:
+        raise_page(request, 400, "That invitation is invalid, used or expired.")
+    return await start_session(request, uid, org, "/?msg=joined")

@@ -1,0 +1,144 @@
+"""Usage: the organisation's requests newest first, filters, totals per day and alias, a chart, CSV.
+The page refreshes its live part every few seconds (``/usage/live``)."""
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+from aiohttp import web
+
+from control.admin import micro_to_pln
+
+from ..web import console, need_viewer, render
+
+routes = web.RouteTableDef()
+PAGE_ROWS = 500
+CSV_ROWS = 100_000
+
+
+@dataclass(frozen=True)
+class Filters:
+    start: dt.date | None
+    end: dt.date | None
+    key: str
+    alias: str
+
+    @classmethod
+    def of(cls, q: Any) -> "Filters":
+        return cls(_date(q.get("from")), _date(q.get("to")), str(q.get("key", ""))[:64], str(q.get("alias", ""))[:64])
+
+    def query(self) -> str:
+        d = {"from": self.start.isoformat() if self.start else "", "to": self.end.isoformat() if self.end else "",
+             "key": self.key, "alias": self.alias}
+        return urlencode({k: v for k, v in d.items() if v})
+
+    def where(self, org_id: str) -> tuple[str, list[Any]]:
+        """A WHERE clause on usage_records ``u``; always the viewer's organisation first."""
+        sql, args = ["u.org_id = $1"], [org_id]
+        if self.start:
+            args.append(dt.datetime.combine(self.start, dt.time(), dt.timezone.utc))
+            sql.append(f"u.started_at >= ${len(args)}")
+        if self.end:
+            args.append(dt.datetime.combine(self.end + dt.timedelta(days=1), dt.time(), dt.timezone.utc))
+            sql.append(f"u.started_at < ${len(args)}")
+        if self.key:
+            args.append(self.key)
+            sql.append(f"u.key_id = ${len(args)}")
+        if self.alias:
+            args.append(self.alias)
+            sql.append(f"u.alias = ${len(args)}")
+        return " AND ".join(sql), args
+
+
+def _date(v: Any) -> dt.date | None:
+    try:
+        return dt.date.fromisoformat(str(v)) if v else None
+    except ValueError:
+        return None
+
+
+async def _rows(request: web.Request, org_id: str, f: Filters, limit: int) -> list[Any]:
+    where, args = f.where(org_id)
+    return await console(request).pool.fetch(
+        "SELECT u.request_id, u.started_at, u.alias, u.key_id, k.name AS key_name, k.prefix, u.status, u.endpoint,"
+        " u.prompt_tokens, u.completion_tokens, u.cost_micro_pln, u.estimated"
+        f" FROM usage_records u LEFT JOIN api_keys k ON k.id = u.key_id AND k.org_id = u.org_id WHERE {where}"
+        f" ORDER BY u.started_at DESC, u.request_id LIMIT {int(limit)}", *args)
+
+
+def chart(days: list[dict[str, Any]], width: int = 640, height: int = 160) -> dict[str, Any]:
+    """Bars of cost per day (oldest left) as SVG geometry."""
+    days = sorted(days, key=lambda d: d["day"])[-60:]
+    top = max((d["cost"] for d in days), default=0) or 1
+    slot = min(width / max(len(days), 1), 56.0)
+    bars = []
+    for i, d in enumerate(days):
+        h = max(1.0, (height - 20) * d["cost"] / top) if d["cost"] else 0.0
+        bars.append({"x": round(i * slot + slot * 0.15, 1), "w": round(slot * 0.7, 1), "y": round(height - 16 - h, 1),
+                     "h": round(h, 1), "label": d["day"].strftime("%m-%d"), "cx": round(i * slot + slot / 2, 1),
+                     "title": f"{d['day']}: {micro_to_pln(d['cost'])} PLN, {d['requests']} requests"})
+    return {"width": width, "height": height, "bars": bars, "top": micro_to_pln(top) if days else "0"}
+
+
+async def _live(request: web.Request, org_id: str, f: Filters) -> dict[str, Any]:
+    c = console(request)
+    where, args = f.where(org_id)
+    per_day = [dict(r) for r in await c.pool.fetch(
+        "SELECT (u.started_at AT TIME ZONE 'UTC')::date AS day, count(*) AS requests, sum(u.prompt_tokens)::bigint AS prompt,"
+        f" sum(u.completion_tokens)::bigint AS completion, sum(u.cost_micro_pln)::bigint AS cost FROM usage_records u WHERE {where}"
+        " GROUP BY 1 ORDER BY 1 DESC", *args)]
+    per_alias = [dict(r) for r in await c.pool.fetch(
+        "SELECT u.alias, count(*) AS requests, sum(u.prompt_tokens)::bigint AS prompt, sum(u.completion_tokens)::bigint AS completion,"
+        f" sum(u.cost_micro_pln)::bigint AS cost FROM usage_records u WHERE {where} GROUP BY 1 ORDER BY 1", *args)]
+    rows = await _rows(request, org_id, f, PAGE_ROWS)
+    total = sum(d["cost"] for d in per_day)
+    return {"rows": rows, "per_day": per_day, "per_alias": per_alias, "chart": chart(per_day), "total": total,
+            "count": sum(d["requests"] for d in per_day)}
+
+
+@routes.get("/usage")
+async def usage_page(request: web.Request) -> web.Response:
+    v = need_viewer(request)
+    c = console(request)
+    f = Filters.of(request.query)
+    keys = await c.pool.fetch("SELECT id, name, prefix FROM api_keys WHERE org_id = $1 ORDER BY created_at", v.org_id)
+    aliases = sorted(c_alias for c_alias in await _aliases(request, v.org_id))
+    return render(request, "usage.html", f=f, q=f.query(), keys=keys, aliases=aliases,
+                  **await _live(request, v.org_id, f))
+
+
+async def _aliases(request: web.Request, org_id: str) -> set[str]:
+    from extproc import catalog
+    try:
+        names = set(catalog.load(console(request).settings.catalog).aliases)
+    except (OSError, ValueError):
+        names = set()
+    used = await console(request).pool.fetch("SELECT DISTINCT alias FROM usage_records WHERE org_id = $1", org_id)
+    return names | {r["alias"] for r in used}
+
+
+@routes.get("/usage/live")
+async def usage_live(request: web.Request) -> web.Response:
+    v = need_viewer(request)
+    f = Filters.of(request.query)
+    return render(request, "usage_live.html", f=f, **await _live(request, v.org_id, f))
+
+
+@routes.get("/usage.csv")
+async def usage_csv(request: web.Request) -> web.Response:
+    v = need_viewer(request)
+    rows = await _rows(request, v.org_id, Filters.of(request.query), CSV_ROWS)
+    out = io.StringIO()
+    w = csv.writer(out)
+    w.writerow(["started_at", "request_id", "key_id", "key_name", "alias", "endpoint", "status", "prompt_tokens",
+                "completion_tokens", "cost_pln", "cost_micro_pln", "estimated"])
+    for r in rows:
+        w.writerow([r["started_at"].isoformat(), r["request_id"], r["key_id"], r["key_name"] or "", r["alias"],
+                    r["endpoint"], r["status"], r["prompt_tokens"], r["completion_tokens"],
+                    micro_to_pln(r["cost_micro_pln"]), r["cost_micro_pln"], "yes" if r["estimated"] else "no"])
+    return web.Response(text=out.getvalue(), content_type="text/csv",
+                        headers={"Content-Disposition": 'attachment; filename="usage.csv"'})

@@ -1,0 +1,202 @@
+"""The console's PostgreSQL records: users, memberships, sessions, e-mail tokens, invitations and
+login attempts.  Every query that reads an organisation's data takes the organisation's id."""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+
+from .security import token_hash
+
+SESSION_DAYS = 7
+CONFIRM_HOURS = 24
+RESET_HOURS = 1
+INVITE_DAYS = 7
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who is asking, for which organisation, in which role."""
+    user_id: str
+    email: str
+    org_id: str
+    org_name: str
+    role: str
+    session_token: str
+
+    @property
+    def owner(self) -> bool:
+        return self.role == "owner"
+
+
+def normal_email(email: str) -> str:
+    return email.strip().lower()
+
+
+def valid_email(email: str) -> bool:
+    local, at, domain = email.partition("@")
+    return bool(at and local and "." in domain and len(email) <= 254 and " " not in email
+                and not domain.startswith(".") and not domain.endswith("."))
+
+
+class Store:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    # ---- users ---------------------------------------------------------------------------
+    async def user_by_email(self, email: str) -> asyncpg.Record | None:
+        return await self.pool.fetchrow("SELECT * FROM users WHERE email = $1", normal_email(email))
+
+    async def create_user(self, email: str, password_hash: str, *, verified: bool = False,
+                          conn: Any = None) -> str:
+        uid = "usr_" + secrets.token_hex(8)
+        await (conn or self.pool).execute(
+            "INSERT INTO users (id, email, password_hash, verified_at) VALUES ($1, $2, $3,"
+            " CASE WHEN $4 THEN now() END)", uid, normal_email(email), password_hash, verified)
+        return uid
+
+    async def set_password(self, user_id: str, password_hash: str) -> None:
+        async with self.pool.acquire() as c, c.transaction():
+            await c.execute("UPDATE users SET password_hash = $2 WHERE id = $1", user_id, password_hash)
+            await c.execute("DELETE FROM console_sessions WHERE user_id = $1", user_id)
+
+    async def mark_verified(self, user_id: str) -> bool:
+        """True the first time."""
+        r = await self.pool.execute("UPDATE users SET verified_at = now() WHERE id = $1 AND verified_at IS NULL",
+                                    user_id)
+        return r.endswith(" 1")
+
+    async def owned_orgs(self, user_id: str) -> list[str]:
+        rows = await self.pool.fetch("SELECT org_id FROM memberships WHERE user_id = $1 AND role = 'owner'"
+                                     " ORDER BY created_at", user_id)
+        return [r["org_id"] for r in rows]
+
+    # ---- memberships ---------------------------------------------------------------------
+    async def add_member(self, user_id: str, org_id: str, role: str, conn: Any = None) -> None:
+        await (conn or self.pool).execute(
+            "INSERT INTO memberships (user_id, org_id, role) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+            user_id, org_id, role)
+
+    async def orgs_of(self, user_id: str) -> list[asyncpg.Record]:
+        return await self.pool.fetch(
+            "SELECT o.id, o.name, m.role FROM memberships m JOIN orgs o ON o.id = m.org_id"
+            " WHERE m.user_id = $1 ORDER BY m.created_at", user_id)
+
+    async def members(self, org_id: str) -> list[asyncpg.Record]:
+        return await self.pool.fetch(
+            "SELECT u.id, u.email, m.role, m.created_at FROM memberships m JOIN users u ON u.id = m.user_id"
+            " WHERE m.org_id = $1 ORDER BY m.created_at", org_id)
+
+    async def remove_member(self, org_id: str, user_id: str) -> str | None:
+        """None when done, else why not."""
+        async with self.pool.acquire() as c, c.transaction():
+            await c.execute("SELECT 1 FROM orgs WHERE id = $1 FOR UPDATE", org_id)
+            role = await c.fetchval("SELECT role FROM memberships WHERE org_id = $1 AND user_id = $2",
+                                    org_id, user_id)
+            if role is None:
+                return "not_found"
+            if role == "owner":
+                owners = await c.fetchval("SELECT count(*) FROM memberships WHERE org_id = $1 AND role = 'owner'",
+                                          org_id)
+                if owners <= 1:
+                    return "last_owner"
+            await c.execute("DELETE FROM memberships WHERE org_id = $1 AND user_id = $2", org_id, user_id)
+            await c.execute("DELETE FROM console_sessions WHERE org_id = $1 AND user_id = $2", org_id, user_id)
+        return None
+
+    # ---- sessions ------------------------------------------------------------------------
+    async def create_session(self, token: str, user_id: str, org_id: str) -> None:
+        await self.pool.execute(
+            "INSERT INTO console_sessions (token_hash, user_id, org_id, expires_at)"
+            f" VALUES ($1, $2, $3, now() + interval '{SESSION_DAYS} days')", token_hash(token), user_id, org_id)
+
+    async def viewer(self, token: str) -> Viewer | None:
+        r = await self.pool.fetchrow(
+            "SELECT s.user_id, u.email, s.org_id, o.name AS org_name, m.role FROM console_sessions s"
+            " JOIN users u ON u.id = s.user_id JOIN orgs o ON o.id = s.org_id"
+            " JOIN memberships m ON m.user_id = s.user_id AND m.org_id = s.org_id"
+            " WHERE s.token_hash = $1 AND s.expires_at > now()", token_hash(token))
+        if r is None:
+            return None
+        return Viewer(r["user_id"], r["email"], r["org_id"], r["org_name"], r["role"], token)
+
+    async def switch_org(self, token: str, user_id: str, org_id: str) -> bool:
+        r = await self.pool.execute(
+            "UPDATE console_sessions SET org_id = $3 WHERE token_hash = $1 AND user_id = $2"
+            " AND EXISTS (SELECT 1 FROM memberships WHERE user_id = $2 AND org_id = $3)",
+            token_hash(token), user_id, org_id)
+        return r.endswith(" 1")
+
+    async def end_session(self, token: str) -> None:
+        await self.pool.execute("DELETE FROM console_sessions WHERE token_hash = $1", token_hash(token))
+
+    # ---- single-use e-mail tokens --------------------------------------------------------
+    async def new_email_token(self, token: str, user_id: str, purpose: str) -> None:
+        hours = CONFIRM_HOURS if purpose == "confirm" else RESET_HOURS
+        await self.pool.execute(
+            "INSERT INTO email_tokens (token_hash, user_id, purpose, expires_at)"
+            f" VALUES ($1, $2, $3, now() + interval '{hours} hours')", token_hash(token), user_id, purpose)
+
+    async def peek_email_token(self, token: str, purpose: str) -> str | None:
+        """The user id of a valid (unused, unexpired) token, without using it."""
+        return await self.pool.fetchval(
+            "SELECT user_id FROM email_tokens WHERE token_hash = $1 AND purpose = $2 AND used_at IS NULL"
+            " AND expires_at > now()", token_hash(token), purpose)
+
+    async def use_email_token(self, token: str, purpose: str) -> str | None:
+        """Marks a valid token used and returns its user id; None if invalid, expired or used."""
+        return await self.pool.fetchval(
+            "UPDATE email_tokens SET used_at = now() WHERE token_hash = $1 AND purpose = $2 AND used_at IS NULL"
+            " AND expires_at > now() RETURNING user_id", token_hash(token), purpose)
+
+    # ---- invitations ---------------------------------------------------------------------
+    async def create_invite(self, token: str, org_id: str, email: str, role: str, by: str) -> str:
+        iid = "inv_" + secrets.token_hex(8)
+        await self.pool.execute(
+            "INSERT INTO invites (id, org_id, email, role, token_hash, invited_by, expires_at)"
+            f" VALUES ($1, $2, $3, $4, $5, $6, now() + interval '{INVITE_DAYS} days')",
+            iid, org_id, normal_email(email), role, token_hash(token), by)
+        return iid
+
+    async def invite(self, token: str) -> asyncpg.Record | None:
+        return await self.pool.fetchrow(
+            "SELECT i.*, o.name AS org_name FROM invites i JOIN orgs o ON o.id = i.org_id"
+            " WHERE i.token_hash = $1 AND i.accepted_at IS NULL AND i.expires_at > now()", token_hash(token))
+
+    async def accept_invite(self, token: str, user_id: str, email: str) -> str | None:
+        """The organisation joined, or None; the invitation is for one e-mail address and used once."""
+        async with self.pool.acquire() as c, c.transaction():
+            inv = await c.fetchrow(
+                "UPDATE invites SET accepted_at = now() WHERE token_hash = $1 AND accepted_at IS NULL"
+                " AND expires_at > now() AND email = $2 RETURNING org_id, role", token_hash(token), normal_email(email))
+            if inv is None:
+                return None
+            await self.add_member(user_id, inv["org_id"], inv["role"], conn=c)
+            return str(inv["org_id"])
+
+    async def pending_invites(self, org_id: str) -> list[asyncpg.Record]:
+        return await self.pool.fetch(
+            "SELECT id, email, role, created_at, expires_at FROM invites WHERE org_id = $1 AND accepted_at IS NULL"
+            " AND expires_at > now() ORDER BY created_at DESC", org_id)
+
+    async def revoke_invite(self, org_id: str, invite_id: str) -> bool:
+        r = await self.pool.execute("DELETE FROM invites WHERE id = $1 AND org_id = $2 AND accepted_at IS NULL",
+                                    invite_id, org_id)
+        return r.endswith(" 1")
+
+    # ---- rate limiting -------------------------------------------------------------------
+    async def attempts(self, kind: str, email: str, ip: str, minutes: int) -> tuple[int, int]:
+        r = await self.pool.fetchrow(
+            "SELECT count(*) FILTER (WHERE email = $2) AS by_email, count(*) FILTER (WHERE ip = $3) AS by_ip"
+            f" FROM login_attempts WHERE kind = $1 AND at > now() - interval '{int(minutes)} minutes'"
+            " AND (email = $2 OR ip = $3)", kind, normal_email(email), ip)
+        return int(r["by_email"]), int(r["by_ip"])
+
+    async def record_attempt(self, kind: str, email: str, ip: str) -> None:
+        await self.pool.execute("INSERT INTO login_attempts (email, ip, kind) VALUES ($1, $2, $3)",
+                                normal_email(email), ip, kind)
+
+    async def clear_attempts(self, kind: str, email: str) -> None:
+        await self.pool.execute("DELETE FROM login_attempts WHERE kind = $1 AND email = $2", kind, normal_email(email))

@@ -1,0 +1,151 @@
+"""What every page shares: the console's dependencies, the viewer, rendering, CSRF and redirects."""
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import asyncpg
+import jinja2
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from control.admin import Admin, micro_to_pln
+from extproc.settings import Settings
+
+from .mail import Mailer
+from .payments import Provider
+from .security import csrf_token
+from .store import Store, Viewer
+
+HERE = Path(__file__).resolve().parent
+SESSION_COOKIE = "gw_session"
+ANON_COOKIE = "gw_anon"
+
+MESSAGES = {
+    "signed_up": "Check your e-mail: we sent a confirmation link.",
+    "confirmed": "Your e-mail address is confirmed.",
+    "logged_out": "You are logged out.",
+    "reset_sent": "If an account exists for that address, we sent a link to reset its password.",
+    "reset_done": "Your password is changed; log in with the new one.",
+    "unverified": "Confirm your e-mail address first: we sent you a new link.",
+    "key_revoked": "The key is revoked; the gateway refuses it from now on.",
+    "invited": "The invitation is sent.",
+    "member_removed": "The member is removed.",
+    "invite_revoked": "The invitation is withdrawn.",
+    "joined": "You joined the organisation.",
+    "payment_cancelled": "The payment was cancelled.",
+    "bad_link": "That link is invalid, used or expired.",
+}
+
+
+@dataclass
+class Console:
+    settings: Settings
+    pool: asyncpg.Pool
+    redis: aioredis.Redis
+    admin: Admin
+    store: Store
+    mailer: Mailer
+    provider: Provider
+    secret: bytes
+    templates: jinja2.Environment
+
+    @property
+    def base_url(self) -> str:
+        return self.settings.console_base_url
+
+    @property
+    def dev_mail(self) -> bool:
+        return self.mailer.capture
+
+
+CONSOLE: web.AppKey[Console] = web.AppKey("console", Console)
+
+
+def console(request: web.Request) -> Console:
+    return request.app[CONSOLE]
+
+
+def templates() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")),
+                             autoescape=True, undefined=jinja2.StrictUndefined)
+    env.filters["pln"] = lambda v: micro_to_pln(int(v or 0))
+    env.filters["dt"] = lambda v: v.strftime("%Y-%m-%d %H:%M:%S") if v else ""
+    return env
+
+
+def viewer(request: web.Request) -> Viewer | None:
+    return request.get("viewer")
+
+
+def need_viewer(request: web.Request) -> Viewer:
+    v = viewer(request)
+    if v is None:
+        nxt = request.path_qs if request.method == "GET" else "/"
+        raise web.HTTPSeeOther("/login?next=" + _quote(nxt))
+    return v
+
+
+def need_owner(request: web.Request) -> Viewer:
+    v = need_viewer(request)
+    if not v.owner:
+        raise_page(request, 403, "Only the organisation's owners can see this page.")
+    return v
+
+
+def _quote(s: str) -> str:
+    from urllib.parse import quote
+    return quote(s, safe="/")
+
+
+def safe_next(value: str | None) -> str:
+    if value and value.startswith("/") and not value.startswith("//") and "\\" not in value:
+        return value
+    return "/"
+
+
+def csrf_basis(request: web.Request) -> str:
+    v = viewer(request)
+    if v is not None:
+        return "s:" + v.session_token
+    return "a:" + request["anon"]
+
+
+def csrf_for(request: web.Request) -> str:
+    return csrf_token(console(request).secret, csrf_basis(request))
+
+
+def csrf_ok(request: web.Request, sent: str) -> bool:
+    return bool(sent) and hmac.compare_digest(sent, csrf_for(request))
+
+
+def render(request: web.Request, name: str, status: int = 200, **ctx: Any) -> web.Response:
+    c = console(request)
+    msg = MESSAGES.get(request.query.get("msg", ""))
+    html = c.templates.get_template(name).render(
+        viewer=viewer(request), csrf=csrf_for(request), message=msg, dev_mail=c.dev_mail,
+        orgs=request.get("orgs", []), path=request.path, **ctx)
+    return web.Response(text=html, status=status, content_type="text/html")
+
+
+class PageError(Exception):
+    """Answered with the error page (the middleware renders it)."""
+
+    def __init__(self, status: int, text: str) -> None:
+        super().__init__(text)
+        self.status = status
+        self.text = text
+
+
+def raise_page(request: web.Request, status: int, text: str) -> NoReturn:
+    raise PageError(status, text)
+
+
+def see_other(location: str) -> NoReturn:
+    raise web.HTTPSeeOther(location)
+
+
+def client_ip(request: web.Request) -> str:
+    return request.remote or "?"

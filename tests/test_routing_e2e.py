@@ -1,0 +1,181 @@
+"""Upstream routing and resilience through Envoy (SPEC sections 1, 4, 7, 8), on a stack of its own with
+small time budgets: first byte 1 s (retried once on another deployment), idle 1 s (so 3 s: see the
+README's budget table), total 4 s."""
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+import yaml
+
+from conftest import Gateway, assert_error, free_base, make_catalog
+from control.launcher import Stack
+from extproc.settings import Settings
+
+MSG = [{"role": "user", "content": "x"}]
+
+
+def _catalog(base: int, split: tuple[int, int] = (80, 20)) -> dict:
+    doc = make_catalog(base)
+    a = doc["aliases"]
+    price = a["polish-pro"]["prices"]
+    a["split"] = {"capabilities": ["chat"], "context_length": 8192, "max_output_tokens": 2048, "prices": price,
+                  "upstreams": [{"model": "up-fast", "share": split[0]}, {"model": "up-pro", "share": split[1]}]}
+    a["flaky"] = {"capabilities": ["chat"], "context_length": 8192, "max_output_tokens": 2048, "prices": price,
+                  "upstreams": [{"model": "up-flaky"}]}
+    doc["upstream_models"]["up-flaky"] = {"deployments": [
+        {"name": "dead", "host": "127.0.0.2", "port": base + 18},
+        {"name": "sim-a", "host": "127.0.0.1", "port": base + 15}]}
+    return doc
+
+
+class Routed(Gateway):
+    catalog_path: Path
+
+
+@pytest.fixture(scope="module")
+def gw() -> Iterator[Routed]:
+    base = free_base()
+    tmp = Path(tempfile.mkdtemp(prefix="gw-routing-"))
+    cat = tmp / "catalog.yaml"
+    cat.write_text(yaml.safe_dump(_catalog(base)))
+    stack = Stack(Settings.from_env(gateway_port=base, state_dir=str(tmp / "state"), catalog=str(cat),
+                                    default_rpm=100000, default_concurrency=1000, first_byte_timeout_s=1.0,
+                                    idle_timeout_s=1.0, total_timeout_s=4.0))
+    try:
+        stack.start()
+        g = Routed(stack, base)
+        g.catalog_path = cat
+        yield g
+    finally:
+        stack.stop()
+
+
+@pytest.fixture(scope="module")
+def key(gw: Routed) -> str:
+    return gw.new_org(1_000_000_000)[2]
+
+
+def _post(gw: Gateway, key: str, body: dict, timeout: float = 30) -> httpx.Response:
+    return httpx.post(gw.v1 + "/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"},
+                      timeout=timeout)
+
+
+def _served_by(gw: Gateway, rid: str) -> list[dict]:
+    out = []
+    for sim in (gw.sim_a, gw.sim_b):
+        r = httpx.get(f"{sim}/sim/requests/{rid}")
+        if r.status_code == 200:
+            out.append(r.json())
+    return out
+
+
+def test_traffic_shares(gw: Routed, key: str) -> None:
+    n = 300
+    models = []
+    for _ in range(n):
+        r = _post(gw, key, {"model": "split", "messages": MSG, "max_tokens": 1})
+        assert r.status_code == 200 and r.json()["model"] == "split"
+        models.append(_served_by(gw, r.headers["x-request-id"])[0]["model"])
+    share = models.count("up-fast") / n
+    assert 0.80 - 4 * (0.8 * 0.2 / n) ** 0.5 < share < 0.80 + 4 * (0.8 * 0.2 / n) ** 0.5, share
+
+
+def test_dead_deployment_retried_and_ejected(gw: Routed, key: str) -> None:
+    for _ in range(10):
+        r = _post(gw, key, {"model": "flaky", "messages": MSG, "max_tokens": 1})
+        assert r.status_code == 200, r.text
+        assert _served_by(gw, r.headers["x-request-id"])[0]["deployment"] == "sim-a"
+    stats = httpx.get(f"http://127.0.0.1:{gw.stack.s.envoy_admin_port}/stats").text
+    line = [ln for ln in stats.splitlines() if ln.startswith("cluster.upstream_up-flaky.upstream_rq_retry:")]
+    assert line and int(line[0].split(":")[1]) >= 1
+    ejected = [ln for ln in stats.splitlines()
+               if ln.startswith("cluster.upstream_up-flaky.outlier_detection.ejections_enforced_total:")]
+    assert ejected and int(ejected[0].split(":")[1]) >= 1
+
+
+def test_no_first_byte_retried_once_on_another_deployment(gw: Routed, key: str) -> None:
+    t0 = time.monotonic()
+    r = _post(gw, key, {"model": "polish-pro", "messages": MSG, "sim": {"ttft_ms": 1500}})
+    elapsed = time.monotonic() - t0
+    assert_error(r, 502, "upstream_timeout", "upstream_error")
+    assert 1.8 < elapsed < 2.9, elapsed  # two tries of 1 s
+    assert {rec["deployment"] for rec in _served_by(gw, r.headers["x-request-id"])} == {"sim-a", "sim-b"}
+    # within the budget: fine
+    assert _post(gw, key, {"model": "polish-pro", "messages": MSG, "sim": {"ttft_ms": 300}}).status_code == 200
+
+
+def test_model_server_4xx_not_retried(gw: Routed, key: str) -> None:
+    r = _post(gw, key, {"model": "polish-pro", "messages": MSG, "sim": {"status": 422}})
+    assert_error(r, 400, "invalid_request", "invalid_request_error")
+    assert len(_served_by(gw, r.headers["x-request-id"])) == 1
+    r = _post(gw, key, {"model": "polish-pro", "messages": MSG, "sim": {"status": 404}})
+    assert_error(r, 502, "upstream_unavailable", "upstream_error")
+    assert len(_served_by(gw, r.headers["x-request-id"])) == 1
+
+
+def test_idle_gap_in_non_streaming_reply(gw: Routed, key: str) -> None:
+    t0 = time.monotonic()
+    r = _post(gw, key, {"model": "polish-pro", "messages": MSG, "sim": {"stall_ms": 6000}})
+    assert_error(r, 502, "upstream_timeout", "upstream_error")
+    assert time.monotonic() - t0 < 5  # the idle budget: 2 x first byte + 1 s (see README)
+
+
+def test_total_budget_ends_stream_without_done(gw: Routed, key: str) -> None:
+    body = {"model": "polish-pro", "messages": MSG, "stream": True, "sim": {"itl_ms": 300, "output_tokens": 25}}
+    got = b""
+    t0 = time.monotonic()
+    with httpx.stream("POST", gw.v1 + "/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {key}"}, timeout=30) as s:
+        assert s.status_code == 200
+        with pytest.raises(httpx.HTTPError):
+            for chunk in s.iter_bytes():
+                got += chunk
+    assert 3.5 < time.monotonic() - t0 < 5.5
+    assert b"data: " in got and b"[DONE]" not in got and b'"error"' not in got
+
+
+def test_idle_gap_ends_stream_without_done(gw: Routed, key: str) -> None:
+    body = {"model": "polish-pro", "messages": MSG, "stream": True, "sim": {"stall_ms": 6000, "output_tokens": 6}}
+    got = b""
+    with httpx.stream("POST", gw.v1 + "/chat/completions", json=body,
+                      headers={"Authorization": f"Bearer {key}"}, timeout=30) as s:
+        assert s.status_code == 200
+        with pytest.raises(httpx.HTTPError):
+            for chunk in s.iter_bytes():
+                got += chunk
+    assert b"data: " in got and b"[DONE]" not in got
+
+
+def test_catalog_change_under_load_without_failures(gw: Routed, key: str) -> None:
+    stop = time.monotonic() + 4
+    statuses: list[int] = []
+
+    def load() -> None:
+        with httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=30) as c:
+            while time.monotonic() < stop:
+                statuses.append(c.post(gw.v1 + "/chat/completions",
+                                       json={"model": "split", "messages": MSG, "max_tokens": 1}).status_code)
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(1)
+    base = gw.port
+    doc = _catalog(base, split=(0, 100))
+    # the new catalog also changes a cluster: up-flaky's dead deployment is retired
+    doc["upstream_models"]["up-flaky"]["deployments"].pop(0)
+    gw.catalog_path.write_text(yaml.safe_dump(doc))
+    gw.stack.reload_catalog()
+    for t in threads:
+        t.join()
+    assert statuses and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+    time.sleep(0.5)
+    for _ in range(20):  # the new shares are in force
+        r = _post(gw, key, {"model": "split", "messages": MSG, "max_tokens": 1})
+        assert _served_by(gw, r.headers["x-request-id"])[0]["model"] == "up-pro"
