@@ -77,11 +77,15 @@ def _served_by(gw: Gateway, rid: str) -> list[dict]:
 
 def test_traffic_shares(gw: Routed, key: str) -> None:
     n = 300
-    models = []
-    for _ in range(n):
-        r = _post(gw, key, {"model": "split", "messages": MSG, "max_tokens": 1})
-        assert r.status_code == 200 and r.json()["model"] == "split"
-        models.append(_served_by(gw, r.headers["x-request-id"])[0]["model"])
+    rids = []
+    with httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=30) as c:
+        for _ in range(n):
+            r = c.post(gw.v1 + "/chat/completions", json={"model": "split", "messages": MSG, "max_tokens": 1})
+            assert r.status_code == 200 and r.json()["model"] == "split"
+            rids.append(r.headers["x-request-id"])
+    served = {rec["request_id"]: rec["model"] for sim in (gw.sim_a, gw.sim_b)
+              for rec in httpx.get(sim + "/sim/requests").json()["data"]}
+    models = [served[rid] for rid in rids]
     share = models.count("up-fast") / n
     assert 0.80 - 4 * (0.8 * 0.2 / n) ** 0.5 < share < 0.80 + 4 * (0.8 * 0.2 / n) ** 0.5, share
 

@@ -1,0 +1,111 @@
+"""Billing over HTTP with the sandbox provider: a top-up is credited when the provider's signed
+notification arrives — once, however often it arrives — and never on the browser's return alone."""
+from __future__ import annotations
+
+import re
+
+import httpx
+
+from conftest import Gateway, wait_for
+from control.console.payments.sandbox import Sandbox
+from test_console_support import ConsoleClient, signed_up
+
+TRIAL = 5_000_000
+
+
+def sandbox(gw: Gateway) -> Sandbox:
+    return Sandbox((gw.stack.state / "console_secret").read_text().strip().encode(), gw.console)
+
+
+def start_topup(c: ConsoleClient, amount: str) -> str:
+    c.get("/billing")
+    r = c.post("/billing/topup", {"amount": amount})
+    assert r.status_code == 303
+    m = re.fullmatch(r".*/sandbox/pay/(pay_[0-9a-f]+)", r.headers["location"])
+    assert m, r.headers["location"]
+    return m.group(1)
+
+
+def balance(gw: Gateway, org: str) -> int:
+    return int(gw.admin(lambda a: a.balance(org))["balance_micro_pln"])
+
+
+def test_topup_through_the_sandbox_provider(gateway: Gateway) -> None:
+    c, _, org = signed_up(gateway)
+    page = c.get("/billing").text
+    assert "5.000000 PLN" in page and "trial" in page and "polish-pro" in page and "1.500000" in page
+    pid = start_topup(c, "20")
+    assert gateway.sql("SELECT status, amount_micro_pln, provider FROM payments WHERE id = $1", pid) == [
+        {"status": "pending", "amount_micro_pln": 20_000_000, "provider": "sandbox"}]
+    # the browser coming back alone credits nothing
+    r = c.get(f"/billing/return/{pid}")
+    assert "Waiting for the payment provider" in r.text and balance(gateway, org) == TRIAL
+    c.get(f"/sandbox/pay/{pid}")
+    r = c.post(f"/sandbox/pay/{pid}", {"action": "pay"})
+    assert r.status_code == 303 and r.headers["location"] == f"/billing/return/{pid}"
+    wait_for(lambda: balance(gateway, org) == TRIAL + 20_000_000, timeout=10)
+    assert gateway.sql("SELECT status FROM payments WHERE id = $1", pid)[0]["status"] == "paid"
+    ledger = gateway.sql("SELECT amount_micro_pln, kind, ref FROM ledger WHERE org_id = $1 AND kind = 'topup'", org)
+    assert ledger == [{"amount_micro_pln": 20_000_000, "kind": "topup", "ref": f"sandbox:{pid}"}]
+    page = c.get(f"/billing?payment={pid}").text
+    assert "25.000000 PLN" in page and "balance is credited" in page
+
+
+def test_notifications_are_verified_and_idempotent(gateway: Gateway) -> None:
+    c, _, org = signed_up(gateway)
+    pid = start_topup(c, "10")
+    sb = sandbox(gateway)
+    url = gateway.console + "/payments/notify/sandbox"
+    good = sb.notification(pid, 10_000_000, True)
+    forged = dict(good, sign="0" * 64)
+    assert httpx.post(url, json=forged).status_code == 400
+    wrong_amount = sb.notification(pid, 100_000_000, True)
+    assert httpx.post(url, json=wrong_amount).status_code == 400
+    assert httpx.post(url, json=sb.notification("pay_unknown", 10_000_000, True)).status_code == 400
+    assert httpx.post(url, content=b"not json").status_code == 400
+    assert httpx.post(gateway.console + "/payments/notify/p24", json=good).status_code == 404  # not configured
+    assert balance(gateway, org) == TRIAL
+    r1 = httpx.post(url, json=good)
+    r2 = httpx.post(url, json=good)
+    r3 = httpx.post(url, json=sb.notification(pid, 10_000_000, True))  # a second, differently signed delivery
+    assert (r1.status_code, r2.status_code, r3.status_code) == (200, 200, 200)
+    assert [r1.json()["credited"], r2.json()["credited"], r3.json()["credited"]] == [True, False, False]
+    assert balance(gateway, org) == TRIAL + 10_000_000
+    assert gateway.sql("SELECT count(*) AS n FROM ledger WHERE org_id = $1 AND kind = 'topup'", org)[0]["n"] == 1
+    # a failure notification after payment changes nothing
+    assert httpx.post(url, json=sb.notification(pid, 10_000_000, False)).json()["status"] == "paid"
+
+
+def test_cancelled_payment_is_not_credited(gateway: Gateway) -> None:
+    c, _, org = signed_up(gateway)
+    pid = start_topup(c, "50")
+    c.get(f"/sandbox/pay/{pid}")
+    r = c.post(f"/sandbox/pay/{pid}", {"action": "cancel"}, follow=True)
+    assert "cancelled" in r.text
+    wait_for(lambda: gateway.sql("SELECT status FROM payments WHERE id = $1", pid)[0]["status"] == "failed", timeout=10)
+    assert balance(gateway, org) == TRIAL
+
+
+def test_topup_amount_is_validated(gateway: Gateway) -> None:
+    c, _, org = signed_up(gateway)
+    c.get("/billing")
+    for bad in ("0", "-5", "abc", "10000.01", "1.001"):
+        assert c.post("/billing/topup", {"amount": bad}).status_code == 400, bad
+    assert c.post("/billing/topup", {"amount": "12.50"}).status_code == 303
+    assert gateway.sql("SELECT amount_micro_pln FROM payments WHERE org_id = $1", org) == [{"amount_micro_pln": 12_500_000}]
+
+
+def test_balance_follows_usage(gateway: Gateway) -> None:
+    """The console's balance is the gateway's live balance (trial, minus what requests cost)."""
+    c, _, org = signed_up(gateway)
+    c.get("/keys")
+    key = re.search(r'id="new-key">([^<]+)<', c.post("/keys", {"name": "k"}).text)
+    assert key
+    r = httpx.post(gateway.v1 + "/chat/completions", headers={"Authorization": f"Bearer {key.group(1)}"},
+                   json={"model": "polish-pro", "messages": [{"role": "user", "content": "Dzień dobry"}]}, timeout=30)
+    assert r.status_code == 200, r.text
+    cost = wait_for(lambda: gateway.sql("SELECT cost_micro_pln FROM usage_records WHERE org_id = $1", org), timeout=10)
+    left = TRIAL - cost[0]["cost_micro_pln"]
+    page = c.get("/billing").text
+    assert f"{left // 1_000_000}.{left % 1_000_000:06d} PLN" in page
+    assert "usage, 1 requests that day" in page

@@ -1,0 +1,144 @@
+"""The console end to end in a real headless browser (Debian's chromium driven by Playwright):
+sign up, read the captured e-mail, confirm, see the trial balance, create a key, use it with the
+openai SDK, watch the request appear on the usage page without reloading, top up through the
+sandbox provider, invite a member who accepts.  Screenshots of each page go to
+tests/artifacts/console/ (the path is printed)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Iterator
+
+import openai
+import pytest
+
+from conftest import Gateway
+from test_console_support import PASSWORD, new_email
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts" / "console"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+if not os.access(CHROMIUM, os.X_OK):
+    pytest.skip(f"browser tests did not run: {CHROMIUM} is missing (Debian's chromium package; `make test` "
+                "installs it where apt-get is available)", allow_module_level=True)
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="browser tests did not run: playwright is not installed")
+
+
+@pytest.fixture(scope="module")
+def browser(request: pytest.FixtureRequest) -> Iterator[Any]:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"], headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+    tr = request.config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        tr.write_line(f"console screenshots: {ARTIFACTS}")
+
+
+def shot(page: Any, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def captured_link(page: Any, console: str, to: str, path: str) -> str:
+    page.goto(f"{console}/dev/mail?to={to}")
+    link = page.locator(f"a[href^='{console}{path}']").first
+    link.wait_for(timeout=10_000)
+    return str(link.get_attribute("href"))
+
+
+def test_the_whole_console_flow_in_a_browser(gateway: Gateway, browser: Any) -> None:
+    expect = sync_api.expect
+    con = gateway.console
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = ctx.new_page()
+    page.set_default_timeout(15_000)
+    email = new_email()
+
+    # sign up
+    page.goto(con + "/signup")
+    page.fill("input[name=email]", email)
+    page.fill("input[name=password]", PASSWORD)
+    page.fill("input[name=org]", "Kancelaria Nowak")
+    shot(page, "01-signup")
+    page.click("button[type=submit]")
+    expect(page.locator(".message")).to_contain_text("Check your e-mail")
+
+    # read the captured e-mail, confirm
+    link = captured_link(page, con, email, "/confirm/")
+    shot(page, "02-captured-mail")
+    page.goto(link)
+    page.click("#confirm")
+    expect(page.locator("#balance")).to_have_text("5.000000 PLN")
+    shot(page, "03-overview-trial-balance")
+
+    # create a key; it is shown once
+    page.goto(con + "/keys")
+    page.fill("input[name=name]", "backend")
+    page.click("form.row button[type=submit]")
+    key = page.locator("#new-key").inner_text().strip()
+    assert re.fullmatch(r"sk-service-[A-Za-z0-9]{40}", key)
+    shot(page, "04-keys-new-key")
+
+    # the usage page is open while the requests are made: they appear without a reload
+    page.goto(con + "/usage")
+    expect(page.locator("#count")).to_have_text("0")
+    client = openai.OpenAI(base_url=gateway.v1, api_key=key, max_retries=0)
+    rids = []
+    for alias, text in (("polish-pro", "Dzień dobry!"), ("polish-fast", "Streść umowę"), ("advanced", "Policz 2+2")):
+        raw = client.chat.completions.with_raw_response.create(model=alias, messages=[{"role": "user", "content": text}])
+        assert raw.parse().model == alias
+        rids.append(raw.headers["x-request-id"])
+    for rid in rids:
+        page.locator(f"tr[data-request='{rid}']").wait_for(timeout=10_000)
+    expect(page.locator("#count")).to_have_text("3")
+    expect(page.locator("svg.chart rect.bar")).to_have_count(1)
+    shot(page, "05-usage")
+    if os.environ.get("GATEWAY_DOCS_SCREENSHOTS"):
+        DOCS.mkdir(exist_ok=True)
+        shutil.copy(ARTIFACTS / "05-usage.png", DOCS / "console-usage.png")
+
+    # top up through the sandbox provider
+    page.goto(con + "/billing")
+    before = page.locator("#balance").inner_text()
+    page.select_option("select[name=amount]", "50")
+    page.click("#topup")
+    expect(page.locator("h1")).to_have_text("Sandbox payment provider")
+    shot(page, "06-sandbox-provider")
+    page.click("#sandbox-pay")
+    expect(page.locator("#payment-state")).to_contain_text("balance is credited", timeout=15_000)
+    after = page.locator("#balance").inner_text()
+    assert _micro(after) == _micro(before) + 50_000_000
+    shot(page, "07-billing")
+
+    # invite a member, who accepts in another browser
+    invitee = new_email()
+    page.goto(con + "/members")
+    page.fill("input[name=email]", invitee)
+    page.click("#invite")
+    expect(page.locator(".message")).to_contain_text("invitation is sent")
+    shot(page, "08-members")
+    link = captured_link(page, con, invitee, "/invite/")
+    other = browser.new_context(viewport={"width": 1280, "height": 900})
+    p2 = other.new_page()
+    p2.goto(link)
+    p2.fill("input[name=password]", PASSWORD)
+    p2.click("#accept")
+    expect(p2.locator(".message")).to_contain_text("You joined")
+    expect(p2.locator("header")).to_contain_text("member")
+    shot(p2, "09-member-overview")
+    page.goto(con + "/members")
+    expect(page.locator("#members")).to_contain_text(invitee)
+    other.close()
+    ctx.close()
+
+
+def _micro(text: str) -> int:
+    whole, frac = text.replace(" PLN", "").split(".")
+    return int(whole) * 1_000_000 + int(frac)

@@ -1,0 +1,128 @@
+"""Keys and usage pages over HTTP against the real stack: a key created in the console works with
+the openai SDK through Envoy, is stored only as a hash, is refused within a second of revocation; its
+requests appear on the usage page (live part, filters, totals, CSV) within seconds."""
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import hashlib
+import io
+import re
+import time
+
+import httpx
+import openai
+
+from conftest import Gateway, wait_for
+from test_console_support import ConsoleClient, signed_up
+
+KEY = re.compile(r'id="new-key">(sk-service-[A-Za-z0-9]{40})<')
+
+
+def create_key(c: ConsoleClient, name: str) -> tuple[str, str]:
+    c.get("/keys")
+    r = c.post("/keys", {"name": name})
+    assert r.status_code == 200
+    m = KEY.search(r.text)
+    assert m, r.text
+    kid = re.search(r'data-key="(key_[0-9a-f]+)"', r.text)
+    assert kid
+    return kid.group(1), m.group(1)
+
+
+def test_key_lifecycle(gateway: Gateway) -> None:
+    c, _, org = signed_up(gateway)
+    kid, key = create_key(c, "production")
+    row = gateway.sql("SELECT * FROM api_keys WHERE id = $1", kid)[0]
+    assert row["org_id"] == org and row["name"] == "production" and row["revoked_at"] is None
+    assert row["key_hash"] == hashlib.sha256(key.encode()).hexdigest()
+    page = c.get("/keys").text
+    assert key not in page and "production" in page and key[:15] in page and "never" in page  # shown once only
+    client = openai.OpenAI(base_url=gateway.v1, api_key=key, max_retries=0)
+    reply = client.chat.completions.create(model="polish-pro", messages=[{"role": "user", "content": "Dzień dobry"}])
+    assert reply.model == "polish-pro"
+    wait_for(lambda: "never" not in c.get("/keys").text, timeout=10)  # last used
+    r = c.post(f"/keys/{kid}/revoke", follow=True)
+    assert "revoked" in r.text
+    t0 = time.monotonic()
+    with httpx.Client(timeout=10) as h:
+        while True:
+            r = h.post(gateway.v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                       json={"model": "polish-pro", "messages": [{"role": "user", "content": "x"}]})
+            if r.status_code == 401:
+                break
+            assert time.monotonic() - t0 < 1.0, "the gateway still accepts a revoked key"
+    assert r.json()["error"]["code"] == "invalid_api_key"
+    assert c.post("/keys", {"name": ""}).status_code == 400
+
+
+def test_usage_page_filters_totals_and_csv(gateway: Gateway) -> None:
+    c, _, org = signed_up(gateway)
+    k1, key1 = create_key(c, "first")
+    k2, key2 = create_key(c, "second")
+    c1 = openai.OpenAI(base_url=gateway.v1, api_key=key1, max_retries=0)
+    c2 = openai.OpenAI(base_url=gateway.v1, api_key=key2, max_retries=0)
+    ids = [c1.chat.completions.with_raw_response.create(model="polish-pro", messages=[{"role": "user", "content": "a"}]),
+           c1.chat.completions.with_raw_response.create(model="polish-fast", messages=[{"role": "user", "content": "b"}]),
+           c2.chat.completions.with_raw_response.create(model="polish-pro", messages=[{"role": "user", "content": "c"}])]
+    rids = [r.headers["x-request-id"] for r in ids]
+    c.get("/usage")
+    live = wait_for(lambda: (lambda t: t if all(i in t for i in rids) else None)(c.get("/usage/live").text), timeout=10)
+    rows = gateway.sql("SELECT request_id, cost_micro_pln, prompt_tokens FROM usage_records WHERE org_id = $1"
+                       " ORDER BY started_at DESC", org)
+    assert [r["request_id"] for r in rows] == rids[::-1]
+    assert live.index(rids[2]) < live.index(rids[1]) < live.index(rids[0])  # newest first
+    total = sum(r["cost_micro_pln"] for r in rows)
+    assert f"{total // 1_000_000}.{total % 1_000_000:06d} PLN" in live
+    page = c.get("/usage?alias=polish-fast").text
+    assert rids[1] in page and rids[0] not in page and rids[2] not in page
+    page = c.get(f"/usage?key={k2}").text
+    assert rids[2] in page and rids[0] not in page
+    today = dt.datetime.now(dt.timezone.utc).date()
+    assert rids[0] in c.get(f"/usage?from={today}&to={today}").text
+    assert rids[0] not in c.get(f"/usage?to={today - dt.timedelta(days=1)}").text
+    assert "<svg class=\"chart\"" in c.get("/usage").text
+    r = c.get(f"/usage.csv?key={k1}")
+    assert r.headers["content-type"].startswith("text/csv")
+    got = list(csv.DictReader(io.StringIO(r.text)))
+    assert [g["request_id"] for g in got] == [rids[1], rids[0]]
+    assert {g["key_name"] for g in got} == {"first"}
+    assert got[0]["alias"] == "polish-fast" and got[0]["estimated"] == "no"
+    costs = {r["request_id"]: r["cost_micro_pln"] for r in rows}
+    assert all(int(g["cost_micro_pln"]) == costs[g["request_id"]] for g in got)
+
+
+def test_estimated_requests_are_marked(gateway: Gateway) -> None:
+    c, _, org = signed_up(gateway)
+    kid, _ = create_key(c, "k")
+    gateway.sql("INSERT INTO usage_records (request_id, org_id, key_id, alias, upstream_model, endpoint, status,"
+                " stream, prompt_tokens, completion_tokens, estimated, cost_micro_pln, input_price, output_price,"
+                " started_at, ended_at) VALUES ('req-est-' || $1, $1, $2, 'polish-pro', 'up-pro', 'chat', 200, true,"
+                " 7, 3, true, 20, 1500000, 3000000, now(), now())", org, kid)
+    page = c.get("/usage").text
+    row = page[page.index("req-est-" + org):]
+    assert "estimated" in row[:row.index("</tr>")]
+
+
+def test_no_key_password_or_token_in_any_log(gateway: Gateway) -> None:
+    from test_console_support import PASSWORD, mail_link
+    c, email, _ = signed_up(gateway)
+    kid, key = create_key(c, "logged?")
+    httpx.post(gateway.v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"},
+               json={"model": "polish-pro", "messages": [{"role": "user", "content": "x"}]}, timeout=30)
+    c.get("/reset")
+    c.post("/reset", {"email": email})
+    reset = mail_link(gateway, email, "/reset/")
+    c.get(reset)
+    c.post(reset, {"password": "a new password 123"})
+    confirm_tokens = [m.split("/confirm/")[1].split()[0] for m in
+                      (x["body"] for x in httpx.get(gateway.console + "/dev/mail.json", params={"to": email}).json())
+                      if "/confirm/" in m]
+    secrets_ = [key, key[15:], PASSWORD, "a new password 123", reset.rsplit("/", 1)[1], *confirm_tokens,
+                c.jar.get("gw_anon", "-")]
+    time.sleep(0.3)
+    for f in gateway.stack.logs.glob("*.log"):
+        text = f.read_text(errors="replace")
+        found = [s[:12] for s in secrets_ if s and s in text]
+        assert not found, (f.name, found)
+    assert "POST /reset/{token}" in (gateway.stack.logs / "console.log").read_text()
