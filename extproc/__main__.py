@@ -8,6 +8,9 @@ import signal
 
 import asyncpg
 import grpc
+import prometheus_client
+from grpc_health.v1 import health as grpc_health
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 import redis.asyncio as aioredis
 import redis.exceptions
 from redis.asyncio.retry import Retry
@@ -57,12 +60,17 @@ async def serve(settings: Settings) -> None:
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 128 * 1024 * 1024),
                                       ("grpc.max_send_message_length", 128 * 1024 * 1024)])
     ep_grpc.add_ExternalProcessorServicer_to_server(Processor(gw), server)
+    health = grpc_health.HealthServicer(experimental_non_blocking=True)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    prometheus_client.start_http_server(settings.metrics_http_port, addr=settings.metrics_host)
     server.add_insecure_port(f"127.0.0.1:{settings.grpc_port}")
     try:
         await heartbeat(r, gw.owner)
     except Exception:  # noqa: BLE001 - Redis down at start: requests get 500 until it is back
         logging.getLogger("extproc").warning("Redis unreachable at start")
     await server.start()
+    for service in ("", "envoy.service.ext_proc.v3.ExternalProcessor"):
+        health.set(service, health_pb2.HealthCheckResponse.SERVING)
     writer = UsageWriter(r, pool, store)
     writer_task = asyncio.create_task(writer.run())
 
@@ -82,6 +90,8 @@ async def serve(settings: Settings) -> None:
         loop.add_signal_handler(sig, stop.set)
     logging.getLogger("extproc").info("ext_proc listening on 127.0.0.1:%d", settings.grpc_port)
     await stop.wait()
+    for service in ("", "envoy.service.ext_proc.v3.ExternalProcessor"):
+        health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.stop(grace=10)
     writer_task.cancel()
     beat_task.cancel()

@@ -15,6 +15,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+from . import metrics
 from .catalog import Alias, Catalog
 from .cost import cost_micro_pln
 from .decisions import Admission, UsageRecord
@@ -36,6 +37,7 @@ _STRIP = frozenset({"authorization", CLUSTER_HEADER, "x-api-key"})
 _CHAT_PATH = "/v1/chat/completions"
 _EMB_PATH = "/v1/embeddings"
 _MODELS_PATH = "/v1/models"
+_ENDPOINTS = {_CHAT_PATH: "chat", _EMB_PATH: "embeddings", _MODELS_PATH: "models"}
 
 
 @dataclass(slots=True)
@@ -121,6 +123,26 @@ class Exchange:
         self.output_seen = False
         self.finished = False
 
+    # ---- metrics (bounded labels only) -------------------------------------------------------
+    @property
+    def _endpoint(self) -> str:
+        return _ENDPOINTS.get(self.path) or ("models" if self.path.startswith(_MODELS_PATH) else "other")
+
+    def _count(self, status: int, code: str) -> None:
+        alias = self.prepared.alias.id if self.prepared is not None else "-"
+        metrics.REQUESTS.labels(alias, self._endpoint, str(status), code).inc()
+
+    def _reject(self, err: ApiError) -> Answer:
+        self._count(err.status, err.code)
+        kind = metrics.rejection_kind(err.code)
+        if kind is not None:
+            metrics.REJECTIONS.labels(kind).inc()
+        return _error_answer(err, self.request_id)
+
+    def _ok(self, doc: object) -> Answer:
+        self._count(200, "")
+        return _json_answer(doc)
+
     # ---- request headers -------------------------------------------------------------------
     async def request_headers(self, headers: dict[str, str], end_of_stream: bool) -> Answer:
         self.request_id = headers.get("x-request-id", "")
@@ -128,7 +150,7 @@ class Exchange:
         self.path = headers.get(":path", "").split("?", 1)[0]
         key = bearer_key(headers.get("authorization"))
         if key is None:
-            return _error_answer(INVALID_KEY, self.request_id)
+            return self._reject(INVALID_KEY)
         self.key_hash = key_hash(key)
         if self.method == "POST" and self.path in (_CHAT_PATH, _EMB_PATH):
             length = headers.get("content-length", "")
@@ -141,25 +163,23 @@ class Exchange:
         # Everything else is answered here, after authentication only.
         adm = await self._admit(limits=False)
         if adm.error is not None:
-            return _error_answer(adm.error, self.request_id)
+            return self._reject(adm.error)
         if self.method == "GET" and self.path == _MODELS_PATH:
             now = self.gw.clock()
-            return _json_answer({"object": "list",
-                                 "data": [a.model_object(now) for a in self.gw.catalog.aliases.values()]})
+            return self._ok({"object": "list",
+                             "data": [a.model_object(now) for a in self.gw.catalog.aliases.values()]})
         if self.method == "GET" and self.path.startswith(_MODELS_PATH + "/"):
             alias = self.gw.catalog.aliases.get(self.path[len(_MODELS_PATH) + 1:])
             if alias is None:
-                return _error_answer(ApiError("model_not_found", "The requested model does not exist.",
-                                              "model"), self.request_id)
-            return _json_answer(alias.model_object(self.gw.clock()))
-        return _error_answer(ApiError("unsupported_endpoint",
-                                      "This endpoint or method is not offered by the service."),
-                             self.request_id)
+                return self._reject(ApiError("model_not_found", "The requested model does not exist.",
+                                             "model"))
+            return self._ok(alias.model_object(self.gw.clock()))
+        return self._reject(ApiError("unsupported_endpoint",
+                                     "This endpoint or method is not offered by the service."))
 
     # ---- request body ----------------------------------------------------------------------
     def _too_large(self) -> Answer:
-        return _error_answer(ApiError("invalid_request", "The request body is larger than the size limit."),
-                             self.request_id)
+        return self._reject(ApiError("invalid_request", "The request body is larger than the size limit."))
 
     async def request_body(self, body: bytes) -> Answer:
         if len(body) > self.gw.max_body_bytes:
@@ -172,9 +192,9 @@ class Exchange:
         adm = await self._admit(limits=valid)
         if adm.error is not None:
             self.prepared = None
-            return _error_answer(adm.error, self.request_id)
+            return self._reject(adm.error)
         if isinstance(prepared, ApiError):
-            return _error_answer(prepared, self.request_id)
+            return self._reject(prepared)
         return Answer(
             set_headers={CLUSTER_HEADER: Catalog.cluster_name(prepared.upstream_model),
                          "content-length": str(len(prepared.body))},
@@ -188,11 +208,15 @@ class Exchange:
                 adm = await self.gw.store.admit(self.key_hash, self.request_id, limits=limits, pending=pending)
             except Miss as miss:
                 if miss.what == "key":
+                    metrics.KEY_LOOKUPS.labels("miss").inc()
                     await self.gw.store.fill_key(self.key_hash, await self.gw.directory.key(self.key_hash))
                 else:
                     assert miss.org_id is not None
                     await self.gw.store.fill_org(miss.org_id, await self.gw.directory.org(miss.org_id))
                 continue
+            if self.admission is None:
+                self.admission = adm
+                metrics.KEY_LOOKUPS.labels("hit").inc()
             self.admission = adm
             return adm
         raise RuntimeError("cache fill did not converge")
@@ -225,9 +249,13 @@ class Exchange:
         if self.status >= 400 or self.status < 200:
             await self._bill(None)  # the model server produced no output
             if body.startswith(b'{"error"') and self.request_id.encode() in body:
-                return Answer()  # Envoy's own reply, already in SPEC's shape
-            return _error_answer(upstream_error(self.status, body, "messages" if p.endpoint == CHAT else "input"),
-                                 self.request_id)
+                code = json.loads(body)["error"]["code"]  # Envoy's own reply, already in SPEC's shape
+                self._count(self.status, code)
+                metrics.UPSTREAM_FAILURES.labels(p.alias.id, code).inc()
+                return Answer()
+            err = upstream_error(self.status, body, "messages" if p.endpoint == CHAT else "input")
+            metrics.UPSTREAM_FAILURES.labels(p.alias.id, err.code).inc()
+            return self._reject(err)
         new, usage = rewrite_body(body, p.upstream_model, p.alias.id, embeddings=p.endpoint != CHAT)
         if usage is None:
             await self._bill((p.estimated_prompt_tokens, 0), estimated=True)
@@ -288,7 +316,22 @@ class Exchange:
             return
         ident = adm.identity
         record = None if tokens is None else self._record(tokens, estimated, ident.org_id, ident.key_id)
+        if record is not None:
+            self._observe(record)
         await self.gw.finish(ident.org_id, self.request_id, record)
+
+    def _observe(self, r: UsageRecord) -> None:
+        self._count(r.status, "" if r.status == 200 else "aborted")
+        alias = r.alias
+        metrics.TOKENS.labels("input", alias, alias).observe(r.prompt_tokens)
+        if r.endpoint == CHAT:
+            metrics.TOKENS.labels("output", alias, alias).observe(r.completion_tokens)
+        metrics.BILLED.labels(alias).inc(r.cost_micro_pln)
+        metrics.DURATION.labels(alias, r.endpoint).observe(r.ended_at - r.started_at)
+        if self.ttfb is not None:
+            metrics.TTFT.labels(alias).observe(self.ttfb - self.started)
+            if r.stream and r.completion_tokens > 1:
+                metrics.TPOT.labels(alias).observe((r.ended_at - self.ttfb) / (r.completion_tokens - 1))
 
 
 __all__ = ["Answer", "Exchange", "Gateway", "internal_error"]

@@ -6,6 +6,7 @@ Each gRPC stream is one HTTP request; its messages become calls on an ``Exchange
 from __future__ import annotations
 
 import logging
+from time import perf_counter
 from typing import AsyncIterator
 
 import grpc
@@ -15,6 +16,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from envoy.type.v3 import http_status_pb2
 
+from . import metrics
 from .errors import internal_error
 from .exchange import Answer, Exchange, Gateway
 
@@ -87,6 +89,7 @@ class Processor(ep_grpc.ExternalProcessorServicer):
         try:
             async for req in request_iterator:
                 phase = req.WhichOneof("request")
+                t0 = perf_counter()
                 try:
                     if phase == "request_headers":
                         h = req.request_headers
@@ -104,7 +107,9 @@ class Processor(ep_grpc.ExternalProcessorServicer):
                     log.exception("ext_proc phase %s failed (request %s)", phase, ex.request_id)
                     answer = Answer(reply=(500, internal_error().body(ex.request_id),
                                            {"content-type": "application/json"}))
-                yield _to_message(phase or "", answer)
+                msg = _to_message(phase or "", answer)
+                metrics.PHASE.labels(phase or "other").observe(perf_counter() - t0)
+                yield msg
         finally:
             try:
                 await ex.close()

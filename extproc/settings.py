@@ -28,6 +28,8 @@ class Settings:
     idle_timeout_s: float = 60.0             # GATEWAY_IDLE_TIMEOUT_S: gap inside an upstream reply
     total_timeout_s: float = 600.0           # GATEWAY_TOTAL_TIMEOUT_S: whole upstream budget
     run_sim: bool = True                     # GATEWAY_RUN_SIM: start the simulator for loopback deployments
+    metrics_port: int = 0                    # GATEWAY_METRICS_PORT: Prometheus metrics (loopback unless GATEWAY_METRICS_HOST); 0 = gateway_port + 1384 (9464)
+    metrics_host: str = "127.0.0.1"          # GATEWAY_METRICS_HOST: address of the metrics endpoint
     pg_port: int = 0                         # GATEWAY_PG_PORT: embedded PostgreSQL port; 0 = gateway_port + 12
     redis_port: int = 0                      # GATEWAY_REDIS_PORT: embedded Redis port; 0 = gateway_port + 13
     # ---- the console (control/console) ----
@@ -72,6 +74,10 @@ class Settings:
         return self.extproc_port or self.gateway_port + 10
 
     @property
+    def metrics_http_port(self) -> int:
+        return self.metrics_port or self.gateway_port + 1384
+
+    @property
     def envoy_admin_port(self) -> int:
         return self.admin_port or self.gateway_port + 11
 
@@ -101,6 +107,7 @@ _ENV = {
     "max_body_bytes": "GATEWAY_MAX_BODY_BYTES", "max_reply_bytes": "GATEWAY_MAX_REPLY_BYTES",
     "first_byte_timeout_s": "GATEWAY_FIRST_BYTE_TIMEOUT_S", "idle_timeout_s": "GATEWAY_IDLE_TIMEOUT_S",
     "total_timeout_s": "GATEWAY_TOTAL_TIMEOUT_S", "run_sim": "GATEWAY_RUN_SIM",
+    "metrics_port": "GATEWAY_METRICS_PORT", "metrics_host": "GATEWAY_METRICS_HOST",
     "pg_port": "GATEWAY_PG_PORT", "redis_port": "GATEWAY_REDIS_PORT",
     "console_port": "GATEWAY_CONSOLE_PORT", "console_url": "GATEWAY_CONSOLE_URL",
     "console_secret": "GATEWAY_CONSOLE_SECRET", "smtp_host": "GATEWAY_SMTP_HOST", "smtp_port": "GATEWAY_SMTP_PORT",

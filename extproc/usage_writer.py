@@ -10,12 +10,14 @@ import json
 import logging
 import os
 import socket
+import time
 from typing import Any
 
 import asyncpg
 import redis.asyncio as aioredis
 import redis.exceptions
 
+from . import metrics
 from .decisions import UsageRecord
 from .store import USAGE_STREAM, Store, orphans
 
@@ -118,7 +120,11 @@ class UsageWriter:
         entries = await self._take()
         if not entries:
             return 0
-        await write_batch(self.pool, [json.loads(f[b"r"]) for _, f in entries])
+        records = [json.loads(f[b"r"]) for _, f in entries]
+        await write_batch(self.pool, records)
+        now = time.time()
+        for r in records:
+            metrics.WRITE_LAG.observe(max(0.0, now - r["ended_at"]))
         ids = [i for i, _ in entries]
         async with self.r.pipeline(transaction=True) as p:
             p.xack(USAGE_STREAM, GROUP, *ids)

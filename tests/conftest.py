@@ -131,7 +131,7 @@ def gateway() -> Iterator[Gateway]:
     cat.write_text(yaml.safe_dump(make_catalog(base)))
     env = {k: v for k, v in os.environ.items()}
     settings = Settings.from_env(gateway_port=base, state_dir=str(tmp / "state"), catalog=str(cat),
-                                 default_rpm=100000, default_concurrency=1000)
+                                 default_rpm=100000, default_concurrency=1000, metrics_port=base + 19)
     stack = Stack(settings)
     try:
         stack.start()

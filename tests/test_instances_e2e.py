@@ -20,7 +20,7 @@ CHAT = {"model": "polish-fast", "messages": [{"role": "user", "content": "x"}], 
 def second(gateway: Gateway) -> Iterator[str]:
     s = gateway.stack.s
     base = free_base()
-    other = Stack(Settings.from_env(gateway_port=base, state_dir=str(s.state) + "-second", catalog=s.catalog,
+    other = Stack(Settings.from_env(gateway_port=base, metrics_port=base + 19, state_dir=str(s.state) + "-second", catalog=s.catalog,
                                     database_url=gateway.stack.database_url, redis_url=gateway.stack.redis_url,
                                     run_sim=False, default_rpm=s.default_rpm,
                                     default_concurrency=s.default_concurrency))

@@ -44,7 +44,7 @@ def gw() -> Iterator[Routed]:
     tmp = Path(tempfile.mkdtemp(prefix="gw-routing-"))
     cat = tmp / "catalog.yaml"
     cat.write_text(yaml.safe_dump(_catalog(base)))
-    stack = Stack(Settings.from_env(gateway_port=base, state_dir=str(tmp / "state"), catalog=str(cat),
+    stack = Stack(Settings.from_env(gateway_port=base, metrics_port=base + 19, state_dir=str(tmp / "state"), catalog=str(cat),
                                     default_rpm=100000, default_concurrency=1000, first_byte_timeout_s=1.0,
                                     idle_timeout_s=1.0, total_timeout_s=4.0))
     try:

@@ -5,3 +5,24 @@ def test_models_list_requires_key(gateway: Gateway) -> None:
     import httpx
     r = httpx.get(gateway.v1 + "/models")
     assert_error(r, 401, "invalid_api_key", "authentication_error")
+
+
+def test_metrics_endpoint_counts_requests_without_content(gateway: Gateway) -> None:
+    import httpx
+    org, kid, key = gateway.new_org()
+    canary = "CANARY-metrics-7f3a"
+    r = httpx.post(gateway.v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                   json={"model": "polish-pro", "messages": [{"role": "user", "content": canary}]})
+    assert r.status_code == 200
+    httpx.post(gateway.v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"},
+               json={"model": "nope", "messages": [{"role": "user", "content": canary}]})
+    m = httpx.get(f"http://127.0.0.1:{gateway.stack.s.metrics_http_port}/metrics").text
+    assert canary not in m and key not in m and kid not in m and org not in m
+    assert 'gateway_requests_total{alias="polish-pro",code="",endpoint="chat",status="200"}' in m
+    assert 'gateway_requests_total{alias="-",code="model_not_found",endpoint="chat",status="404"}' in m
+    assert 'gen_ai_client_token_usage_count{gen_ai_request_model="polish-pro",gen_ai_response_model="polish-pro",gen_ai_token_type="output"}' in m
+    assert "gen_ai_server_time_to_first_token_seconds_bucket" in m
+    assert 'gateway_key_cache_lookups_total{result="miss"}' in m
+    assert 'gateway_extproc_phase_seconds_count{phase="request_body"}' in m
+    # the public listener does not serve it
+    assert httpx.get(gateway.url + "/metrics", headers={"Authorization": f"Bearer {key}"}).status_code == 404

@@ -1,0 +1,39 @@
+"""Prometheus metrics of the request path, named after the OpenTelemetry GenAI semantic conventions
+where one exists.  Labels carry only bounded metadata: alias, endpoint, status, code, kind, phase —
+never a key, a request id or any content.  Served on GATEWAY_METRICS_PORT, never the public listener."""
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+_LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_TOK = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)
+
+TOKENS = Histogram("gen_ai_client_token_usage", "Tokens billed per request (gen_ai.client.token.usage)",
+                   ["gen_ai_token_type", "gen_ai_request_model", "gen_ai_response_model"], buckets=_TOK)
+TTFT = Histogram("gen_ai_server_time_to_first_token_seconds",
+                 "Time to the model server's first byte (gen_ai.server.time_to_first_token)",
+                 ["gen_ai_request_model"], buckets=_LAT)
+TPOT = Histogram("gen_ai_server_time_per_output_token_seconds",
+                 "Time per output token after the first (gen_ai.server.time_per_output_token)",
+                 ["gen_ai_request_model"], buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+DURATION = Histogram("gen_ai_server_request_duration_seconds", "Request duration (gen_ai.server.request.duration)",
+                     ["gen_ai_request_model", "endpoint"], buckets=_LAT)
+REQUESTS = Counter("gateway_requests", "Requests by alias, endpoint, HTTP status and error code",
+                   ["alias", "endpoint", "status", "code"])
+BILLED = Counter("gateway_billed_micro_pln", "Billed micro-PLN", ["alias"])
+REJECTIONS = Counter("gateway_limiter_rejections", "Requests refused by a limit", ["kind"])
+PHASE = Histogram("gateway_extproc_phase_seconds", "ext_proc time per phase", ["phase"],
+                  buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1))
+KEY_LOOKUPS = Counter("gateway_key_cache_lookups", "Key look-ups by result (hit: Redis, miss: PostgreSQL)",
+                      ["result"])
+WRITE_LAG = Histogram("gateway_usage_write_lag_seconds", "From a request's end to its usage record in PostgreSQL",
+                      buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300))
+UPSTREAM_FAILURES = Counter("gateway_upstream_failures", "Model-server failures by alias and code",
+                            ["alias", "code"])
+
+_REJECTION_KIND = {"rate_limit_exceeded": "rate", "concurrency_limit_exceeded": "concurrency",
+                   "insufficient_quota": "quota", "org_suspended": "suspended"}
+
+
+def rejection_kind(code: str) -> str | None:
+    return _REJECTION_KIND.get(code)
