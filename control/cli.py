@@ -103,6 +103,70 @@ Ctrl-C stops every process.""", flush=True)
     return 0
 
 
+async def status(s: Settings) -> dict[str, dict[str, Any]]:
+    """Every component's health: Envoy's readiness, the ext_proc's gRPC health, PostgreSQL, Redis,
+    the simulators and the console."""
+    import asyncpg
+    import grpc
+    import redis.asyncio as aioredis
+    import urllib.request
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from extproc import catalog as catalog_mod
+
+    def http(url: str) -> dict[str, Any]:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return {"ok": 200 <= r.status < 300, "detail": f"HTTP {r.status}"}
+        except Exception as e:  # noqa: BLE001
+            return {"ok": False, "detail": type(e).__name__}
+
+    out: dict[str, dict[str, Any]] = {}
+    out["envoy"] = http(f"http://127.0.0.1:{s.envoy_admin_port}/ready")
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{s.grpc_port}") as ch:
+            res = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+        out["extproc"] = {"ok": res.status == health_pb2.HealthCheckResponse.SERVING,
+                          "detail": health_pb2.HealthCheckResponse.ServingStatus.Name(res.status)}
+    except Exception as e:  # noqa: BLE001
+        out["extproc"] = {"ok": False, "detail": type(e).__name__}
+    out["metrics"] = http(f"http://{s.metrics_host}:{s.metrics_http_port}/metrics")
+    out["console"] = http(f"http://127.0.0.1:{s.console_http_port}/login")
+    try:
+        db, rd = _urls(s)
+    except AdminError as e:
+        db, rd = "", ""
+        out["stack"] = {"ok": False, "detail": str(e)}
+    try:
+        conn = await asyncpg.connect(db, timeout=2)
+        await conn.fetchval("SELECT 1")
+        await conn.close()
+        out["postgres"] = {"ok": True, "detail": "accepting connections"}
+    except Exception as e:  # noqa: BLE001
+        out["postgres"] = {"ok": False, "detail": type(e).__name__}
+    try:
+        r = aioredis.from_url(rd, socket_timeout=2, socket_connect_timeout=2)
+        await r.ping()
+        await r.aclose()
+        out["redis"] = {"ok": True, "detail": "PONG"}
+    except Exception as e:  # noqa: BLE001
+        out["redis"] = {"ok": False, "detail": type(e).__name__}
+    if s.run_sim:
+        cat = catalog_mod.load(s.catalog)
+        ports = sorted({(d.name, d.port) for deps in cat.deployments.values() for d in deps
+                        if d.host in ("127.0.0.1", "localhost")})
+        for name, port in ports:
+            out[f"sim:{name}"] = http(f"http://127.0.0.1:{port}/health")
+    return out
+
+
+def cmd_status(args: argparse.Namespace, s: Settings) -> int:
+    doc = asyncio.run(status(s))
+    lines = [f"{name:<12} {'ok  ' if v['ok'] else 'DOWN'}  {v['detail']}" for name, v in doc.items()]
+    _print(args, doc, "\n".join(lines))
+    return 0 if all(v["ok"] for v in doc.values()) else 1
+
+
 def cmd_sim(args: argparse.Namespace, s: Settings) -> int:
     import sim
     sim.main(["--port", str(args.port)] + args.rest)
@@ -133,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     bc = bal.add_parser("credit"); bc.add_argument("org"); bc.add_argument("pln")
     bc.add_argument("--ref", help="idempotency reference: the same reference credits once")
     bal.add_parser("show").add_argument("org")
+    sub.add_parser("status", help="health of every component")
     us = sub.add_parser("usage"); us.add_argument("org"); us.add_argument("--limit", type=int, default=50)
     for sp in list(sub.choices.values()):
         sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
@@ -146,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_up(args, s)
         if args.cmd == "sim":
             return cmd_sim(args, s)
+        if args.cmd == "status":
+            return cmd_status(args, s)
         return asyncio.run(_with_admin(s, lambda a: _admin_cmd(args, a)))
     except (AdminError, CatalogError) as e:
         print(f"gateway: {e}", file=sys.stderr)

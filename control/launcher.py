@@ -252,10 +252,35 @@ class Stack:
             os.killpg(p.popen.pid, signal.SIGKILL)
             p.popen.wait()
 
+    def drain_envoy(self, grace: float | None = None) -> None:
+        """Refuse new connections, then wait (up to the grace period) for requests and streams in
+        flight to finish."""
+        admin = f"http://127.0.0.1:{self.s.envoy_admin_port}"
+        try:
+            urllib.request.urlopen(urllib.request.Request(admin + "/drain_listeners", method="POST"),
+                                   timeout=2).close()
+        except OSError:
+            return
+        deadline = time.monotonic() + (self.s.drain_grace_s if grace is None else grace)
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(admin + "/stats?filter=http.gateway.downstream_rq_active",
+                                            timeout=2) as r:
+                    line = next(ln for ln in r.read().decode().splitlines()
+                                if ln.startswith("http.gateway.downstream_rq_active:"))
+                    active = int(line.split(":")[1])
+            except (OSError, ValueError, StopIteration):
+                return
+            if active == 0:
+                return
+            time.sleep(0.1)
+
     def stop_proc(self, name: str, timeout: float = 10.0) -> None:
         p = self.procs.get(name)
         if p is None or p.popen is None:
             return
+        if name == "envoy" and p.alive:
+            self.drain_envoy()
         if p.alive:
             os.killpg(p.popen.pid, signal.SIGTERM if name != "postgres" else signal.SIGINT)
             try:
@@ -265,8 +290,10 @@ class Stack:
                 p.popen.wait()
 
     def stop(self) -> None:
+        """Drain: Envoy first (no new connections; requests in flight finish), then the ext_proc (its
+        usage records flushed), then the rest."""
         for name in reversed(list(self.procs)):
-            self.stop_proc(name)
+            self.stop_proc(name, timeout=self.s.drain_grace_s + 10)
 
     def reload_catalog(self) -> None:
         """Render the catalog's clusters for the running Envoy (it swaps them in without a restart);

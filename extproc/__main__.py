@@ -18,6 +18,7 @@ from redis.backoff import ExponentialBackoff
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from . import catalog as catalog_mod
+from . import logs
 from .directory import Directory
 from .exchange import Gateway
 from .server import Processor
@@ -92,7 +93,7 @@ async def serve(settings: Settings) -> None:
     await stop.wait()
     for service in ("", "envoy.service.ext_proc.v3.ExternalProcessor"):
         health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-    await server.stop(grace=10)
+    await server.stop(grace=settings.drain_grace_s)
     writer_task.cancel()
     beat_task.cancel()
     watch_task.cancel()
@@ -105,8 +106,7 @@ async def serve(settings: Settings) -> None:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO, format='{"t":"%(asctime)s","level":"%(levelname)s",'
-                        '"logger":"%(name)s","msg":"%(message)s"}')
+    logs.setup(getattr(logging, os.environ.get("GATEWAY_LOG_LEVEL", "INFO").upper(), logging.INFO))
     asyncio.run(serve(Settings.from_env()))
 
 

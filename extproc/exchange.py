@@ -322,6 +322,11 @@ class Exchange:
 
     def _observe(self, r: UsageRecord) -> None:
         self._count(r.status, "" if r.status == 200 else "aborted")
+        log.info("request", extra={"request_id": r.request_id, "alias": r.alias, "endpoint": r.endpoint,
+                                   "status": r.status, "prompt_tokens": r.prompt_tokens,
+                                   "completion_tokens": r.completion_tokens, "estimated": r.estimated,
+                                   "cost_micro_pln": r.cost_micro_pln,
+                                   "duration_ms": int((r.ended_at - r.started_at) * 1000), "ttfb_ms": r.ttfb_ms})
         alias = r.alias
         metrics.TOKENS.labels("input", alias, alias).observe(r.prompt_tokens)
         if r.endpoint == CHAT:

@@ -1,0 +1,40 @@
+"""JSON-lines logging.  Records carry metadata only (request id, alias, status, tokens, durations, bytes):
+never a body, a prompt, a completion, an embedding input, a key or a model server's message."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+# Fields a caller may attach with ``extra=``; anything else is not written.
+FIELDS = ("request_id", "alias", "endpoint", "status", "code", "prompt_tokens", "completion_tokens",
+          "estimated", "cost_micro_pln", "duration_ms", "ttfb_ms", "bytes_in", "bytes_out", "phase")
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, object] = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage()}
+        for f in FIELDS:
+            v = record.__dict__.get(f)
+            if v is not None:
+                doc[f] = v
+        if record.exc_info:
+            # the exception's type and where it was raised; its message may quote data, so it is left out
+            etype, _, tb = record.exc_info
+            while tb is not None and tb.tb_next is not None:
+                tb = tb.tb_next
+            doc["error"] = etype.__name__ if etype else "Exception"
+            if tb is not None:
+                doc["at"] = f"{tb.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno}"
+        return json.dumps(doc, separators=(",", ":"))
+
+
+def setup(level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    logging.getLogger("grpc").setLevel(logging.WARNING)
