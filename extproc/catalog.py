@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,12 +179,44 @@ def parse(doc: Any, source: str = "<catalog>") -> Catalog:
     return Catalog(aliases, deployments)
 
 
+_STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+
+
+def _line_of(root: yaml.Node | None, dotted: str) -> int | None:
+    """The 1-based line of the node at a path like ``aliases.a.prices[0].effective`` (or its nearest
+    existing parent)."""
+    node, line = root, None
+    for name, index in _STEP.findall(dotted):
+        if node is None:
+            break
+        line = node.start_mark.line + 1
+        if name and isinstance(node, yaml.MappingNode):
+            node = next((v for k, v in node.value if getattr(k, "value", None) == name), None)
+            if node is None:
+                break
+        elif index and isinstance(node, yaml.SequenceNode) and int(index) < len(node.value):
+            node = node.value[int(index)]
+        else:
+            break
+    return node.start_mark.line + 1 if node is not None else line
+
+
 def load(path: str | Path) -> Catalog:
+    """Load and check a catalog; every error names the file, the line and the field."""
     p = Path(path)
+    text = p.read_text()
     try:
-        doc = yaml.safe_load(p.read_text())
+        doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark is not None else ""
+        line = f" line {mark.line + 1}:" if mark is not None else ""
         raise CatalogError(f"{p}:{line} malformed YAML") from None
-    return parse(doc, str(p))
+    try:
+        return parse(doc, str(p))
+    except CatalogError as e:
+        msg = str(e)
+        field = msg[len(str(p)) + 2:].split(":", 1)[0] if msg.startswith(f"{p}: ") else ""
+        line = _line_of(yaml.compose(text), field) if field else None
+        if line is None:
+            raise
+        raise CatalogError(f"{p}: line {line}: {msg[len(str(p)) + 2:]}") from None

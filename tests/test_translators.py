@@ -73,3 +73,22 @@ def test_keys() -> None:
     assert bearer_key(f"Basic {k}") is None and bearer_key(f"Bearer {k}x") is None
     assert bearer_key("Bearer sk-service-short") is None and bearer_key(None) is None
     assert len(key_hash(k)) == 64 and key_hash(k) != k
+
+
+def test_bad_catalog_file_names_file_line_and_field(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from extproc.catalog import load
+    good = tmp_path / "ok.yaml"
+    good.write_text("aliases:\n  a:\n    capabilities: [chat]\n    context_length: 10\n    max_output_tokens: 5\n"
+                    "    prices:\n      - {input_micro_pln_per_1m: 1}\n    upstreams: []\nupstream_models: {}\n")
+    with pytest.raises(CatalogError, match=r"ok\.yaml: line 7: aliases\.a\.prices\[0\]\.effective"):
+        load(good)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("aliases:\n  a: [1,\n")
+    with pytest.raises(CatalogError, match=r"bad\.yaml: line \d+: malformed YAML"):
+        load(bad)
+    unknown = tmp_path / "route.yaml"
+    unknown.write_text("aliases:\n  a:\n    capabilities: [chat]\n    context_length: 10\n    max_output_tokens: 5\n"
+                       "    prices:\n      - {effective: 2026-01-01, input_micro_pln_per_1m: 1}\n"
+                       "    upstreams:\n      - {model: ghost}\nupstream_models: {}\n")
+    with pytest.raises(CatalogError, match=r"route\.yaml: line 9: aliases\.a\.upstreams\[0\]\.model"):
+        load(unknown)
