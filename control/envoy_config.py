@@ -22,6 +22,38 @@ def idle_budget(s: Settings) -> float:
 
 
 def render_bootstrap(s: Settings) -> str:
+    text = _substitute(s)
+    return with_tracing(text, s.otlp_endpoint) if s.otlp_endpoint else text
+
+
+def with_tracing(text: str, endpoint: str) -> str:
+    """OpenTelemetry traces (off unless an OTLP/gRPC collector is configured): a span per request and
+    one per upstream try, W3C ``traceparent`` propagated upstream, attributes from metadata only."""
+    doc = yaml.safe_load(text)
+    host, _, port = endpoint.rpartition(":")
+    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    hcm["tracing"] = {
+        "random_sampling": {"value": 100},
+        "spawn_upstream_span": True,
+        "custom_tags": [{"tag": "gateway.upstream_cluster", "request_header": {"name": "x-gateway-cluster"}}],
+        "provider": {"name": "envoy.tracers.opentelemetry", "typed_config": {
+            "@type": "type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig",
+            "grpc_service": {"envoy_grpc": {"cluster_name": "otlp"}, "timeout": "2s"},
+            "service_name": "llm-gateway"}},
+    }
+    doc["static_resources"]["clusters"].append({
+        "name": "otlp", "type": "STRICT_DNS", "connect_timeout": "1s",
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}}}},
+        "load_assignment": {"cluster_name": "otlp", "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": {"socket_address": {"address": host, "port_value": int(port)}}}}]}]}})
+    doc["layered_runtime"] = {"layers": [{"name": "static", "static_layer": {
+        "tracing.opentelemetry.flush_interval_ms": 1000}}]}
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def _substitute(s: Settings) -> str:
     return Template(TEMPLATE.read_text()).substitute(
         STATE=str(s.state), HOST=s.gateway_host, PORT=s.gateway_port, ADMIN_PORT=s.envoy_admin_port,
         EXTPROC_PORT=s.grpc_port, REPLY_LIMIT=s.max_reply_bytes,

@@ -28,6 +28,7 @@ class Settings:
     idle_timeout_s: float = 60.0             # GATEWAY_IDLE_TIMEOUT_S: gap inside an upstream reply
     total_timeout_s: float = 600.0           # GATEWAY_TOTAL_TIMEOUT_S: whole upstream budget
     run_sim: bool = True                     # GATEWAY_RUN_SIM: start the simulator for loopback deployments
+    otlp_endpoint: str = ""                  # GATEWAY_OTLP_ENDPOINT: host:port of an OTLP/gRPC collector; empty = no traces
     drain_grace_s: float = 30.0              # GATEWAY_DRAIN_GRACE_S: on stop, time for requests in flight to finish
     metrics_port: int = 0                    # GATEWAY_METRICS_PORT: Prometheus metrics (loopback unless GATEWAY_METRICS_HOST); 0 = gateway_port + 1384 (9464)
     metrics_host: str = "127.0.0.1"          # GATEWAY_METRICS_HOST: address of the metrics endpoint
@@ -108,7 +109,7 @@ _ENV = {
     "max_body_bytes": "GATEWAY_MAX_BODY_BYTES", "max_reply_bytes": "GATEWAY_MAX_REPLY_BYTES",
     "first_byte_timeout_s": "GATEWAY_FIRST_BYTE_TIMEOUT_S", "idle_timeout_s": "GATEWAY_IDLE_TIMEOUT_S",
     "total_timeout_s": "GATEWAY_TOTAL_TIMEOUT_S", "run_sim": "GATEWAY_RUN_SIM",
-    "drain_grace_s": "GATEWAY_DRAIN_GRACE_S", "metrics_port": "GATEWAY_METRICS_PORT", "metrics_host": "GATEWAY_METRICS_HOST",
+    "otlp_endpoint": "GATEWAY_OTLP_ENDPOINT", "drain_grace_s": "GATEWAY_DRAIN_GRACE_S", "metrics_port": "GATEWAY_METRICS_PORT", "metrics_host": "GATEWAY_METRICS_HOST",
     "pg_port": "GATEWAY_PG_PORT", "redis_port": "GATEWAY_REDIS_PORT",
     "console_port": "GATEWAY_CONSOLE_PORT", "console_url": "GATEWAY_CONSOLE_URL",
     "console_secret": "GATEWAY_CONSOLE_SECRET", "smtp_host": "GATEWAY_SMTP_HOST", "smtp_port": "GATEWAY_SMTP_PORT",
