@@ -3,6 +3,7 @@ test catalog whose model servers are the simulator (two deployments)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -123,16 +124,17 @@ class Gateway:
         return None
 
 
-@pytest.fixture(scope="session")
-def gateway() -> Iterator[Gateway]:
+@contextlib.contextmanager
+def running_stack(prefix: str, catalog: Callable[[int], dict[str, Any]] = make_catalog,
+                  **overrides: Any) -> Iterator[Gateway]:
+    """A whole stack of its own on free ports (base .. base + 19), stopped (drained) on exit."""
     base = free_base()
-    tmp = Path(tempfile.mkdtemp(prefix="gw-test-"))
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
     cat = tmp / "catalog.yaml"
-    cat.write_text(yaml.safe_dump(make_catalog(base)))
-    env = {k: v for k, v in os.environ.items()}
-    settings = Settings.from_env(gateway_port=base, state_dir=str(tmp / "state"), catalog=str(cat),
-                                 default_rpm=100000, default_concurrency=1000, metrics_port=base + 19)
-    stack = Stack(settings)
+    cat.write_text(yaml.safe_dump(catalog(base)))
+    env = dict(os.environ)
+    stack = Stack(Settings.from_env(**{"gateway_port": base, "metrics_port": base + 19,
+                                       "state_dir": str(tmp / "state"), "catalog": str(cat), **overrides}))
     try:
         stack.start()
         yield Gateway(stack, base)
@@ -140,6 +142,12 @@ def gateway() -> Iterator[Gateway]:
         stack.stop()
         os.environ.clear()
         os.environ.update(env)
+
+
+@pytest.fixture(scope="session")
+def gateway() -> Iterator[Gateway]:
+    with running_stack("gw-test-", default_rpm=100000, default_concurrency=1000) as gw:
+        yield gw
 
 
 @pytest.fixture(scope="session")

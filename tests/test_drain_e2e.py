@@ -2,29 +2,18 @@
 records are written before the ext_proc exits."""
 from __future__ import annotations
 
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
-from conftest import Gateway, free_base, make_catalog
-from control.launcher import Stack
-from extproc.settings import Settings
+from conftest import running_stack
 
 
 def test_stop_drains_streams_and_flushes_usage() -> None:
-    base = free_base()
-    tmp = Path(tempfile.mkdtemp(prefix="gw-drain-"))
-    (tmp / "catalog.yaml").write_text(yaml.safe_dump(make_catalog(base)))
-    stack = Stack(Settings.from_env(gateway_port=base, metrics_port=base + 19, state_dir=str(tmp / "state"),
-                                    catalog=str(tmp / "catalog.yaml"), drain_grace_s=20))
-    try:
-        stack.start()
-        gw = Gateway(stack, base)
+    with running_stack("gw-drain-", drain_grace_s=20) as gw:
+        stack = gw.stack
         org, _, key = gw.new_org()
         results: list[tuple[str, bytes]] = []
 
@@ -53,5 +42,3 @@ def test_stop_drains_streams_and_flushes_usage() -> None:
         rows = gw.sql("SELECT request_id, completion_tokens, estimated FROM usage_records WHERE org_id = $1", org)
         assert sorted(r["request_id"] for r in rows) == sorted(rid for rid, _ in results)
         assert all(r["completion_tokens"] == 20 and not r["estimated"] for r in rows)
-    finally:
-        stack.stop()

@@ -3,7 +3,6 @@ small time budgets: first byte 1 s (retried once on another deployment), idle 1 
 README's budget table), total 4 s."""
 from __future__ import annotations
 
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -13,9 +12,7 @@ import httpx
 import pytest
 import yaml
 
-from conftest import Gateway, assert_error, free_base, make_catalog
-from control.launcher import Stack
-from extproc.settings import Settings
+from conftest import Gateway, assert_error, make_catalog, running_stack
 
 MSG = [{"role": "user", "content": "x"}]
 
@@ -34,30 +31,15 @@ def _catalog(base: int, split: tuple[int, int] = (80, 20)) -> dict:
     return doc
 
 
-class Routed(Gateway):
-    catalog_path: Path
-
-
 @pytest.fixture(scope="module")
-def gw() -> Iterator[Routed]:
-    base = free_base()
-    tmp = Path(tempfile.mkdtemp(prefix="gw-routing-"))
-    cat = tmp / "catalog.yaml"
-    cat.write_text(yaml.safe_dump(_catalog(base)))
-    stack = Stack(Settings.from_env(gateway_port=base, metrics_port=base + 19, state_dir=str(tmp / "state"), catalog=str(cat),
-                                    default_rpm=100000, default_concurrency=1000, first_byte_timeout_s=1.0,
-                                    idle_timeout_s=1.0, total_timeout_s=4.0))
-    try:
-        stack.start()
-        g = Routed(stack, base)
-        g.catalog_path = cat
+def gw() -> Iterator[Gateway]:
+    with running_stack("gw-routing-", _catalog, default_rpm=100000, default_concurrency=1000,
+                       first_byte_timeout_s=1.0, idle_timeout_s=1.0, total_timeout_s=4.0) as g:
         yield g
-    finally:
-        stack.stop()
 
 
 @pytest.fixture(scope="module")
-def key(gw: Routed) -> str:
+def key(gw: Gateway) -> str:
     return gw.new_org(1_000_000_000)[2]
 
 
@@ -75,7 +57,7 @@ def _served_by(gw: Gateway, rid: str) -> list[dict]:
     return out
 
 
-def test_traffic_shares(gw: Routed, key: str) -> None:
+def test_traffic_shares(gw: Gateway, key: str) -> None:
     n = 300
     rids = []
     with httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=30) as c:
@@ -90,7 +72,7 @@ def test_traffic_shares(gw: Routed, key: str) -> None:
     assert 0.80 - 4 * (0.8 * 0.2 / n) ** 0.5 < share < 0.80 + 4 * (0.8 * 0.2 / n) ** 0.5, share
 
 
-def test_dead_deployment_retried_and_ejected(gw: Routed, key: str) -> None:
+def test_dead_deployment_retried_and_ejected(gw: Gateway, key: str) -> None:
     for _ in range(10):
         r = _post(gw, key, {"model": "flaky", "messages": MSG, "max_tokens": 1})
         assert r.status_code == 200, r.text
@@ -103,7 +85,7 @@ def test_dead_deployment_retried_and_ejected(gw: Routed, key: str) -> None:
     assert ejected and int(ejected[0].split(":")[1]) >= 1
 
 
-def test_no_first_byte_retried_once_on_another_deployment(gw: Routed, key: str) -> None:
+def test_no_first_byte_retried_once_on_another_deployment(gw: Gateway, key: str) -> None:
     t0 = time.monotonic()
     r = _post(gw, key, {"model": "polish-pro", "messages": MSG, "sim": {"ttft_ms": 1500}})
     elapsed = time.monotonic() - t0
@@ -114,7 +96,7 @@ def test_no_first_byte_retried_once_on_another_deployment(gw: Routed, key: str) 
     assert _post(gw, key, {"model": "polish-pro", "messages": MSG, "sim": {"ttft_ms": 300}}).status_code == 200
 
 
-def test_model_server_4xx_not_retried(gw: Routed, key: str) -> None:
+def test_model_server_4xx_not_retried(gw: Gateway, key: str) -> None:
     r = _post(gw, key, {"model": "polish-pro", "messages": MSG, "sim": {"status": 422}})
     assert_error(r, 400, "invalid_request", "invalid_request_error")
     assert len(_served_by(gw, r.headers["x-request-id"])) == 1
@@ -123,14 +105,14 @@ def test_model_server_4xx_not_retried(gw: Routed, key: str) -> None:
     assert len(_served_by(gw, r.headers["x-request-id"])) == 1
 
 
-def test_idle_gap_in_non_streaming_reply(gw: Routed, key: str) -> None:
+def test_idle_gap_in_non_streaming_reply(gw: Gateway, key: str) -> None:
     t0 = time.monotonic()
     r = _post(gw, key, {"model": "polish-pro", "messages": MSG, "sim": {"stall_ms": 6000}})
     assert_error(r, 502, "upstream_timeout", "upstream_error")
     assert time.monotonic() - t0 < 5  # the idle budget: 2 x first byte + 1 s (see README)
 
 
-def test_total_budget_ends_stream_without_done(gw: Routed, key: str) -> None:
+def test_total_budget_ends_stream_without_done(gw: Gateway, key: str) -> None:
     body = {"model": "polish-pro", "messages": MSG, "stream": True, "sim": {"itl_ms": 300, "output_tokens": 25}}
     got = b""
     t0 = time.monotonic()
@@ -144,7 +126,7 @@ def test_total_budget_ends_stream_without_done(gw: Routed, key: str) -> None:
     assert b"data: " in got and b"[DONE]" not in got and b'"error"' not in got
 
 
-def test_idle_gap_ends_stream_without_done(gw: Routed, key: str) -> None:
+def test_idle_gap_ends_stream_without_done(gw: Gateway, key: str) -> None:
     body = {"model": "polish-pro", "messages": MSG, "stream": True, "sim": {"stall_ms": 6000, "output_tokens": 6}}
     got = b""
     with httpx.stream("POST", gw.v1 + "/chat/completions", json=body,
@@ -156,7 +138,7 @@ def test_idle_gap_ends_stream_without_done(gw: Routed, key: str) -> None:
     assert b"data: " in got and b"[DONE]" not in got
 
 
-def test_catalog_change_under_load_without_failures(gw: Routed, key: str) -> None:
+def test_catalog_change_under_load_without_failures(gw: Gateway, key: str) -> None:
     stop = time.monotonic() + 4
     statuses: list[int] = []
 
@@ -174,7 +156,7 @@ def test_catalog_change_under_load_without_failures(gw: Routed, key: str) -> Non
     doc = _catalog(base, split=(0, 100))
     # the new catalog also changes a cluster: up-flaky's dead deployment is retired
     doc["upstream_models"]["up-flaky"]["deployments"].pop(0)
-    gw.catalog_path.write_text(yaml.safe_dump(doc))
+    Path(gw.stack.s.catalog).write_text(yaml.safe_dump(doc))
     gw.stack.reload_catalog()
     for t in threads:
         t.join()

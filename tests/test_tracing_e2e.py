@@ -2,20 +2,15 @@
 and per upstream try, the client's W3C traceparent continued, attributes from metadata only."""
 from __future__ import annotations
 
-import tempfile
 import threading
 import time
 from concurrent import futures
-from pathlib import Path
 
 import grpc
 import httpx
-import yaml
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from conftest import Gateway, free_base, make_catalog
-from control.launcher import Stack
-from extproc.settings import Settings
+from conftest import Gateway, running_stack
 
 CANARY = "Kanarek-trace-91b2"
 
@@ -36,39 +31,35 @@ class Collector(trace_service_pb2_grpc.TraceServiceServicer):
 
 
 def test_traces_exported_without_content() -> None:
-    base = free_base()
     collector = Collector()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, server)
-    server.add_insecure_port(f"127.0.0.1:{base + 18}")
+    port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    tmp = Path(tempfile.mkdtemp(prefix="gw-trace-"))
-    (tmp / "catalog.yaml").write_text(yaml.safe_dump(make_catalog(base)))
-    stack = Stack(Settings.from_env(gateway_port=base, metrics_port=base + 19, state_dir=str(tmp / "state"),
-                                    catalog=str(tmp / "catalog.yaml"), otlp_endpoint=f"127.0.0.1:{base + 18}"))
     try:
-        stack.start()
-        gw = Gateway(stack, base)
-        _, _, key = gw.new_org()
-        trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
-        r = httpx.post(gw.v1 + "/chat/completions", headers={
-            "Authorization": f"Bearer {key}", "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"},
-            json={"model": "polish-pro", "messages": [{"role": "user", "content": CANARY}], "sim": {"echo": True}})
-        assert r.status_code == 200
-        rid = r.headers["x-request-id"]
-        # the model server received the trace context, continued
-        echoed = r.json()["choices"][0]["message"]["content"]
-        assert trace_id in echoed
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and not any(s.trace_id.hex() == trace_id for s in collector.spans()):
-            time.sleep(0.2)
-        spans = [s for s in collector.spans() if s.trace_id.hex() == trace_id]
-        assert len(spans) >= 2, [s.name for s in collector.spans()]  # the request and its upstream try
-        attrs = {a.key: a.value.string_value for s in spans for a in s.attributes}
-        assert attrs.get("guid:x-request-id") == rid
-        assert attrs.get("gateway.upstream_cluster") == "upstream_up-pro"
-        dump = b"".join(req.SerializeToString() for req in collector.requests)
-        assert CANARY.encode() not in dump and key.encode() not in dump
+        with running_stack("gw-trace-", otlp_endpoint=f"127.0.0.1:{port}") as gw:
+            _check(gw, collector)
     finally:
-        stack.stop()
         server.stop(0)
+
+
+def _check(gw: Gateway, collector: Collector) -> None:
+    _, _, key = gw.new_org()
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    r = httpx.post(gw.v1 + "/chat/completions", headers={
+        "Authorization": f"Bearer {key}", "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"},
+        json={"model": "polish-pro", "messages": [{"role": "user", "content": CANARY}], "sim": {"echo": True}})
+    assert r.status_code == 200
+    rid = r.headers["x-request-id"]
+    # the model server received the trace context, continued
+    assert trace_id in r.json()["choices"][0]["message"]["content"]
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not any(s.trace_id.hex() == trace_id for s in collector.spans()):
+        time.sleep(0.2)
+    spans = [s for s in collector.spans() if s.trace_id.hex() == trace_id]
+    assert len(spans) >= 2, [s.name for s in collector.spans()]  # the request and its upstream try
+    attrs = {a.key: a.value.string_value for s in spans for a in s.attributes}
+    assert attrs.get("guid:x-request-id") == rid
+    assert attrs.get("gateway.upstream_cluster") == "upstream_up-pro"
+    dump = b"".join(req.SerializeToString() for req in collector.requests)
+    assert CANARY.encode() not in dump and key.encode() not in dump
