@@ -8,32 +8,44 @@ from concurrent import futures
 
 import grpc
 import httpx
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+# The OTLP protos that xds-protos ships (no gRPC stub: the service is registered by hand below).
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from conftest import Gateway, running_stack
 
 CANARY = "Kanarek-trace-91b2"
 
 
-class Collector(trace_service_pb2_grpc.TraceServiceServicer):
+class Collector:
+    """An OTLP/gRPC trace collector that keeps what it is sent."""
+
     def __init__(self) -> None:
         self.requests: list[trace_service_pb2.ExportTraceServiceRequest] = []
         self.lock = threading.Lock()
 
-    def Export(self, request, context):  # type: ignore[no-untyped-def]  # noqa: N802
+    def export(self, request, context):  # type: ignore[no-untyped-def]
         with self.lock:
             self.requests.append(request)
         return trace_service_pb2.ExportTraceServiceResponse()
 
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler("opentelemetry.proto.collector.trace.v1.TraceService", {
+            "Export": grpc.unary_unary_rpc_method_handler(
+                self.export, request_deserializer=trace_service_pb2.ExportTraceServiceRequest.FromString,
+                response_serializer=trace_service_pb2.ExportTraceServiceResponse.SerializeToString)})
+
     def spans(self) -> list:  # type: ignore[type-arg]
         with self.lock:
-            return [s for r in self.requests for rs in r.resource_spans for ss in rs.scope_spans for s in ss.spans]
+            # older OTLP protos name the span groups instrumentation_library_spans (same wire field)
+            return [s for r in self.requests for rs in r.resource_spans
+                    for ss in (getattr(rs, "scope_spans", None) or rs.instrumentation_library_spans)
+                    for s in ss.spans]
 
 
 def test_traces_exported_without_content() -> None:
     collector = Collector()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, server)
+    server.add_generic_rpc_handlers((collector.handler(),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
