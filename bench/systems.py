@@ -1,0 +1,222 @@
+"""Starting each system of the comparison on the same fixed-reply upstream."""
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import envoys
+from . import fixtures as fx
+from .procs import Procs, free_port, http_ok, port_open
+
+ROOT = Path(__file__).resolve().parent.parent
+ENVOY = str(Path(sys.executable).parent / "envoy")
+LITELLM_VENV = ROOT / "bench" / ".venv-litellm"
+LITELLM_KEY = "sk-bench-master"
+
+
+@dataclass
+class System:
+    name: str
+    label: str
+    port: int
+    key: str = "sk-bench-none"
+    sse_port: int | None = None  # "direct" only: the streaming listener of the upstream
+    pid: int | None = None  # the ext_proc process, where there is one
+    note: str = ""
+    expect_alias: bool = True  # replies carry the client's model name (the proxy put it back)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def url(self, scenario: str) -> str:
+        port = self.sse_port if scenario == "stream" and self.sse_port else self.port
+        return f"http://127.0.0.1:{port}"
+
+
+def _envoy(procs: Procs, name: str, doc: dict[str, Any], tmp: Path, port: int, admin: int) -> None:
+    cfg = envoys.write(doc, tmp / f"{name}.yaml")
+    procs.start(name, [ENVOY, "-c", str(cfg), "--concurrency", "1", "--log-level", "warn",
+                       "--base-id", str(port)])
+    procs.wait_ready(name, lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), 30)
+
+
+def start_upstream(procs: Procs, tmp: Path) -> tuple[int, int]:
+    j, s, a = free_port(), free_port(), free_port()
+    _envoy(procs, "upstream", envoys.upstream(j, s, a), tmp, j, a)
+    return j, s
+
+
+def direct(up: tuple[int, int]) -> System:
+    return System("direct", "direct to upstream", up[0], sse_port=up[1], expect_alias=False,
+                  note="wrk straight to the fixed-reply Envoy")
+
+
+def start_bare(procs: Procs, tmp: Path, up: tuple[int, int]) -> System:
+    p, a = free_port(), free_port()
+    _envoy(procs, "bare-envoy", envoys.proxy(p, a, up[0], up[1], tmp / "bare-access.log"), tmp, p, a)
+    return System("bare_envoy", "bare Envoy", p, expect_alias=False,
+                  note="same listener/route/cluster shape as the gateway, no ext_proc")
+
+
+def start_minimal(procs: Procs, tmp: Path, up: tuple[int, int]) -> System:
+    g, p, a = free_port(), free_port(), free_port()
+    proc = procs.start("minimal-extproc", [sys.executable, "-m", "bench.minimal_extproc", "--port", str(g)],
+                       cwd=str(ROOT))
+    procs.wait_ready("minimal-extproc", lambda: port_open(g), 30)
+    _envoy(procs, "minimal-envoy", envoys.proxy(p, a, up[0], up[1], tmp / "minimal-access.log", g), tmp, p, a)
+    return System("minimal_extproc", "minimal ext_proc", p, pid=proc.pid,
+                  note="bench/minimal_extproc.py behind the gateway's ext_proc filter settings")
+
+
+# ---- the gateway: the real stack ------------------------------------------------------------
+def _free_base(span: int = 20) -> int:
+    import socket
+    def free(port: int) -> bool:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return True
+            except OSError:
+                return False
+    for _ in range(200):
+        base = random.randrange(20000, 50000, span)
+        if all(free(base + i) for i in range(span)):
+            return base
+    raise RuntimeError("no free port range")
+
+
+def gateway_catalog(up: tuple[int, int]) -> dict[str, Any]:
+    price = [{"effective": "2026-01-01T00:00:00Z", "input_micro_pln_per_1m": 800000,
+              "output_micro_pln_per_1m": 1600000}]
+    chat = {"capabilities": ["chat"], "context_length": 8192, "max_output_tokens": 2048, "prices": price}
+    return {
+        "aliases": {
+            fx.CHAT_ALIAS: {**chat, "upstreams": [{"model": fx.UP_CHAT}]},
+            fx.STREAM_ALIAS: {**chat, "upstreams": [{"model": fx.UP_STREAM}]},
+            fx.EMBED_ALIAS: {"capabilities": ["embeddings"], "context_length": 8192, "max_output_tokens": 0,
+                             "prices": [{**price[0], "output_micro_pln_per_1m": 0}],
+                             "upstreams": [{"model": fx.UP_EMBED}]},
+        },
+        "upstream_models": {
+            fx.UP_CHAT: {"deployments": [{"name": "fixed-json", "host": "127.0.0.1", "port": up[0]}]},
+            fx.UP_STREAM: {"deployments": [{"name": "fixed-sse", "host": "127.0.0.1", "port": up[1]}]},
+            fx.UP_EMBED: {"deployments": [{"name": "fixed-json", "host": "127.0.0.1", "port": up[0]}]},
+        },
+    }
+
+
+def start_gateway(tmp: Path, up: tuple[int, int]) -> tuple[System, Any]:
+    """The full stack through control.launcher.Stack (Envoy, ext_proc, PostgreSQL, Redis, usage writer);
+    only Envoy's worker count is set to 1 like every other Envoy here (the launcher uses 2)."""
+    from control.admin import Admin
+    from control.launcher import Proc, Stack
+    from extproc.settings import Settings
+
+    class BenchStack(Stack):
+        def _envoy_proc(self) -> Proc:
+            p = super()._envoy_proc()
+            if "--concurrency" in p.argv:
+                p.argv[p.argv.index("--concurrency") + 1] = "1"
+            else:
+                p.argv += ["--concurrency", "1"]
+            return p
+
+    base = _free_base()
+    cat = tmp / "gateway-catalog.yaml"
+    cat.write_text(yaml.safe_dump(gateway_catalog(up)))
+    settings = Settings.from_env(gateway_port=base, gateway_host="127.0.0.1", state_dir=str(tmp / "gateway"),
+                                 catalog=str(cat), database_url="", redis_url="", extproc_port=0,
+                                 admin_port=0, pg_port=0, redis_port=0, run_sim=False,
+                                 default_rpm=1_000_000_000, default_concurrency=1_000_000)
+    # The ext_proc child reads its limits from the environment; earlier launchers passed it only
+    # ports, state, catalog and URLs, so the overrides are put in the environment too (same values).
+    os.environ["GATEWAY_DEFAULT_RPM"] = str(settings.default_rpm)
+    os.environ["GATEWAY_DEFAULT_CONCURRENCY"] = str(settings.default_concurrency)
+    os.environ["GATEWAY_RUN_SIM"] = "0"
+    stack = BenchStack(settings)
+    try:
+        stack.start()
+    except BaseException:
+        stack.stop()
+        raise
+
+    async def make_key() -> tuple[str, str]:
+        import asyncpg
+        import redis.asyncio as aioredis
+        pool = await asyncpg.create_pool(stack.database_url, min_size=1, max_size=2)
+        r = aioredis.from_url(stack.redis_url)
+        try:
+            admin = Admin(pool, r)
+            org = await admin.create_org("bench", 10**15)  # a billion PLN: never runs out
+            _, key = await admin.create_key(org)
+            return org, key
+        finally:
+            await pool.close()
+            await r.aclose()
+
+    try:
+        org, key = asyncio.run(make_key())
+    except BaseException:
+        stack.stop()
+        raise
+    pid = stack.procs["extproc"].popen.pid
+    return System("gateway", "gateway (full stack)", base, key=key, pid=pid,
+                  note="control.launcher.Stack: Envoy + ext_proc + Redis + PostgreSQL + usage writer",
+                  extra={"org": org}), stack
+
+
+# ---- LiteLLM ----------------------------------------------------------------------------------
+def ensure_litellm(log: Path) -> str | None:
+    """The litellm binary of bench/.venv-litellm, installing litellm[proxy] there if needed; None if it
+    cannot be installed (the reason is in the log)."""
+    binary = LITELLM_VENV / "bin" / "litellm"
+    stamp = LITELLM_VENV / ".installed"
+    if binary.exists() and stamp.exists():
+        return str(binary)
+    print("bench: installing litellm[proxy] into bench/.venv-litellm (first run only) ...", flush=True)
+    with open(log, "ab") as out:
+        try:
+            if not (LITELLM_VENV / "bin" / "python").exists():
+                subprocess.run([getattr(sys, "_base_executable", "python3"), "-m", "venv",
+                                str(LITELLM_VENV)], check=True, stdout=out, stderr=subprocess.STDOUT)
+            subprocess.run([str(LITELLM_VENV / "bin" / "pip"), "install", "--quiet", "litellm[proxy]"],
+                           check=True, stdout=out, stderr=subprocess.STDOUT, timeout=900)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError):
+            return None
+    if not binary.exists():
+        return None
+    stamp.touch()
+    return str(binary)
+
+
+def launch_litellm(procs: Procs, tmp: Path, up: tuple[int, int], binary: str) -> System:
+    port = free_port()
+    api = lambda p: f"http://127.0.0.1:{p}/v1"  # noqa: E731
+    cfg = {"model_list": [
+        {"model_name": fx.CHAT_ALIAS, "litellm_params": {"model": f"openai/{fx.UP_CHAT}", "api_base": api(up[0]),
+                                                          "api_key": "sk-none"}},
+        {"model_name": fx.STREAM_ALIAS, "litellm_params": {"model": f"openai/{fx.UP_STREAM}",
+                                                            "api_base": api(up[1]), "api_key": "sk-none"}},
+        {"model_name": fx.EMBED_ALIAS, "litellm_params": {"model": f"openai/{fx.UP_EMBED}", "api_base": api(up[0]),
+                                                           "api_key": "sk-none"}}]}
+    path = tmp / "litellm.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    workers = os.cpu_count() or 1
+    env = dict(os.environ, HF_HUB_OFFLINE="1", LITELLM_LOCAL_MODEL_COST_MAP="True",
+               LITELLM_MASTER_KEY=LITELLM_KEY, LITELLM_LOG="ERROR", LITELLM_TELEMETRY="False")
+    for k in ("DATABASE_URL", "REDIS_URL"):  # no database: LiteLLM's lightest mode
+        env.pop(k, None)
+    procs.start("litellm", [binary, "--config", str(path), "--host", "127.0.0.1", "--port", str(port),
+                            "--num_workers", str(workers)], env=env, cwd=str(tmp))
+    return System("litellm", "LiteLLM proxy", port, key=LITELLM_KEY,
+                  note=f"litellm[proxy], {workers} workers (one per core), no database")
+
+
+def litellm_ready(port: int) -> bool:
+    return http_ok(f"http://127.0.0.1:{port}/health/liveliness")

@@ -1,0 +1,323 @@
+"""deploy/k8s agrees with the code (no cluster needed: every manifest is only parsed).
+
+Settings names come from extproc/settings.py (ENV_VARS), ports from Settings with the manifests'
+environment, the catalog from control/catalog.yaml; selectors match labels, the HPA and the PDB target
+the gateway Deployment, probes and the drain hook point at declared container ports, and the Envoy
+config the image's entrypoint renders with that environment listens where the manifests say."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from extproc import catalog as catalog_mod
+from extproc.settings import ENV_VARS, Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+K8S = ROOT / "deploy" / "k8s"
+CATALOG = ROOT / "control" / "catalog.yaml"
+ENTRYPOINT = ROOT / "deploy" / "docker" / "entrypoint.py"
+LOOPBACK_PORT = re.compile(r"127\.0\.0\.1:(\d+)")
+
+
+@pytest.fixture(scope="module")
+def kustomization() -> dict[str, Any]:
+    doc = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert doc["kind"] == "Kustomization"
+    return doc
+
+
+@pytest.fixture(scope="module")
+def objects(kustomization: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for res in kustomization["resources"]:
+        for doc in yaml.safe_load_all((K8S / res).read_text()):
+            if doc is None:
+                continue
+            assert {"apiVersion", "kind", "metadata"} <= set(doc), res
+            key = (doc["kind"], doc["metadata"]["name"])
+            assert key not in out, f"{key} defined twice"
+            out[key] = doc
+    return out
+
+
+def get(objects: dict[tuple[str, str], dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    assert (kind, name) in objects, f"no {kind} {name} in deploy/k8s"
+    return objects[(kind, name)]
+
+
+def pod_spec(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj["spec"]["template"]["spec"]
+
+
+def containers(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in pod_spec(obj)["containers"]}
+
+
+def ports(c: dict[str, Any]) -> dict[str, int]:
+    return {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+
+
+def env_of(objects: dict[tuple[str, str], dict[str, Any]], c: dict[str, Any]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for src in c.get("envFrom", []):
+        if "configMapRef" in src:
+            env.update(get(objects, "ConfigMap", src["configMapRef"]["name"])["data"])
+        if "secretRef" in src:
+            env.update(get(objects, "Secret", src["secretRef"]["name"])["stringData"])
+    for e in c.get("env", []):
+        env[e["name"]] = str(e.get("value", ""))
+    return env
+
+
+def settings_of(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    for name in ENV_VARS.values():
+        monkeypatch.delenv(name, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return Settings.from_env()
+
+
+def probe_ports(probe: dict[str, Any], c: dict[str, Any]) -> list[int]:
+    """The container ports a probe or hook reaches: httpGet/tcpSocket/grpc ports (by name or number),
+    or the loopback ports an exec command dials."""
+    declared = ports(c)
+    out: list[int] = []
+    for kind in ("httpGet", "tcpSocket", "grpc"):
+        if kind in probe:
+            p = probe[kind]["port"]
+            out.append(declared[p] if isinstance(p, str) else int(p))
+    if "exec" in probe:
+        out.extend(int(p) for p in LOOPBACK_PORT.findall(" ".join(probe["exec"]["command"])))
+    return out
+
+
+# ---- files and kinds ----------------------------------------------------------------------------
+
+def test_every_manifest_is_listed_and_parses(kustomization: dict[str, Any],
+                                            objects: dict[tuple[str, str], dict[str, Any]]) -> None:
+    listed = set(kustomization["resources"])
+    on_disk = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == on_disk, f"kustomization.yaml resources differ from the files: {listed ^ on_disk}"
+    kinds = {k for k, _ in objects}
+    assert {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Job", "ConfigMap",
+            "Secret"} <= kinds
+    ns = kustomization["namespace"]
+    assert get(objects, "Namespace", ns)
+    for (kind, name), obj in objects.items():
+        assert "namespace" not in obj["metadata"] or obj["metadata"]["namespace"] == ns, (kind, name)
+
+
+def test_env_var_names_are_settings(objects: dict[tuple[str, str], dict[str, Any]]) -> None:
+    known = set(ENV_VARS.values())
+    settings = get(objects, "ConfigMap", "gateway-settings")["data"]
+    secret = get(objects, "Secret", "gateway-secrets")["stringData"]
+    names = set(settings) | set(secret)
+    for obj in objects.values():
+        if obj["kind"] in ("Deployment", "Job"):
+            for c in containers(obj).values():
+                names |= {e["name"] for e in c.get("env", [])}
+    unknown = sorted(names - known)
+    assert not unknown, f"deploy/k8s sets variables that extproc/settings.py does not read: {unknown}"
+    assert {"DATABASE_URL", "REDIS_URL"} <= set(secret), "PostgreSQL and Redis are given by URL in the Secret"
+    assert not {"DATABASE_URL", "REDIS_URL"} & set(settings), "URLs (with passwords) belong in the Secret"
+    assert secret["DATABASE_URL"].startswith("postgresql://") and secret["REDIS_URL"].startswith("redis")
+    assert all(isinstance(v, str) for v in {**settings, **secret}.values()), "ConfigMap/Secret values are strings"
+
+
+# ---- the gateway pods ---------------------------------------------------------------------------
+
+def test_gateway_pod_runs_envoy_and_extproc(objects: dict[tuple[str, str], dict[str, Any]]) -> None:
+    dep = get(objects, "Deployment", "gateway")
+    cs = containers(dep)
+    assert set(cs) == {"envoy", "extproc"}
+    assert cs["envoy"]["image"] == cs["extproc"]["image"]
+    # the image's entrypoint (deploy/docker/entrypoint.py) runs these: `command` would replace it
+    assert "command" not in cs["envoy"] and "command" not in cs["extproc"]
+    assert cs["envoy"]["args"][0] == "envoy"
+    assert cs["extproc"]["args"] == ["python", "-m", "extproc"]
+    assert 'cmd == "envoy"' in ENTRYPOINT.read_text() and 'cmd == "migrate"' in ENTRYPOINT.read_text()
+    for c in cs.values():
+        res = c["resources"]
+        assert {"cpu", "memory"} <= set(res["requests"]) and {"cpu", "memory"} <= set(res["limits"]), c["name"]
+        assert c["readinessProbe"] and c["livenessProbe"], c["name"]
+
+
+def test_ports_agree_with_settings(objects: dict[tuple[str, str], dict[str, Any]],
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    dep = get(objects, "Deployment", "gateway")
+    cs = containers(dep)
+    envoy_env, ext_env = env_of(objects, cs["envoy"]), env_of(objects, cs["extproc"])
+    s = settings_of(envoy_env, monkeypatch)
+    x = settings_of(ext_env, monkeypatch)
+    assert (s.gateway_port, s.grpc_port, s.envoy_admin_port, s.catalog) == \
+        (x.gateway_port, x.grpc_port, x.envoy_admin_port, x.catalog)
+    assert s.gateway_host == "0.0.0.0", "Envoy must listen on the pod address"
+    assert ports(cs["envoy"]) == {"http": s.gateway_port, "envoy-admin": s.envoy_admin_port}
+    assert ports(cs["extproc"]) == {"extproc-grpc": x.grpc_port, "metrics": x.metrics_http_port}
+    assert x.metrics_http_port == 9464 and x.metrics_host == "0.0.0.0", "metrics scraped from the pod address"
+    ann = dep["spec"]["template"]["metadata"]["annotations"]
+    assert ann["prometheus.io/scrape"] == "true"
+    assert int(ann["prometheus.io/port"]) == x.metrics_http_port
+    assert ann["prometheus.io/path"] == "/metrics"
+    assert not x.run_sim
+
+
+def test_probes_and_drain_point_at_declared_ports(objects: dict[tuple[str, str], dict[str, Any]],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    dep = get(objects, "Deployment", "gateway")
+    cs = containers(dep)
+    s = settings_of(env_of(objects, cs["envoy"]), monkeypatch)
+    envoy, ext = cs["envoy"], cs["extproc"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert probe_ports(envoy[probe], envoy) == [s.envoy_admin_port]
+        assert "/ready" in " ".join(envoy[probe]["exec"]["command"])
+        assert probe_ports(ext[probe], ext) == [s.grpc_port]
+        assert "HealthStub" in " ".join(ext[probe]["exec"]["command"])
+        for c in (envoy, ext):
+            assert set(probe_ports(c[probe], c)) <= set(ports(c).values()), (c["name"], probe)
+    pre = " ".join(envoy["lifecycle"]["preStop"]["exec"]["command"])
+    assert f"127.0.0.1:{s.envoy_admin_port}/drain_listeners?graceful" in pre and "method='POST'" in pre
+    envoy_wait = int(re.search(r"sleep (\d+)", pre).group(1))  # type: ignore[union-attr]
+    ext_wait = int(re.search(r"sleep (\d+)", " ".join(ext["lifecycle"]["preStop"]["exec"]["command"])).group(1))  # type: ignore[union-attr]
+    assert ext_wait > envoy_wait, "the ext_proc must outlive Envoy's drain"
+    grace = pod_spec(dep)["terminationGracePeriodSeconds"]
+    assert grace >= ext_wait + settings_of(env_of(objects, ext), monkeypatch).drain_grace_s
+    drain = envoy["args"][envoy["args"].index("--drain-time-s") + 1]
+    assert int(drain) <= envoy_wait
+
+
+def test_extproc_serves_grpc_health() -> None:
+    """The exec probe asks the standard gRPC health service, which the ext_proc registers."""
+    src = (ROOT / "extproc" / "__main__.py").read_text()
+    assert "add_HealthServicer_to_server" in src
+
+
+def test_selectors_match_labels(objects: dict[tuple[str, str], dict[str, Any]]) -> None:
+    pods = {name: obj["spec"]["template"]["metadata"]["labels"] for (kind, name), obj in objects.items()
+            if kind in ("Deployment", "Job")}
+    for (kind, name), obj in objects.items():
+        if kind == "Deployment":
+            sel = obj["spec"]["selector"]["matchLabels"]
+            assert sel.items() <= pods[name].items(), name
+    for svc, target in (("gateway", "gateway"), ("console", "console")):
+        sel = get(objects, "Service", svc)["spec"]["selector"]
+        matching = [n for n, labels in pods.items() if sel.items() <= labels.items()]
+        assert matching == [target], (svc, matching)
+    pdb = get(objects, "PodDisruptionBudget", "gateway")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pods["gateway"].items()
+    assert [n for n, labels in pods.items() if pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()] \
+        == ["gateway"]
+    assert pdb["spec"].get("minAvailable", 0) >= 1 or "maxUnavailable" in pdb["spec"]
+
+
+def test_hpa_targets_the_gateway(objects: dict[tuple[str, str], dict[str, Any]]) -> None:
+    hpa = get(objects, "HorizontalPodAutoscaler", "gateway")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    ref = hpa["spec"]["scaleTargetRef"]
+    assert (ref["apiVersion"], ref["kind"], ref["name"]) == ("apps/v1", "Deployment", "gateway")
+    assert 2 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    assert get(objects, "PodDisruptionBudget", "gateway")["spec"]["minAvailable"] < hpa["spec"]["minReplicas"]
+    # CPU utilisation needs CPU requests on every container of the pod
+    assert all("cpu" in c["resources"]["requests"] for c in containers(get(objects, "Deployment", "gateway")).values())
+
+
+def test_services_target_declared_ports(objects: dict[tuple[str, str], dict[str, Any]],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    for svc, dep in (("gateway", "gateway"), ("console", "console")):
+        declared: dict[str, int] = {}
+        for c in containers(get(objects, "Deployment", dep)).values():
+            declared.update(ports(c))
+        for p in get(objects, "Service", svc)["spec"]["ports"]:
+            t = p["targetPort"]
+            assert (t in declared) if isinstance(t, str) else (t in declared.values()), (svc, p)
+    gw = {p["name"]: p for p in get(objects, "Service", "gateway")["spec"]["ports"]}
+    assert gw["http"]["port"] == Settings().gateway_port
+    assert gw["metrics"]["port"] == 9464
+
+
+def test_volumes_and_catalog_path(objects: dict[tuple[str, str], dict[str, Any]],
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    for (kind, name), obj in objects.items():
+        if kind != "Deployment":
+            continue
+        vols = {v["name"]: v for v in pod_spec(obj).get("volumes", [])}
+        for c in containers(obj).values():
+            s = settings_of(env_of(objects, c), monkeypatch)
+            mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+            assert set(mounts.values()) <= set(vols), (name, c["name"])
+            # the state dir (rendered Envoy config, console secret fallback) is writable: an emptyDir
+            assert "emptyDir" in vols[mounts[s.state_dir]], (name, c["name"])
+            if name == "gateway":
+                cat_dir, cat_file = s.catalog.rsplit("/", 1)
+                vol = vols[mounts[cat_dir]]
+                cm = get(objects, "ConfigMap", vol["configMap"]["name"])
+                assert cat_file in cm["data"]
+
+
+def test_catalog_configmap_matches_the_catalog(objects: dict[tuple[str, str], dict[str, Any]],
+                                               tmp_path: Path) -> None:
+    text = get(objects, "ConfigMap", "gateway-catalog")["data"]["catalog.yaml"]
+    path = tmp_path / "catalog.yaml"
+    path.write_text(text)
+    k8s = catalog_mod.load(path)  # a valid catalog for the ext_proc
+    demo = catalog_mod.load(CATALOG)
+    ours, theirs = yaml.safe_load(text), yaml.safe_load(CATALOG.read_text())
+    assert ours["aliases"] == theirs["aliases"], "aliases, limits, prices and upstreams as control/catalog.yaml"
+    assert set(ours["upstream_models"]) == set(theirs["upstream_models"])
+    assert set(k8s.aliases) == set(demo.aliases)
+    for model in ours["upstream_models"].values():
+        for d in model["deployments"]:
+            assert d["host"] not in ("127.0.0.1", "localhost"), "no simulator runs in the cluster"
+
+
+# ---- console and migrations ---------------------------------------------------------------------
+
+def test_console_deployment(objects: dict[tuple[str, str], dict[str, Any]],
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    dep = get(objects, "Deployment", "console")
+    (c,) = containers(dep).values()
+    assert c["args"] == ["python", "-m", "control.console"]
+    s = settings_of(env_of(objects, c), monkeypatch)
+    assert s.console_http_port == 8081 and ports(c) == {"http": 8081}
+    assert s.gateway_host == "0.0.0.0", "the console listens on GATEWAY_HOST"
+    assert s.console_secret and s.smtp_host, "console secret and SMTP server are set (no local capture)"
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["path"] == "/healthz"
+        assert probe_ports(c[probe], c) == [8081]
+    assert get(objects, "Service", "console")["spec"]["ports"][0]["port"] == 8081
+    gw_image = containers(get(objects, "Deployment", "gateway"))["envoy"]["image"]
+    assert c["image"] == gw_image
+
+
+def test_migrations_job(objects: dict[tuple[str, str], dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    job = get(objects, "Job", "gateway-migrate")
+    (c,) = containers(job).values()
+    assert c["args"] == ["migrate"] and "command" not in c
+    assert pod_spec(job)["restartPolicy"] in ("OnFailure", "Never")
+    assert settings_of(env_of(objects, c), monkeypatch).database_url.startswith("postgresql://")
+    assert c["image"] == containers(get(objects, "Deployment", "gateway"))["envoy"]["image"]
+
+
+def test_rendered_envoy_config_matches(objects: dict[tuple[str, str], dict[str, Any]],
+                                       monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The entrypoint's rendering with the pod's settings: the listener and admin ports the manifests
+    declare, and clusters for the ConfigMap catalog's model servers (DNS names)."""
+    from control import envoy_config
+
+    cs = containers(get(objects, "Deployment", "gateway"))
+    env = env_of(objects, cs["envoy"])
+    cat = tmp_path / "catalog.yaml"
+    cat.write_text(get(objects, "ConfigMap", "gateway-catalog")["data"]["catalog.yaml"])
+    env.update(GATEWAY_STATE_DIR=str(tmp_path / "state"), GATEWAY_CATALOG=str(cat))
+    s = settings_of(env, monkeypatch)
+    cds = envoy_config.write_cds(catalog_mod.load(cat), s)
+    boot = envoy_config.write_bootstrap(s)
+    text = Path(boot).read_text()
+    assert f"port_value: {s.gateway_port}" in text or f'"port_value": {s.gateway_port}' in text
+    assert str(s.envoy_admin_port) in text and str(s.grpc_port) in text
+    clusters = Path(cds).read_text() if cds else (s.state / "envoy" / "cds.yaml").read_text()
+    assert "vllm-a.models.svc.cluster.local" in clusters
