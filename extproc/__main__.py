@@ -49,10 +49,12 @@ async def watch_catalog(path: str, gw: Gateway, every: float = 0.5, settle: floa
 
 async def serve(settings: Settings) -> None:
     cat = catalog_mod.load(settings.catalog)
-    # A restarted Redis leaves dead pooled connections: a failed call is retried on a new one.
-    r = aioredis.from_url(settings.redis_url, socket_timeout=2, socket_connect_timeout=2,
-                          health_check_interval=10, retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2),
-                          retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError])
+    # A restarted Redis leaves dead pooled connections: a failed call is retried on a new one.  The pool
+    # waits for a free connection rather than failing when every one is busy.
+    r = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(
+        settings.redis_url, max_connections=512, timeout=5, socket_timeout=2, socket_connect_timeout=2,
+        health_check_interval=10, retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2),
+        retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError]))
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=4)
     store = Store(r, default_rpm=settings.default_rpm, default_concurrency=settings.default_concurrency,
                   lease_s=int(settings.total_timeout_s) + 60, key_ttl_s=settings.key_cache_ttl_s)

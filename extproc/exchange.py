@@ -12,7 +12,7 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Callable
 
 from . import metrics
@@ -231,7 +231,8 @@ class Exchange:
         if (p.stream and self.status == 200
                 and headers.get("content-type", "").startswith("text/event-stream")):
             self.relay = StreamRelay(p.upstream_model, p.alias.id, p.client_wants_usage)
-            return Answer(stream_response=True)
+            # the relay changes the length of what passes: a model server's length no longer holds
+            return Answer(stream_response=True, remove_headers=["content-length"])
         return Answer()
 
     async def response_body(self, body: bytes, end_of_stream: bool) -> Answer:
@@ -304,7 +305,7 @@ class Exchange:
     def _pending(self) -> str:
         """The journal entry while in flight: what is billed if this process dies (estimated input)."""
         rec = self._record((self.prepared.estimated_prompt_tokens, 0) if self.prepared else (0, 0), True, "", "")
-        return self.gw.owner + "|" + json.dumps(asdict(rec), separators=(",", ":"))
+        return self.gw.owner + "|" + rec.to_json()
 
     async def _bill(self, tokens: tuple[int, int] | None, *, estimated: bool = False) -> None:
         """Release the slot and record the request once; ``None`` tokens: nothing billed."""

@@ -15,7 +15,6 @@ Redis layout (all keys under ``gw:``):
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -136,7 +135,7 @@ class Store:
 
     async def finish(self, org_id: str, request_id: str, record: UsageRecord | None) -> None:
         """Release the request's slot and, with a record, debit its cost and queue the record (once)."""
-        payload = "" if record is None else json.dumps(asdict(record), separators=(",", ":"))
+        payload = "" if record is None else record.to_json()
         await self._finish(keys=[USAGE_STREAM], args=[org_id, request_id, 0 if record is None
                                                       else record.cost_micro_pln, payload])
 
