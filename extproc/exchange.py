@@ -62,6 +62,7 @@ class Gateway:
     pick: Callable[[Alias], str | None]
     clock: Callable[[], float] = time.time
     max_body_bytes: int = 20 * 1024 * 1024
+    auth_cache: "AuthCache" = field(default_factory=lambda: AuthCache())
     owner: str = field(default_factory=lambda: uuid.uuid4().hex)  # this process, in the in-flight journal
     _retrying: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -90,6 +91,32 @@ class Gateway:
     def upstream_for(self, alias: Alias) -> str | None:
         up = self.pick(alias)
         return up if up is not None and self.catalog.has_capacity(up) else None
+
+
+class AuthCache:
+    """Successful authentications, kept for half a second in this process: enough to spare Redis a round
+    trip on ``GET /v1/models`` under load, short enough that a revocation or suspension still takes
+    effect within a second (SPEC section 3)."""
+
+    def __init__(self, ttl: float = 0.5, size: int = 10000, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl = ttl
+        self.size = size
+        self.clock = clock
+        self._entries: dict[str, tuple[float, Admission]] = {}
+
+    def get(self, key_hash: str) -> Admission | None:
+        hit = self._entries.get(key_hash)
+        if hit is None:
+            return None
+        if hit[0] < self.clock():
+            del self._entries[key_hash]
+            return None
+        return hit[1]
+
+    def put(self, key_hash: str, adm: Admission) -> None:
+        if len(self._entries) >= self.size:
+            self._entries.clear()
+        self._entries[key_hash] = (self.clock() + self.ttl, adm)
 
 
 def _error_answer(err: ApiError, request_id: str) -> Answer:
@@ -201,6 +228,18 @@ class Exchange:
             body=prepared.body, clear_route_cache=True)
 
     async def _admit(self, *, limits: bool) -> Admission:
+        assert self.key_hash is not None
+        if not limits:  # authentication only (models, unsupported paths): a recent answer will do
+            cached = self.gw.auth_cache.get(self.key_hash)
+            if cached is not None:
+                self.admission = cached
+                return cached
+        adm = await self._admit_redis(limits)
+        if not limits and adm.error is None:
+            self.gw.auth_cache.put(self.key_hash, adm)
+        return adm
+
+    async def _admit_redis(self, limits: bool) -> Admission:
         assert self.key_hash is not None
         pending = self._pending() if limits else ""
         for _ in range(3):

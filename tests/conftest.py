@@ -32,7 +32,9 @@ def _free(port: int) -> bool:
 
 def free_base(span: int = 20) -> int:
     for _ in range(200):
-        base = random.randrange(20000, 50000, span)
+        # below the kernel's ephemeral range (32768+), so that no outgoing connection takes a port of a
+        # component that is being restarted
+        base = random.randrange(10000, 32000, span)
         if all(_free(base + i) for i in range(span)):
             return base
     raise RuntimeError("no free port range")

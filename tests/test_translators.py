@@ -92,3 +92,19 @@ def test_bad_catalog_file_names_file_line_and_field(tmp_path) -> None:  # type: 
                        "    upstreams:\n      - {model: ghost}\nupstream_models: {}\n")
     with pytest.raises(CatalogError, match=r"route\.yaml: line 9: aliases\.a\.upstreams\[0\]\.model"):
         load(unknown)
+
+
+def test_auth_cache_expires_within_its_ttl() -> None:
+    from extproc.decisions import Admission, Identity
+    from extproc.exchange import AuthCache
+    now = [100.0]
+    cache = AuthCache(ttl=0.5, size=2, clock=lambda: now[0])
+    adm = Admission(Identity("k", "o"), None)
+    cache.put("h1", adm)
+    assert cache.get("h1") is adm and cache.get("h2") is None
+    now[0] += 0.51
+    assert cache.get("h1") is None  # a revocation is seen after at most the TTL
+    cache.put("a", adm)
+    cache.put("b", adm)
+    cache.put("c", adm)  # full: cleared, never grows past its size
+    assert cache.get("a") is None and cache.get("c") is adm
