@@ -23,6 +23,7 @@ from .directory import Directory
 from .exchange import Gateway
 from .server import Processor
 from .settings import Settings
+from .resp import RespClient
 from .store import Store, heartbeat
 from .usage_writer import UsageWriter
 
@@ -56,7 +57,7 @@ async def serve(settings: Settings) -> None:
         health_check_interval=10, retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2),
         retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError]))
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=4)
-    store = Store(r, default_rpm=settings.default_rpm, default_concurrency=settings.default_concurrency,
+    store = Store(r, RespClient.from_url(settings.redis_url), default_rpm=settings.default_rpm, default_concurrency=settings.default_concurrency,
                   lease_s=int(settings.total_timeout_s) + 60, key_ttl_s=settings.key_cache_ttl_s)
     gw = Gateway(catalog=cat, store=store, directory=Directory(pool), pick=lambda a: a.pick_upstream(),
                  max_body_bytes=settings.max_body_bytes)

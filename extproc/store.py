@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 
 from .decisions import Admission, Identity, UsageRecord
 from .errors import ApiError
+from .resp import RespClient
 
 USAGE_STREAM = "gw:usage"
 
@@ -97,13 +98,14 @@ class Miss(Exception):
 
 
 class Store:
-    def __init__(self, client: aioredis.Redis, *, default_rpm: int, default_concurrency: int,
+    """``fast`` carries the two per-request scripts; ``client`` (redis-py) the rare cache fills."""
+
+    def __init__(self, client: aioredis.Redis, fast: RespClient, *, default_rpm: int, default_concurrency: int,
                  lease_s: int, key_ttl_s: int) -> None:
         self.r = client
+        self.fast = fast
         self._defaults = (str(default_rpm), str(default_concurrency), str(lease_s))
         self._key_ttl = key_ttl_s
-        self._admit = client.register_script(_ADMIT)
-        self._finish = client.register_script(_FINISH)
         self._fill_key = client.register_script(_FILL_KEY)
         self._fill_org = client.register_script(_FILL_ORG)
 
@@ -111,7 +113,8 @@ class Store:
         """Authenticate and, with ``limits``, check balance, rate and concurrency and take a slot.
         ``pending`` is the journal entry kept while the request is in flight."""
         rpm, conc, lease = self._defaults
-        res = await self._admit(args=[key_hash, "1" if limits else "0", request_id, rpm, conc, lease, pending])
+        res = await self.fast.evalsha(_ADMIT, [], [key_hash, "1" if limits else "0", request_id, rpm, conc, lease,
+                                                    pending])
         tag = res[0].decode() if isinstance(res[0], bytes) else res[0]
         if tag == "bad_key":
             return Admission(None, INVALID_KEY)
@@ -136,8 +139,8 @@ class Store:
     async def finish(self, org_id: str, request_id: str, record: UsageRecord | None) -> None:
         """Release the request's slot and, with a record, debit its cost and queue the record (once)."""
         payload = "" if record is None else record.to_json()
-        await self._finish(keys=[USAGE_STREAM], args=[org_id, request_id, 0 if record is None
-                                                      else record.cost_micro_pln, payload])
+        await self.fast.evalsha(_FINISH, [USAGE_STREAM],
+                                [org_id, request_id, 0 if record is None else record.cost_micro_pln, payload])
 
     async def fill_key(self, key_hash: str, fields: dict[str, Any] | None) -> None:
         """Cache a key (fields) or its absence (None, for a short time)."""
