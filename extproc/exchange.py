@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import metrics
+from . import logs, metrics
 from .catalog import Alias, Catalog
 from .cost import cost_micro_pln
 from .decisions import Admission, UsageRecord
@@ -362,11 +362,10 @@ class Exchange:
 
     def _observe(self, r: UsageRecord) -> None:
         self._count(r.status, "" if r.status == 200 else "aborted")
-        log.info("request", extra={"request_id": r.request_id, "alias": r.alias, "endpoint": r.endpoint,
-                                   "status": r.status, "prompt_tokens": r.prompt_tokens,
-                                   "completion_tokens": r.completion_tokens, "estimated": r.estimated,
-                                   "cost_micro_pln": r.cost_micro_pln,
-                                   "duration_ms": int((r.ended_at - r.started_at) * 1000), "ttfb_ms": r.ttfb_ms})
+        logs.request_line(request_id=r.request_id, alias=r.alias, endpoint=r.endpoint, status=r.status,
+                          prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
+                          estimated=r.estimated, cost_micro_pln=r.cost_micro_pln,
+                          duration_ms=int((r.ended_at - r.started_at) * 1000), ttfb_ms=r.ttfb_ms)
         alias = r.alias
         metrics.TOKENS.labels("input", alias, alias).observe(r.prompt_tokens)
         if r.endpoint == CHAT:

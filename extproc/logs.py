@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 
 # Fields a caller may attach with ``extra=``; anything else is not written.
@@ -31,8 +32,24 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, separators=(",", ":"))
 
 
+_REQUESTS = logging.getLogger("extproc.requests")
+
+
+def request_line(**fields: object) -> None:
+    """One line per request (metadata only), written without the logging machinery's per-record cost;
+    stdout is block-buffered when it is a file, so lines reach it in batches."""
+    if _REQUESTS.isEnabledFor(logging.INFO):
+        sys.stdout.write(json.dumps({"time": _now(), "level": "info", "logger": "extproc.requests",
+                                     "msg": "request", **fields}, separators=(",", ":")) + "\n")
+
+
+def _now() -> str:
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+
+
 def setup(level: int = logging.INFO) -> None:
-    handler = logging.StreamHandler()
+    handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
