@@ -14,7 +14,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 MD = ROOT / "BENCHMARKS.md"
 CHART = ROOT / "bench" / "chart.svg"
-ORDER = ["direct", "bare_envoy", "minimal_extproc", "gateway", "litellm"]
+ORDER = ["direct", "bare_envoy", "minimal_extproc", "gateway", "gateway_w2", "litellm"]
 DATA_RE = re.compile(r"<!-- bench-data\n(.*?)\n-->", re.S)
 WORKERS_ROW = "gateway, 2 ext_proc processes (GATEWAY_EXTPROC_WORKERS=2)"
 
@@ -57,8 +57,27 @@ def rows(cmp: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                     rps("embeddings"), rps("models"), _f(p50, 2), _f(p99, 2),
                     "–" if name in ("bare_envoy",) else _f(d50, 2), "–" if name == "bare_envoy" else _f(d99, 2),
                     str(errs) + (f" (+{len(s['invalid'])} invalid)" if s["invalid"] else "")])
-    out.append([WORKERS_ROW] + ["not measured"] + [""] * (len(head) - 2))
+    if "gateway_w2" not in sy:  # an older comparison, or the one-process gateway failed its chat cell
+        out.append([WORKERS_ROW] + ["not measured"] + [""] * (len(head) - 2))
     return head, out
+
+
+def workers_rows(cmp: dict[str, Any]) -> list[list[str]]:
+    """Throughput vs ext_proc processes: non-streaming chat at 64 connections, 1 and 2 processes."""
+    sy = cmp["systems"]
+    one = sy.get("gateway", {}).get("cells", {}).get("chat")
+    out = [["1", _f(one["rps"]) if one else "not measured", "1.00×" if one else "–",
+            str(one["errors"]) if one else "–"]]
+    two = sy.get("gateway_w2", {}).get("cells", {}).get("chat")
+    if two:
+        out.append(["2 (GATEWAY_EXTPROC_WORKERS=2)", _f(two["rps"]) + ("*" if two.get("noisy") else ""),
+                    f"{two['rps'] / one['rps']:.2f}×" if one and one["rps"] else "–", str(two["errors"])])
+    else:
+        out.append(["2 (GATEWAY_EXTPROC_WORKERS=2)", "not measured", "–", "–"])
+    return out
+
+
+WORKERS_HEAD = ["ext_proc processes", "chat req/s c64", "vs 1 process", "errors"]
 
 
 def ratios(cmp: dict[str, Any]) -> list[tuple[str, str]]:
@@ -87,16 +106,21 @@ FEW = ("`†` fewer than two requests completed per connection in the cell (QUIC
 def terminal_table(cmp: dict[str, Any]) -> str:
     head, body = rows(cmp)
     widths = [max(len(r[i]) for r in [head] + body) for i in range(len(head))]
-    widths[0] = max(len(r[0]) for r in [head] + body[:-1])
+    measured = [r for r in body if r[1] != "not measured"]
+    widths[0] = max(len(r[0]) for r in [head] + measured)
     lines = ["  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(head, widths)))]
     lines.append("-" * len(lines[0]))
-    for r in body[:-1]:
+    for r in measured:
         lines.append("  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths))))
-    lines.append(f"{WORKERS_ROW}: not measured")
+    lines += [f"{r[0]}: not measured" for r in body if r[1] == "not measured"]
     if any(x.get("noisy") for s in cmp["systems"].values() for x in s["cells"].values()):
         lines.append(NOISY)
     if any(x.get("few") for s in cmp["systems"].values() for x in s["cells"].values()):
         lines.append(FEW)
+    lines.append("")
+    lines.append("throughput vs ext_proc processes (gateway, chat c64): " + "; ".join(
+        f"{r[0].split(' ')[0]} → " + (f"{r[1]} req/s ({r[2]})" if r[1] != "not measured" else r[1])
+        for r in workers_rows(cmp)))
     lines.append("")
     lines.append("gateway throughput ratios:")
     for cell, text in ratios(cmp):
@@ -120,7 +144,7 @@ def _error_text(ed: dict[str, Any]) -> str:
 
 # ---- chart ---------------------------------------------------------------------------------------
 COLORS = {"direct": "#9e9e9e", "bare_envoy": "#4c78a8", "minimal_extproc": "#72b7b2", "gateway": "#e45756",
-          "litellm": "#b279a2"}
+          "gateway_w2": "#f58518", "litellm": "#b279a2"}
 
 
 def chart(cmp: dict[str, Any]) -> str:
@@ -168,10 +192,11 @@ def chart(cmp: dict[str, Any]) -> str:
             out.append(f'<text x="{x(c["rps"]) + 4:.1f}" y="{y + bar - 4}" fill="#333">{c["rps"]:,.0f}'
                        f'{" (" + str(c["errors"]) + " err)" if c["errors"] else ""}</text>')
     ly = top + height_g * len(groups) + 34
+    short = {"gateway_w2": "gateway, 2 ext_proc"}
     for ni, n in enumerate(names):
-        lx = left + ni * 120
-        out.append(f'<rect x="{lx}" y="{ly}" width="10" height="10" fill="{COLORS[n]}"/>')
-        out.append(f'<text x="{lx + 14}" y="{ly + 9}">{html.escape(sy[n]["label"])}</text>')
+        lx = left - 150 + ni * 130 if len(names) > 5 else left + ni * 120
+        out.append(f'<rect x="{lx}" y="{ly}" width="10" height="10" fill="{COLORS.get(n, "#666")}"/>')
+        out.append(f'<text x="{lx + 14}" y="{ly + 9}">{html.escape(short.get(n, sy[n]["label"]))}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
@@ -291,9 +316,20 @@ def update_markdown(doc: dict[str, Any]) -> None:
         parts.append("")
     else:
         parts += ["## Latest comparison", "", "Not run yet: `make bench`.", ""]
-    parts += ["## Throughput vs ext_proc processes", "",
-              "| ext_proc processes | chat req/s c64 |", "|---|---:|",
-              "| 1 | see the table above |", "| 2 (GATEWAY_EXTPROC_WORKERS=2) | not measured |", ""]
+    parts += ["## Throughput vs ext_proc processes", ""]
+    if c:
+        parts += ["The gateway stack with `GATEWAY_EXTPROC_WORKERS` ext_proc processes behind its one Envoy "
+                  "(`--concurrency 1`, least-request balancing of the requests' gRPC streams), non-streaming "
+                  f"chat at 64 connections, {c['machine']['cores']} cores; the 2-process stack is started after "
+                  "the 1-process one has stopped and measured the same way. Every process shares the cores with "
+                  "Envoy, Redis, PostgreSQL, wrk and the upstream: more processes than free cores buy nothing.", "",
+                  _md_table(WORKERS_HEAD, workers_rows(c["comparison"])), ""]
+        per = c["comparison"]["systems"].get("gateway_w2", {}).get("requests_per_process")
+        if per:
+            parts += ["Requests served per process over the 2-process stack's check, warm-up and cell: "
+                      + ", ".join(f"{k} {v:,}" for k, v in per.items()) + ".", ""]
+    else:
+        parts += ["Not run yet: `make bench`.", ""]
     s = data.get("soak")
     parts += ["## Soak", ""]
     if s:

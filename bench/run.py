@@ -31,6 +31,7 @@ from .systems import (ROOT, System, direct, ensure_litellm, launch_litellm, lite
                       start_gateway, start_minimal, start_upstream)
 
 RESULTS = ROOT / "bench" / "results"
+WORKERS = 2  # the "Throughput vs ext_proc processes" row: GATEWAY_EXTPROC_WORKERS of the second gateway stack
 
 # (cell id, scenario, connections); "latency" is the one-connection run.
 CELLS_FULL = [("latency", "chat", 1), ("chat", "chat", 64), ("chat_c256", "chat", 256),
@@ -189,8 +190,9 @@ def gateway_errors(stack: Any) -> dict[str, Any]:
         pass
     exc: Counter[str] = Counter()
     pat = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.*)$")
+    lines = (ln for f in sorted(stack.logs.glob("extproc*.log")) for ln in open(f))  # every ext_proc process
     try:
-        for line in open(stack.logs / "extproc.log"):
+        for line in lines:
             line = line.strip()
             if line.startswith("{"):  # JSON-lines logs: the exception's type and where it was raised
                 try:
@@ -207,6 +209,22 @@ def gateway_errors(stack: Any) -> dict[str, Any]:
         pass
     return {"statuses": dict(statuses), "details": dict(details.most_common(8)),
             "extproc_exceptions": dict(exc.most_common(5))}
+
+
+def per_process(stack: Any) -> dict[str, int]:
+    """Each ext_proc process's gateway_requests_total (its metrics endpoint): did Envoy balance?"""
+    import urllib.request
+    from control.envoy_config import extproc_workers
+    out: dict[str, int] = {}
+    for name, _, port in extproc_workers(stack.s):
+        try:
+            with urllib.request.urlopen(f"http://{stack.s.metrics_host}:{port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+            out[name] = int(sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+                                if ln.startswith("gateway_requests_total{")))
+        except OSError:
+            out[name] = -1
+    return out
 
 
 def compare(args: argparse.Namespace, tmp: Path, procs: Procs, stamp: str) -> dict[str, Any]:
@@ -253,6 +271,21 @@ def compare(args: argparse.Namespace, tmp: Path, procs: Procs, stamp: str) -> di
                 log(f"profile: {prof.get('error') or prof['svg']}")
         if "gateway" in results:
             results["gateway"]["error_detail"] = gateway_errors(stack)
+        if "chat" in results.get("gateway", {}).get("cells", {}):
+            # Throughput vs ext_proc processes: the same stack again with GATEWAY_EXTPROC_WORKERS=2,
+            # non-streaming chat at 64 connections only, after the one-process stack has stopped.
+            t_stop = time.monotonic()
+            stack.stop()
+            stack = None
+            log(f"gateway stack stopped in {time.monotonic() - t_stop:.1f} s")
+            gw2, stack = start_gateway(tmp, up, workers=WORKERS)
+            log(f"gateway stack with {WORKERS} ext_proc processes up on :{gw2.port}")
+            log(f"--- {gw2.label} ---")
+            # warmed like the one-process stack, whose chat cell came after its latency cell
+            measure(gw2, [c for c in cells if c[0] == "chat"], secs, max(warm, 1.0), bodies, results, quick)
+            results[gw2.name]["error_detail"] = gateway_errors(stack)
+            results[gw2.name]["requests_per_process"] = per_process(stack)
+            log(f"requests served per ext_proc process: {results[gw2.name]['requests_per_process']}")
         return {"mode": "quick" if quick else "full", "cell_seconds": secs, "systems": results,
                 "litellm_note": litellm_note, "profile": prof,
                 "stream_chunks_per_reply": fx.STREAM_CHUNKS,
@@ -324,7 +357,7 @@ def headline(cmp: dict[str, Any] | None, sk: dict[str, Any] | None) -> dict[str,
         "rps_gateway", "rps_bare_envoy", "rps_minimal_extproc", "rps_litellm", "ratio_vs_envoy",
         "ratio_vs_minimal", "ratio_vs_litellm", "overhead_p50_ms", "overhead_p50_minimal_ms",
         "overhead_p99_ms", "stream_chunks_per_s", "stream_ratio_vs_minimal", "models_ratio_vs_minimal",
-        "errors", "rss_growth_pct")}
+        "errors", "rss_growth_pct", "rps_gateway_2_extproc")}
     if cmp:
         sy = cmp["systems"]
 
@@ -346,6 +379,8 @@ def headline(cmp: dict[str, Any] | None, sk: dict[str, Any] | None) -> dict[str,
                   "overhead_p50_minimal_ms": diff_ms(cell("minimal_extproc", "latency", "p50_us"),
                                                      cell("bare_envoy", "latency", "p50_us")),
                   "overhead_p99_ms": diff_ms(cell("gateway", "latency", "p99_us"), cell("bare_envoy", "latency", "p99_us"))})
+        rw = cell(f"gateway_w{WORKERS}", "chat")
+        h["rps_gateway_2_extproc"] = rw and round(rw, 1)
         sg = cell("gateway", "stream")
         h["stream_chunks_per_s"] = None if sg is None else round(sg * cmp["stream_chunks_per_reply"], 1)
         h["stream_ratio_vs_minimal"] = ratio(sg, cell("minimal_extproc", "stream"))

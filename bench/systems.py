@@ -111,9 +111,10 @@ def gateway_catalog(up: tuple[int, int]) -> dict[str, Any]:
     }
 
 
-def start_gateway(tmp: Path, up: tuple[int, int]) -> tuple[System, Any]:
+def start_gateway(tmp: Path, up: tuple[int, int], workers: int = 1) -> tuple[System, Any]:
     """The full stack through control.launcher.Stack (Envoy, ext_proc, PostgreSQL, Redis, usage writer);
-    only Envoy's worker count is set to 1 like every other Envoy here (the launcher uses 2)."""
+    only Envoy's worker count is set to 1 like every other Envoy here (the launcher uses 2).
+    ``workers``: GATEWAY_EXTPROC_WORKERS (ext_proc processes behind that one Envoy)."""
     from control.admin import Admin
     from control.launcher import Proc, Stack
     from extproc.settings import Settings
@@ -130,7 +131,9 @@ def start_gateway(tmp: Path, up: tuple[int, int]) -> tuple[System, Any]:
     base = _free_base()
     cat = tmp / "gateway-catalog.yaml"
     cat.write_text(yaml.safe_dump(gateway_catalog(up)))
+    # A later stack (another worker count) reuses the state directory: no second initdb.
     settings = Settings.from_env(gateway_port=base, gateway_host="127.0.0.1", state_dir=str(tmp / "gateway"),
+                                 extproc_workers=workers,
                                  catalog=str(cat), database_url="", redis_url="", extproc_port=0,
                                  admin_port=0, pg_port=0, redis_port=0, run_sim=False,
                                  default_rpm=1_000_000_000, default_concurrency=1_000_000)
@@ -166,9 +169,13 @@ def start_gateway(tmp: Path, up: tuple[int, int]) -> tuple[System, Any]:
         stack.stop()
         raise
     pid = stack.procs["extproc"].popen.pid
-    return System("gateway", "gateway (full stack)", base, key=key, pid=pid,
-                  note="control.launcher.Stack: Envoy + ext_proc + Redis + PostgreSQL + usage writer",
-                  extra={"org": org}), stack
+    if workers == 1:
+        return System("gateway", "gateway (full stack)", base, key=key, pid=pid,
+                      note="control.launcher.Stack: Envoy + ext_proc + Redis + PostgreSQL + usage writer",
+                      extra={"org": org}), stack
+    return System(f"gateway_w{workers}", f"gateway, {workers} ext_proc processes (GATEWAY_EXTPROC_WORKERS={workers})",
+                  base, key=key, pid=pid, note=f"the same stack with {workers} ext_proc processes behind its one "
+                  "Envoy (least-request balancing)", extra={"org": org, "workers": workers}), stack
 
 
 # ---- LiteLLM ----------------------------------------------------------------------------------

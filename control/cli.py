@@ -104,8 +104,8 @@ Ctrl-C stops every process.""", flush=True)
 
 
 async def status(s: Settings) -> dict[str, dict[str, Any]]:
-    """Every component's health: Envoy's readiness, the ext_proc's gRPC health, PostgreSQL, Redis,
-    the simulators and the console."""
+    """Every component's health: Envoy's readiness, each ext_proc process's gRPC health and metrics
+    endpoint, PostgreSQL, Redis, the simulators and the console."""
     import asyncpg
     import grpc
     import redis.asyncio as aioredis
@@ -123,14 +123,26 @@ async def status(s: Settings) -> dict[str, dict[str, Any]]:
 
     out: dict[str, dict[str, Any]] = {}
     out["envoy"] = http(f"http://127.0.0.1:{s.envoy_admin_port}/ready")
+    import dataclasses
+    from .envoy_config import extproc_workers
+    n = s.extproc_workers  # the running stack's count when it recorded one (stack.json), else the setting
     try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{s.grpc_port}") as ch:
-            res = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
-        out["extproc"] = {"ok": res.status == health_pb2.HealthCheckResponse.SERVING,
-                          "detail": health_pb2.HealthCheckResponse.ServingStatus.Name(res.status)}
-    except Exception as e:  # noqa: BLE001
-        out["extproc"] = {"ok": False, "detail": type(e).__name__}
-    out["metrics"] = http(f"http://{s.metrics_host}:{s.metrics_http_port}/metrics")
+        rec = json.loads((s.state / "stack.json").read_text())
+        if rec.get("gateway_port") == s.gateway_port:
+            n = int(rec.get("extproc_workers", n))
+    except (OSError, ValueError, AttributeError):
+        pass
+    workers = extproc_workers(dataclasses.replace(s, extproc_workers=n))  # "extproc", "extproc-2", ...
+    for name, grpc_port, _ in workers:
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
+                res = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+            out[name] = {"ok": res.status == health_pb2.HealthCheckResponse.SERVING,
+                         "detail": health_pb2.HealthCheckResponse.ServingStatus.Name(res.status)}
+        except Exception as e:  # noqa: BLE001
+            out[name] = {"ok": False, "detail": type(e).__name__}
+    for name, _, metrics_port in workers:
+        out["metrics" + name[len("extproc"):]] = http(f"http://{s.metrics_host}:{metrics_port}/metrics")
     out["console"] = http(f"http://127.0.0.1:{s.console_http_port}/login")
     try:
         db, rd = _urls(s)

@@ -21,9 +21,62 @@ def idle_budget(s: Settings) -> float:
     return max(s.idle_timeout_s, 2 * s.first_byte_timeout_s + 1)
 
 
+MAX_EXTPROC_WORKERS = 64
+
+
+def extproc_workers(s: Settings) -> list[tuple[str, int, int]]:
+    """The ext_proc processes of one gateway instance: (name, gRPC port, metrics port) each.  The first is
+    "extproc" on ``GATEWAY_EXTPROC_PORT`` / ``GATEWAY_METRICS_PORT``; worker k (k = 1 .. N-1) is
+    "extproc-<k+1>" on gRPC port + 100 + k and metrics port + 200 + k (defaults: 8191.., 9665..), which
+    with at most 64 workers stays clear of gateway_port + 1..19 and of each other.  Ports that would
+    collide anyway (explicit settings) are refused here."""
+    n = s.extproc_workers
+    if not 1 <= n <= MAX_EXTPROC_WORKERS:
+        raise ValueError(f"GATEWAY_EXTPROC_WORKERS must be 1..{MAX_EXTPROC_WORKERS}, not {n}")
+    out = [("extproc", s.grpc_port, s.metrics_http_port)]
+    out += [(f"extproc-{k + 1}", s.grpc_port + 100 + k, s.metrics_http_port + 200 + k) for k in range(1, n)]
+    extra = [p for _, g, m in out[1:] for p in (g, m)]
+    taken = {s.gateway_port + i for i in range(20)} | {s.grpc_port, s.metrics_http_port, s.envoy_admin_port,
+                                                       s.console_http_port, s.pg_port, s.redis_port}
+    clash = sorted({p for p in extra if p in taken or extra.count(p) > 1})
+    if clash:
+        raise ValueError(f"ext_proc worker ports collide with other ports of the gateway: {clash}")
+    return out
+
+
+def _extproc_endpoints(s: Settings) -> str:
+    """The extproc cluster's endpoints, one per worker, as a YAML flow list for the template."""
+    return "[" + ", ".join("{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %d}}}}" % g
+                           for _, g, _ in extproc_workers(s)) + "]"
+
+
 def render_bootstrap(s: Settings) -> str:
     text = _substitute(s)
+    if s.extproc_workers > 1:
+        text = with_extproc_failover(text)
     return with_tracing(text, s.otlp_endpoint) if s.otlp_endpoint else text
+
+
+def with_extproc_failover(text: str) -> str:
+    """With several ext_proc processes: a request whose gRPC stream could not be opened on one (refused
+    connection or stream: a process that has just died, before the health check and the outlier
+    detector take it out) opens it on another.  Nothing has been processed then, so it is safe; a
+    stream broken after it started is not retried (that request fails with 500 ``internal_error``)."""
+    doc = yaml.safe_load(text)
+    for listener in doc["static_resources"]["listeners"]:
+        for chain in listener.get("filter_chains", []):
+            for f in chain.get("filters", []):
+                for hf in f.get("typed_config", {}).get("http_filters", []):
+                    svc = hf.get("typed_config", {}).get("grpc_service", {})
+                    if svc.get("envoy_grpc", {}).get("cluster_name") == "extproc" and "retry_policy" not in svc:
+                        svc["retry_policy"] = {
+                            "retry_on": "connect-failure,refused-stream", "num_retries": 2,
+                            "retry_host_predicate": [{
+                                "name": "envoy.retry_host_predicates.previous_hosts",
+                                "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host."
+                                                          "previous_hosts.v3.PreviousHostsPredicate"}}],
+                            "host_selection_retry_max_attempts": 3}
+    return yaml.safe_dump(doc, sort_keys=False)
 
 
 def with_tracing(text: str, endpoint: str) -> str:
@@ -56,7 +109,7 @@ def with_tracing(text: str, endpoint: str) -> str:
 def _substitute(s: Settings) -> str:
     return Template(TEMPLATE.read_text()).substitute(
         STATE=str(s.state), HOST=s.gateway_host, PORT=s.gateway_port, ADMIN_PORT=s.envoy_admin_port,
-        EXTPROC_PORT=s.grpc_port, REPLY_LIMIT=s.max_reply_bytes,
+        EXTPROC_PORT=s.grpc_port, EXTPROC_ENDPOINTS=_extproc_endpoints(s), REPLY_LIMIT=s.max_reply_bytes,
         TOTAL_TIMEOUT=s.total_timeout_s, IDLE_TIMEOUT=idle_budget(s),
         FIRST_BYTE_TIMEOUT=s.first_byte_timeout_s)
 

@@ -1,5 +1,6 @@
 """Starts and stops the whole stack: PostgreSQL and Redis (embedded unless their URLs are set),
-migrations, the simulator for loopback deployments, the ext_proc service and Envoy.
+migrations, the simulator for loopback deployments, the ext_proc service (GATEWAY_EXTPROC_WORKERS
+processes) and Envoy.
 
 ``Stack`` is used by ``gateway up`` (foreground, Ctrl-C stops everything) and by the tests, which may
 stop, kill and restart single components.
@@ -164,10 +165,19 @@ class Stack:
                     "GATEWAY_EXTPROC_PORT": str(self.s.grpc_port)})
         return env
 
+    def _extproc_procs(self) -> list[Proc]:
+        """One process per GATEWAY_EXTPROC_WORKERS: "extproc", "extproc-2", ..., each on its own gRPC and
+        metrics port (envoy_config.extproc_workers); Envoy balances the requests' streams across them."""
+        procs = []
+        for name, grpc_port, metrics_port in envoy_config.extproc_workers(self.s):
+            env = self._child_env()
+            env.update({"GATEWAY_EXTPROC_PORT": str(grpc_port), "GATEWAY_METRICS_PORT": str(metrics_port)})
+            procs.append(Proc(name, [sys.executable, "-m", "extproc"],
+                              ready=lambda p=grpc_port: _port_open(p), env=env))
+        return procs
+
     def _extproc_proc(self) -> Proc:
-        port = self.s.grpc_port
-        return Proc("extproc", [sys.executable, "-m", "extproc"], ready=lambda: _port_open(port),
-                    env=self._child_env())
+        return self._extproc_procs()[0]
 
     def _envoy_proc(self) -> Proc:
         envoy = shutil.which("envoy", path=str(Path(sys.executable).parent)) or shutil.which("envoy")
@@ -190,6 +200,17 @@ class Stack:
 
     # ---- lifecycle --------------------------------------------------------------------------
     def start_proc(self, p: Proc, timeout: float = 30.0) -> None:
+        self._spawn(p)
+        self._wait_ready(p, timeout)
+
+    def start_procs(self, ps: list[Proc], timeout: float = 30.0) -> None:
+        """Start several processes at once, then wait until each is ready."""
+        for p in ps:
+            self._spawn(p)
+        for p in ps:
+            self._wait_ready(p, timeout)
+
+    def _spawn(self, p: Proc) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = open(self.logs / f"{p.name.replace(':', '-')}.log", "ab")
         p.popen = subprocess.Popen(p.argv, env=p.env or None, user=p.user, stdout=log,
@@ -197,6 +218,9 @@ class Stack:
                                    start_new_session=True)
         log.close()
         self.procs[p.name] = p
+
+    def _wait_ready(self, p: Proc, timeout: float) -> None:
+        assert p.popen is not None
         deadline = time.monotonic() + timeout
         while not p.ready():
             if p.popen.poll() is not None:
@@ -214,11 +238,11 @@ class Stack:
         asyncio.run(self._migrate())
         (self.state / "stack.json").write_text(json.dumps(
             {"database_url": self.database_url, "redis_url": self.redis_url,
-             "gateway_port": self.s.gateway_port}))
+             "gateway_port": self.s.gateway_port, "extproc_workers": self.s.extproc_workers}))
         if self.s.run_sim:
             for p in self._sim_procs():
                 self.start_proc(p)
-        self.start_proc(self._extproc_proc())
+        self.start_procs(self._extproc_procs())
         self.start_proc(self._envoy_proc())
         if not self.s.smtp_host:
             self.start_proc(self._smtp_proc())
@@ -291,11 +315,38 @@ class Stack:
                 os.killpg(p.popen.pid, signal.SIGKILL)
                 p.popen.wait()
 
+    @staticmethod
+    def is_extproc(name: str) -> bool:
+        return name == "extproc" or name.startswith("extproc-")
+
     def stop(self) -> None:
-        """Drain: Envoy first (no new connections; requests in flight finish), then the ext_proc (its
-        usage records flushed), then the rest."""
+        """Drain: Envoy first (no new connections; requests in flight finish), then the ext_proc
+        processes, all at once (their usage records flushed), then the rest."""
+        timeout = self.s.drain_grace_s + 10
+        done: set[str] = set()
         for name in reversed(list(self.procs)):
-            self.stop_proc(name, timeout=self.s.drain_grace_s + 10)
+            if name in done:
+                continue
+            if self.is_extproc(name):
+                workers = [n for n in self.procs if self.is_extproc(n)]
+                for n in workers:  # SIGTERM to every worker first: they drain in parallel
+                    p = self.procs[n]
+                    if p.alive:
+                        assert p.popen is not None
+                        os.killpg(p.popen.pid, signal.SIGTERM)
+                for n in workers:
+                    p = self.procs[n]
+                    if p.popen is None:
+                        continue
+                    try:
+                        p.popen.wait(timeout)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(p.popen.pid, signal.SIGKILL)
+                        p.popen.wait()
+                done.update(workers)
+            else:
+                self.stop_proc(name, timeout=timeout)
+                done.add(name)
 
     def reload_catalog(self) -> None:
         """Render the catalog's clusters for the running Envoy (it swaps them in without a restart);

@@ -17,6 +17,7 @@ class Settings:
     database_url: str = ""                   # DATABASE_URL: PostgreSQL; empty = embedded server in the state dir
     redis_url: str = ""                      # REDIS_URL: Redis; empty = embedded server in the state dir
     extproc_port: int = 0                    # GATEWAY_EXTPROC_PORT: ext_proc gRPC port; 0 = gateway_port + 10
+    extproc_workers: int = 1                 # GATEWAY_EXTPROC_WORKERS: ext_proc processes the launcher starts (Envoy balances across them)
     admin_port: int = 0                      # GATEWAY_ADMIN_PORT: Envoy admin (loopback only); 0 = gateway_port + 11
     default_rpm: int = 600                   # GATEWAY_DEFAULT_RPM: requests per minute per key
     default_concurrency: int = 32            # GATEWAY_DEFAULT_CONCURRENCY: concurrent requests per organisation
@@ -103,7 +104,7 @@ class Settings:
 _ENV = {
     "gateway_host": "GATEWAY_HOST", "gateway_port": "GATEWAY_PORT", "state_dir": "GATEWAY_STATE_DIR",
     "catalog": "GATEWAY_CATALOG", "database_url": "DATABASE_URL", "redis_url": "REDIS_URL",
-    "extproc_port": "GATEWAY_EXTPROC_PORT", "admin_port": "GATEWAY_ADMIN_PORT",
+    "extproc_port": "GATEWAY_EXTPROC_PORT", "extproc_workers": "GATEWAY_EXTPROC_WORKERS", "admin_port": "GATEWAY_ADMIN_PORT",
     "default_rpm": "GATEWAY_DEFAULT_RPM", "default_concurrency": "GATEWAY_DEFAULT_CONCURRENCY",
     "trial_balance_pln": "GATEWAY_TRIAL_BALANCE_PLN", "key_cache_ttl_s": "GATEWAY_KEY_CACHE_TTL_S",
     "max_body_bytes": "GATEWAY_MAX_BODY_BYTES", "max_reply_bytes": "GATEWAY_MAX_REPLY_BYTES",
