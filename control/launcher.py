@@ -171,7 +171,9 @@ class Stack:
         procs = []
         for name, grpc_port, metrics_port in envoy_config.extproc_workers(self.s):
             env = self._child_env()
-            env.update({"GATEWAY_EXTPROC_PORT": str(grpc_port), "GATEWAY_METRICS_PORT": str(metrics_port)})
+            env.update({"GATEWAY_EXTPROC_PORT": str(grpc_port), "GATEWAY_METRICS_PORT": str(metrics_port),
+                        # Envoy's statistics are served beside the first worker's metrics only
+                        "GATEWAY_METRICS_ENVOY": "1" if not procs else "0"})
             procs.append(Proc(name, [sys.executable, "-m", "extproc"],
                               ready=lambda p=grpc_port: _port_open(p), env=env))
         return procs

@@ -8,7 +8,6 @@ import signal
 
 import asyncpg
 import grpc
-import prometheus_client
 from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 import redis.asyncio as aioredis
@@ -18,7 +17,7 @@ from redis.backoff import ExponentialBackoff
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from . import catalog as catalog_mod
-from . import logs
+from . import logs, metrics
 from .directory import Directory
 from .exchange import Gateway
 from .server import Processor
@@ -66,7 +65,8 @@ async def serve(settings: Settings) -> None:
     ep_grpc.add_ExternalProcessorServicer_to_server(Processor(gw), server)
     health = grpc_health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    prometheus_client.start_http_server(settings.metrics_http_port, addr=settings.metrics_host)
+    metrics.serve(settings.metrics_http_port, settings.metrics_host,
+                  settings.envoy_admin_port if settings.metrics_envoy else None)
     server.add_insecure_port(f"127.0.0.1:{settings.grpc_port}")
     try:
         await heartbeat(r, gw.owner)

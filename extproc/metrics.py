@@ -3,7 +3,13 @@ where one exists.  Labels carry only bounded metadata: alias, endpoint, status, 
 never a key, a request id or any content.  Served on GATEWAY_METRICS_PORT, never the public listener."""
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+import urllib.request
+from typing import Iterator
+
+from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _TOK = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)
@@ -37,3 +43,25 @@ _REJECTION_KIND = {"rate_limit_exceeded": "rate", "concurrency_limit_exceeded": 
 
 def rejection_kind(code: str) -> str | None:
     return _REJECTION_KIND.get(code)
+
+
+class EnvoyStats(Collector):
+    """Envoy's own statistics (its admin ``/stats/prometheus``, loopback only), served beside the
+    ext_proc's so that one scrape of the metrics port sees both.  Fetched at scrape time only."""
+
+    def __init__(self, admin_port: int) -> None:
+        self.url = f"http://127.0.0.1:{admin_port}/stats/prometheus"
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            with urllib.request.urlopen(self.url, timeout=1) as r:
+                text = r.read().decode()
+        except OSError:
+            return
+        yield from text_string_to_metric_families(text)
+
+
+def serve(port: int, host: str, envoy_admin_port: int | None) -> None:
+    if envoy_admin_port is not None:
+        REGISTRY.register(EnvoyStats(envoy_admin_port))
+    start_http_server(port, addr=host)

@@ -24,5 +24,7 @@ def test_metrics_endpoint_counts_requests_without_content(gateway: Gateway) -> N
     assert "gen_ai_server_time_to_first_token_seconds_bucket" in m
     assert 'gateway_key_cache_lookups_total{result="miss"}' in m
     assert 'gateway_extproc_phase_seconds_count{phase="request_body"}' in m
+    # Envoy's own statistics beside them, from the same port
+    assert "envoy_cluster_upstream_rq_total{envoy_cluster_name=\"upstream_up-pro\"}" in m
     # the public listener does not serve it
     assert httpx.get(gateway.url + "/metrics", headers={"Authorization": f"Bearer {key}"}).status_code == 404
