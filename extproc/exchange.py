@@ -63,6 +63,7 @@ class Gateway:
     clock: Callable[[], float] = time.time
     max_body_bytes: int = 20 * 1024 * 1024
     auth_cache: "AuthCache" = field(default_factory=lambda: AuthCache())
+    _models: tuple[int, Catalog, bytes] | None = None
     owner: str = field(default_factory=lambda: uuid.uuid4().hex)  # this process, in the in-flight journal
     _retrying: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -87,6 +88,16 @@ class Gateway:
             except Exception:  # noqa: BLE001
                 delay = min(delay * 2, 2.0)
         log.error("usage record of request %s could not be queued for an hour", request_id)
+
+    def models_body(self) -> bytes:
+        """The model list, rendered at most once a second (prices change at whole seconds)."""
+        now = int(self.clock())
+        cached = self._models
+        if cached is None or cached[0] != now or cached[1] is not self.catalog:
+            body = json.dumps({"object": "list", "data": [a.model_object(now) for a in self.catalog.aliases.values()]},
+                              separators=(",", ":")).encode()
+            cached = self._models = (now, self.catalog, body)
+        return cached[2]
 
     def upstream_for(self, alias: Alias) -> str | None:
         up = self.pick(alias)
@@ -192,9 +203,8 @@ class Exchange:
         if adm.error is not None:
             return self._reject(adm.error)
         if self.method == "GET" and self.path == _MODELS_PATH:
-            now = self.gw.clock()
-            return self._ok({"object": "list",
-                             "data": [a.model_object(now) for a in self.gw.catalog.aliases.values()]})
+            self._count(200, "")
+            return Answer(reply=(200, self.gw.models_body(), {"content-type": "application/json"}))
         if self.method == "GET" and self.path.startswith(_MODELS_PATH + "/"):
             alias = self.gw.catalog.aliases.get(self.path[len(_MODELS_PATH) + 1:])
             if alias is None:

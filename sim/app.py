@@ -251,6 +251,8 @@ class Simulator:
                 raise SimError(400, "Message content must be a string, null or an array of parts.")
             for part in content:
                 ptype = part.get("type") if isinstance(part, dict) else None
+                if not isinstance(ptype, str):
+                    raise SimError(400, "Each content part needs a string 'type'.")
                 if ptype == "text":
                     if not isinstance(part.get("text"), str):
                         raise SimError(400, "Text content parts must have a string 'text'.")

@@ -60,3 +60,12 @@ def test_broken_stream_has_no_usage_and_counts_content() -> None:
     out = relay.feed(data[:cut])
     assert not relay.done and relay.usage is None and relay.content_events == 2
     assert out.endswith(b"\n\n")
+
+
+def test_spaced_json_from_another_server_is_handled_too() -> None:
+    data = _stream().replace(b'":', b'": ').replace(b'","', b'", "')
+    relay = StreamRelay("up-pro", "polish-pro", show_usage=False)
+    events = _events(_relay_all(relay, data, 9))
+    assert all(e["model"] == "polish-pro" for e in events[:-1])  # type: ignore[index]
+    assert all("usage" not in e for e in events[:-1])  # type: ignore[operator]
+    assert relay.usage == (11, 2) and relay.content_events == 2 and relay.finished and relay.done
