@@ -20,7 +20,7 @@ from .catalog import Alias, Catalog
 from .cost import cost_micro_pln
 from .decisions import Admission, UsageRecord
 from .directory import Directory
-from .errors import ApiError, internal_error
+from .errors import ApiError
 from .keys import bearer_key, key_hash
 from .responses import rewrite_body, upstream_error
 from .rules import CHAT, Prepared, prepare_chat, prepare_embeddings
@@ -388,4 +388,4 @@ class Exchange:
                 metrics.TPOT.labels(alias).observe((r.ended_at - self.ttfb) / (r.completion_tokens - 1))
 
 
-__all__ = ["Answer", "Exchange", "Gateway", "internal_error"]
+__all__ = ["Answer", "AuthCache", "Exchange", "Gateway"]
