@@ -17,7 +17,7 @@ from redis.backoff import ExponentialBackoff
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 
 from . import catalog as catalog_mod
-from . import logs, metrics
+from . import logs, metrics, tracing
 from .directory import Directory
 from .exchange import Gateway
 from .server import Processor
@@ -62,7 +62,8 @@ async def serve(settings: Settings) -> None:
                  max_body_bytes=settings.max_body_bytes)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 128 * 1024 * 1024),
                                       ("grpc.max_send_message_length", 128 * 1024 * 1024)])
-    ep_grpc.add_ExternalProcessorServicer_to_server(Processor(gw), server)
+    spans = tracing.tracer(settings.otlp_endpoint)
+    ep_grpc.add_ExternalProcessorServicer_to_server(Processor(gw, spans), server)
     health = grpc_health.HealthServicer(experimental_non_blocking=True)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     metrics.serve(settings.metrics_http_port, settings.metrics_host,
@@ -87,6 +88,7 @@ async def serve(settings: Settings) -> None:
             await asyncio.sleep(1.0)
 
     beat_task = asyncio.create_task(beat())
+    spans_task = asyncio.create_task(spans.run())
     watch_task = asyncio.create_task(watch_catalog(settings.catalog, gw))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -99,6 +101,7 @@ async def serve(settings: Settings) -> None:
     await server.stop(grace=settings.drain_grace_s)
     writer_task.cancel()
     beat_task.cancel()
+    spans_task.cancel()
     watch_task.cancel()
     try:
         await writer.drain()

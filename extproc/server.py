@@ -6,7 +6,7 @@ Each gRPC stream is one HTTP request; its messages become calls on an ``Exchange
 from __future__ import annotations
 
 import logging
-from time import perf_counter
+from time import perf_counter, time_ns
 from typing import AsyncIterator
 
 import grpc
@@ -16,7 +16,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from envoy.type.v3 import http_status_pb2
 
-from . import metrics
+from . import metrics, tracing
 from .errors import internal_error
 from .exchange import Answer, Exchange, Gateway
 
@@ -80,12 +80,16 @@ def _to_message(phase: str, answer: Answer) -> ep.ProcessingResponse:
 
 
 class Processor(ep_grpc.ExternalProcessorServicer):
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, tracer: tracing.NullTracer = tracing.NULL) -> None:
         self.gateway = gateway
+        self.tracer = tracer
 
     async def Process(self, request_iterator: AsyncIterator[ep.ProcessingRequest],  # noqa: N802
                       context: grpc.aio.ServicerContext) -> AsyncIterator[ep.ProcessingResponse]:
         ex = Exchange(self.gateway)
+        parent = None
+        if self.tracer.enabled:
+            parent = dict(context.invocation_metadata() or ()).get("traceparent")
         try:
             async for req in request_iterator:
                 phase = req.WhichOneof("request")
@@ -108,7 +112,13 @@ class Processor(ep_grpc.ExternalProcessorServicer):
                     answer = Answer(reply=(500, internal_error().body(ex.request_id),
                                            {"content-type": "application/json"}))
                 msg = _to_message(phase or "", answer)
-                metrics.PHASE.labels(phase or "other").observe(perf_counter() - t0)
+                spent = perf_counter() - t0
+                metrics.PHASE.labels(phase or "other").observe(spent)
+                if parent is not None:
+                    end = time_ns()
+                    self.tracer.span(parent, f"ext_proc {phase}", end - int(spent * 1e9), end,
+                                     {"gateway.request_id": ex.request_id, "gateway.phase": phase or "",
+                                      "gateway.status": str(answer.reply[0]) if answer.reply else "continue"})
                 yield msg
         finally:
             try:

@@ -65,11 +65,24 @@ def _check(gw: Gateway, collector: Collector) -> None:
     rid = r.headers["x-request-id"]
     # the model server received the trace context, continued
     assert trace_id in r.json()["choices"][0]["message"]["content"]
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and not any(s.trace_id.hex() == trace_id for s in collector.spans()):
+    stream_name = "async envoy.service.ext_proc.v3.ExternalProcessor.Process egress"
+    wanted = {"ingress", stream_name, "router upstream_up-pro egress", "ext_proc request_headers",
+              "ext_proc request_body", "ext_proc response_headers", "ext_proc response_body"}
+
+    def trace() -> list:  # type: ignore[type-arg]
+        return [s for s in collector.spans() if s.trace_id.hex() == trace_id]
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not wanted <= {s.name for s in trace()}:
         time.sleep(0.2)
-    spans = [s for s in collector.spans() if s.trace_id.hex() == trace_id]
-    assert len(spans) >= 2, [s.name for s in collector.spans()]  # the request and its upstream try
+    spans = trace()
+    # the request, the ext_proc stream, the upstream try, and the ext_proc's own phases as children of
+    # the span Envoy opened for the ext_proc stream
+    assert wanted <= {s.name for s in spans}, sorted(s.name for s in spans)
+    stream_span = next(s for s in spans if s.name == stream_name)
+    for p in (s for s in spans if s.name.startswith("ext_proc ")):
+        assert p.parent_span_id == stream_span.span_id
+        assert {a.key: a.value.string_value for a in p.attributes}["gateway.request_id"] == rid
     attrs = {a.key: a.value.string_value for s in spans for a in s.attributes}
     assert attrs.get("guid:x-request-id") == rid
     assert attrs.get("gateway.upstream_cluster") == "upstream_up-pro"
