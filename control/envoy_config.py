@@ -132,6 +132,8 @@ def clusters(cat: Catalog, s: Settings) -> list[dict[str, Any]]:
             "type": "STATIC" if all(_is_ip(d.host) for d in deps) else "STRICT_DNS",
             "connect_timeout": "2s",
             "per_connection_buffer_limit_bytes": s.max_reply_bytes,
+            # per-deployment statistics (requests, errors, connect failures) beside the cluster's own
+            "track_cluster_stats": {"per_endpoint_stats": True},
             "outlier_detection": {"consecutive_5xx": 5, "consecutive_local_origin_failure": 2,
                                   "split_external_local_origin_errors": True,
                                   "base_ejection_time": "10s", "max_ejection_percent": 100},

@@ -26,5 +26,7 @@ def test_metrics_endpoint_counts_requests_without_content(gateway: Gateway) -> N
     assert 'gateway_extproc_phase_seconds_count{phase="request_body"}' in m
     # Envoy's own statistics beside them, from the same port
     assert "envoy_cluster_upstream_rq_total{envoy_cluster_name=\"upstream_up-pro\"}" in m
+    # and per deployment (upstream host): requests, errors, connection failures
+    assert 'envoy_cluster_endpoint_rq_success_total{envoy_cluster_name="upstream_up-pro",envoy_endpoint_address=' in m
     # the public listener does not serve it
     assert httpx.get(gateway.url + "/metrics", headers={"Authorization": f"Bearer {key}"}).status_code == 404
