@@ -120,6 +120,11 @@ class Processor(ep_grpc.ExternalProcessorServicer):
                                      {"gateway.request_id": ex.request_id, "gateway.phase": phase or "",
                                       "gateway.status": str(answer.reply[0]) if answer.reply else "continue"})
                 yield msg
+                if answer.reply is not None or (phase == "response_body" and req.response_body.end_of_stream) or (
+                        phase == "response_headers" and req.response_headers.end_of_stream):
+                    # That was the request's last message: end the stream here rather than wait for Envoy
+                    # to cancel it (grpc.aio keeps ~100 bytes of every stream the client cancels).
+                    break
         finally:
             try:
                 await ex.close()
