@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -75,22 +74,6 @@ def start_minimal(procs: Procs, tmp: Path, up: tuple[int, int]) -> System:
 
 
 # ---- the gateway: the real stack ------------------------------------------------------------
-def _free_base(span: int = 20) -> int:
-    import socket
-    def free(port: int) -> bool:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return True
-            except OSError:
-                return False
-    for _ in range(200):
-        base = random.randrange(20000, 50000, span)
-        if all(free(base + i) for i in range(span)):
-            return base
-    raise RuntimeError("no free port range")
-
-
 def gateway_catalog(up: tuple[int, int]) -> dict[str, Any]:
     price = [{"effective": "2026-01-01T00:00:00Z", "input_micro_pln_per_1m": 800000,
               "output_micro_pln_per_1m": 1600000}]
@@ -116,7 +99,7 @@ def start_gateway(tmp: Path, up: tuple[int, int], workers: int = 1) -> tuple[Sys
     only Envoy's worker count is set to 1 like every other Envoy here (the launcher uses 2).
     ``workers``: GATEWAY_EXTPROC_WORKERS (ext_proc processes behind that one Envoy)."""
     from control.admin import Admin
-    from control.launcher import Proc, Stack
+    from control.launcher import Proc, Stack, free_port_base
     from extproc.settings import Settings
 
     class BenchStack(Stack):
@@ -128,7 +111,7 @@ def start_gateway(tmp: Path, up: tuple[int, int], workers: int = 1) -> tuple[Sys
                 p.argv += ["--concurrency", "1"]
             return p
 
-    base = _free_base()
+    base = free_port_base()
     cat = tmp / "gateway-catalog.yaml"
     cat.write_text(yaml.safe_dump(gateway_catalog(up)))
     # A later stack (another worker count) reuses the state directory: no second initdb.

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -28,6 +29,26 @@ from extproc.settings import ENV_VARS, Settings
 from . import envoy_config
 
 PG_USER = "embedded_postgres"
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port_base(span: int = 20) -> int:
+    """A base port with ``span`` free ports after it (a stack derives its ports from its base), taken
+    below the kernel's ephemeral range (32768+) so that no outgoing connection can take the port of a
+    component that is being restarted."""
+    for _ in range(200):
+        base = random.randrange(10000, 32000, span)
+        if all(_bindable(base + i) for i in range(span)):
+            return base
+    raise RuntimeError("no free port range")
 
 
 def _port_open(port: int, host: str = "127.0.0.1") -> bool:

@@ -6,8 +6,6 @@ import asyncio
 import contextlib
 import json
 import os
-import random
-import socket
 import tempfile
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator
@@ -17,27 +15,11 @@ import pytest
 import yaml
 
 from control.admin import Admin
-from control.launcher import Stack
+from control.launcher import Stack, free_port_base
 from extproc.settings import Settings
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
-def free_base(span: int = 20) -> int:
-    for _ in range(200):
-        # below the kernel's ephemeral range (32768+), so that no outgoing connection takes a port of a
-        # component that is being restarted
-        base = random.randrange(10000, 32000, span)
-        if all(_free(base + i) for i in range(span)):
-            return base
-    raise RuntimeError("no free port range")
+free_base = free_port_base
 
 
 def make_catalog(base: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -19,18 +19,7 @@ def test_stop_drains_streams_and_flushes_usage() -> None:
     with running_stack("gw-drain-", drain_grace_s=20) as gw:
         stack = gw.stack
         org, _, key = gw.new_org()
-        results: list[tuple[str, bytes]] = []
-
-        def stream() -> None:
-            body = {"model": "polish-pro", "messages": [{"role": "user", "content": "x"}], "stream": True,
-                    "sim": {"itl_ms": 100, "output_tokens": 20}}
-            with httpx.stream("POST", gw.v1 + "/chat/completions", json=body, timeout=30,
-                              headers={"Authorization": f"Bearer {key}"}) as s:
-                results.append((s.headers["x-request-id"], s.read()))
-
-        threads = [threading.Thread(target=stream) for _ in range(3)]
-        for t in threads:
-            t.start()
+        results, threads = _streams(gw.v1, key, tokens=20)
         time.sleep(0.5)
         drainer = threading.Thread(target=stack.stop_proc, args=("envoy",))
         drainer.start()
@@ -63,18 +52,7 @@ def test_sigterm_to_gateway_up_drains_streams(gateway: Gateway) -> None:
         v1 = f"http://127.0.0.1:{base}/v1"
         org, _, key = gateway.new_org()
         wait_for(lambda: _ready(v1, key), timeout=60, interval=0.2)
-        results: list[tuple[str, bytes]] = []
-
-        def stream() -> None:
-            body = {"model": "polish-pro", "messages": [{"role": "user", "content": "x"}], "stream": True,
-                    "sim": {"itl_ms": 100, "output_tokens": 15}}
-            with httpx.stream("POST", v1 + "/chat/completions", json=body, timeout=30,
-                              headers={"Authorization": f"Bearer {key}"}) as st:
-                results.append((st.headers["x-request-id"], st.read()))
-
-        threads = [threading.Thread(target=stream) for _ in range(3)]
-        for t in threads:
-            t.start()
+        results, threads = _streams(v1, key, tokens=15)
         time.sleep(0.5)
         up.send_signal(signal.SIGTERM)
         for t in threads:
@@ -93,3 +71,20 @@ def _ready(v1: str, key: str) -> bool:
         return httpx.get(v1 + "/models", headers={"Authorization": f"Bearer {key}"}, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def _streams(v1: str, key: str, tokens: int, n: int = 3) -> tuple[list[tuple[str, bytes]], list[threading.Thread]]:
+    """``n`` paced streams started in threads; each appends (request id, whole body) when it ends."""
+    results: list[tuple[str, bytes]] = []
+    body = {"model": "polish-pro", "messages": [{"role": "user", "content": "x"}], "stream": True,
+            "sim": {"itl_ms": 100, "output_tokens": tokens}}
+
+    def stream() -> None:
+        with httpx.stream("POST", v1 + "/chat/completions", json=body, timeout=30,
+                          headers={"Authorization": f"Bearer {key}"}) as st:
+            results.append((st.headers["x-request-id"], st.read()))
+
+    threads = [threading.Thread(target=stream) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return results, threads
