@@ -16,8 +16,8 @@ TEMPLATE = Path(__file__).resolve().parent.parent / "envoy" / "envoy.yaml"
 
 
 def idle_budget(s: Settings) -> float:
-    """Envoy's idle timer runs from the start of the upstream request: it may not fire before both
-    tries have had their first-byte budget."""
+    """Envoy's idle timer (a backstop: the ext_proc keeps the real one from the start of the reply) runs
+    from the start of the upstream request: it may not fire before both tries had their first-byte budget."""
     return max(s.idle_timeout_s, 2 * s.first_byte_timeout_s + 1)
 
 

@@ -59,7 +59,7 @@ async def serve(settings: Settings) -> None:
     store = Store(r, RespClient.from_url(settings.redis_url), default_rpm=settings.default_rpm, default_concurrency=settings.default_concurrency,
                   lease_s=int(settings.total_timeout_s) + 60, key_ttl_s=settings.key_cache_ttl_s)
     gw = Gateway(catalog=cat, store=store, directory=Directory(pool), pick=lambda a: a.pick_upstream(),
-                 max_body_bytes=settings.max_body_bytes)
+                 max_body_bytes=settings.max_body_bytes, idle_timeout_s=settings.idle_timeout_s)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 128 * 1024 * 1024),
                                       ("grpc.max_send_message_length", 128 * 1024 * 1024)])
     spans = tracing.tracer(settings.otlp_endpoint)

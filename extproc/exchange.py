@@ -62,6 +62,9 @@ class Gateway:
     pick: Callable[[Alias], str | None]
     clock: Callable[[], float] = time.time
     max_body_bytes: int = 20 * 1024 * 1024
+    # SPEC section 7: the longest gap allowed inside an upstream reply once it has started.  Envoy's
+    # idle timers run from the start of the upstream request, so the ext_proc keeps this one.
+    idle_timeout_s: float = 60.0
     auth_cache: "AuthCache" = field(default_factory=lambda: AuthCache())
     _models: tuple[int, Catalog, bytes] | None = None
     owner: str = field(default_factory=lambda: uuid.uuid4().hex)  # this process, in the in-flight journal
@@ -144,7 +147,7 @@ def _json_answer(doc: object) -> Answer:
 
 class Exchange:
     __slots__ = ("gw", "request_id", "method", "path", "key_hash", "admission", "prepared", "started",
-                 "ttfb", "status", "relay", "output_seen", "finished")
+                 "ttfb", "status", "relay", "output_seen", "finished", "idle")
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
@@ -160,6 +163,8 @@ class Exchange:
         self.relay: StreamRelay | None = None
         self.output_seen = False
         self.finished = False
+        # seconds the next message may take to come (None: no limit here); set once the reply started
+        self.idle: float | None = None
 
     # ---- metrics (bounded labels only) -------------------------------------------------------
     @property
@@ -277,6 +282,7 @@ class Exchange:
         p = self.prepared
         if p is None:
             return Answer()
+        self.idle = self.gw.idle_timeout_s
         if (p.stream and self.status == 200
                 and headers.get("content-type", "").startswith("text/event-stream")):
             self.relay = StreamRelay(p.upstream_model, p.alias.id, p.client_wants_usage)
@@ -320,6 +326,18 @@ class Exchange:
             await self._bill(relay.usage)
         else:
             await self._bill((self.prepared.estimated_prompt_tokens, relay.content_events), estimated=True)
+
+    async def idle_gap(self) -> Answer:
+        """Nothing more of the reply came within the idle budget (SPEC section 7): 502 upstream_timeout
+        for a non-streaming reply (Envoy still holds it whole, so the client gets the error); for a
+        stream that already sent 200 the answer makes Envoy reset it, so it ends without [DONE]."""
+        p = self.prepared
+        assert p is not None
+        metrics.UPSTREAM_FAILURES.labels(p.alias.id, "upstream_timeout").inc()
+        if self.relay is None:
+            self.status = 502
+        await self.close()  # billed as a reply that failed after it started
+        return self._reject(ApiError("upstream_timeout", "The model server timed out; retry with backoff."))
 
     # ---- the end, however it came ----------------------------------------------------------
     async def close(self) -> None:

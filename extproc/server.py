@@ -5,6 +5,7 @@ Each gRPC stream is one HTTP request; its messages become calls on an ``Exchange
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from time import perf_counter, time_ns
 from typing import AsyncIterator
@@ -91,7 +92,20 @@ class Processor(ep_grpc.ExternalProcessorServicer):
         if self.tracer.enabled:
             parent = dict(context.invocation_metadata() or ()).get("traceparent")
         try:
-            async for req in request_iterator:
+            messages = request_iterator.__aiter__()
+            while True:
+                try:
+                    if ex.idle is None:
+                        req = await messages.__anext__()
+                    else:
+                        async with asyncio.timeout(ex.idle):
+                            req = await messages.__anext__()
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    # the reply stalled: Envoy takes an immediate response at any point of the stream
+                    yield _to_message("", await ex.idle_gap())
+                    break
                 phase = req.WhichOneof("request")
                 t0 = perf_counter()
                 try:
