@@ -30,6 +30,17 @@ BILLED = Counter("gateway_billed_micro_pln", "Billed micro-PLN", ["alias"])
 REJECTIONS = Counter("gateway_limiter_rejections", "Requests refused by a limit", ["kind"])
 PHASE = Histogram("gateway_extproc_phase_seconds", "ext_proc time per phase", ["phase"],
                   buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1))
+_PHASES: dict[str | None, Histogram] = {}
+
+
+def phase(name: str | None) -> Histogram:
+    """The per-phase histogram, its labelled child looked up once per phase name, not per message."""
+    child = _PHASES.get(name)
+    if child is None:
+        child = _PHASES[name] = PHASE.labels(name or "other")
+    return child
+
+
 KEY_LOOKUPS = Counter("gateway_key_cache_lookups", "Key look-ups by result (hit: Redis, miss: PostgreSQL)",
                       ["result"])
 WRITE_LAG = Histogram("gateway_usage_write_lag_seconds", "From a request's end to its usage record in PostgreSQL",

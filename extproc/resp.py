@@ -83,6 +83,7 @@ class _Conn(asyncio.Protocol):
         self.parser = RespParser()
         self.waiting: deque[asyncio.Future[Any]] = deque()
         self.lost = False
+        self._out: list[bytes] = []  # commands of this turn of the event loop, sent in one write
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -103,10 +104,18 @@ class _Conn(asyncio.Protocol):
 
     def send(self, args: tuple[Any, ...]) -> asyncio.Future[Any]:
         assert self.transport is not None
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
         self.waiting.append(fut)
-        self.transport.write(encode(args))
+        if not self._out:
+            loop.call_soon(self._flush)
+        self._out.append(encode(args))
         return fut
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if self.transport is not None and not self.lost:
+            self.transport.write(b"".join(out) if len(out) > 1 else out[0])
 
 
 class RespClient:
@@ -134,7 +143,8 @@ class RespClient:
                 _, conn = await asyncio.wait_for(
                     loop.create_connection(_Conn, self.host, self.port), self.timeout)
                 if self.db:
-                    await asyncio.wait_for(conn.send(("SELECT", self.db)), self.timeout)
+                    async with asyncio.timeout(self.timeout):
+                        await conn.send(("SELECT", self.db))
                 self._conn = conn
         return self._conn
 
@@ -143,7 +153,8 @@ class RespClient:
         for attempt in (0, 1):
             try:
                 conn = await self._connection()
-                reply = await asyncio.wait_for(conn.send(args), self.timeout)
+                async with asyncio.timeout(self.timeout):
+                    reply = await conn.send(args)
             except (ConnectionError, OSError):
                 if attempt:
                     raise
