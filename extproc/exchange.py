@@ -30,9 +30,10 @@ from .store import INVALID_KEY, Miss, Store
 log = logging.getLogger("extproc")
 
 CLUSTER_HEADER = "x-gateway-cluster"
-# Headers a client may send that never go upstream: the key, vendor org/project headers, routing.
-_STRIP_PREFIXES = ("openai-",)
-_STRIP = frozenset({"authorization", CLUSTER_HEADER, "x-api-key"})
+# What of the request headers the ext_proc gets as attributes of the request-body message when Envoy
+# skips the request-headers message (envoy/envoy.yaml, POST chat and embeddings with a body).
+ATTR_ID, ATTR_METHOD, ATTR_PATH, ATTR_AUTH = ("request.id", "request.method", "request.path",
+                                              "request.headers['authorization']")
 
 _CHAT_PATH = "/v1/chat/completions"
 _EMB_PATH = "/v1/embeddings"
@@ -47,6 +48,7 @@ class Answer:
     set_headers: dict[str, str] = field(default_factory=dict)
     remove_headers: list[str] = field(default_factory=list)
     body: bytes | None = None
+    cluster: str | None = None  # the upstream cluster chosen (Envoy routes by it, envoy/envoy.yaml)
     clear_route_cache: bool = False
     stream_response: bool = False  # switch the response body to streamed mode
     reply: tuple[int, bytes, dict[str, str]] | None = None
@@ -187,22 +189,28 @@ class Exchange:
         return _json_answer(doc)
 
     # ---- request headers -------------------------------------------------------------------
-    async def request_headers(self, headers: dict[str, str], end_of_stream: bool) -> Answer:
-        self.request_id = headers.get("x-request-id", "")
-        self.method = headers.get(":method", "")
-        self.path = headers.get(":path", "").split("?", 1)[0]
-        key = bearer_key(headers.get("authorization"))
+    def _identify(self, request_id: str, method: str, path: str, authorization: str | None) -> bool:
+        self.request_id = request_id
+        self.method = method
+        self.path = path.split("?", 1)[0]
+        key = bearer_key(authorization)
         if key is None:
-            return self._reject(INVALID_KEY)
+            return False
         self.key_hash = key_hash(key)
+        return True
+
+    async def request_headers(self, headers: dict[str, str], end_of_stream: bool) -> Answer:
+        if not self._identify(headers.get("x-request-id", ""), headers.get(":method", ""),
+                              headers.get(":path", ""), headers.get("authorization")):
+            return self._reject(INVALID_KEY)
         if self.method == "POST" and self.path in (_CHAT_PATH, _EMB_PATH):
+            # a body-less or chunked POST (others skip this message: see request_body's attributes)
             length = headers.get("content-length", "")
             if length.isdigit() and int(length) > self.gw.max_body_bytes:
                 return self._too_large()
             if end_of_stream:
                 return await self.request_body(b"")
-            strip = [h for h in headers if h in _STRIP or h.startswith(_STRIP_PREFIXES)]
-            return Answer(remove_headers=strip)
+            return Answer()
         # Everything else is answered here, after authentication only.
         adm = await self._admit(limits=False)
         if adm.error is not None:
@@ -223,7 +231,13 @@ class Exchange:
     def _too_large(self) -> Answer:
         return self._reject(ApiError("invalid_request", "The request body is larger than the size limit."))
 
-    async def request_body(self, body: bytes) -> Answer:
+    async def request_body(self, body: bytes, attributes: dict[str, str] | None = None) -> Answer:
+        """``attributes``: the request-headers message was skipped and what is needed of the headers
+        came with this one (``ATTR_*``)."""
+        if attributes is not None and not self._identify(
+                attributes.get(ATTR_ID, ""), attributes.get(ATTR_METHOD, ""), attributes.get(ATTR_PATH, ""),
+                attributes.get(ATTR_AUTH)):
+            return self._reject(INVALID_KEY)
         if len(body) > self.gw.max_body_bytes:
             return self._too_large()
         prepare = prepare_chat if self.path == _CHAT_PATH else prepare_embeddings
@@ -237,10 +251,12 @@ class Exchange:
             return self._reject(adm.error)
         if isinstance(prepared, ApiError):
             return self._reject(prepared)
-        return Answer(
-            set_headers={CLUSTER_HEADER: Catalog.cluster_name(prepared.upstream_model),
-                         "content-length": str(len(prepared.body))},
-            body=prepared.body, clear_route_cache=True)
+        # The routing header and the new length apply where Envoy sent the headers message.  Where the
+        # route skipped it Envoy drops them (a buffer filter sets the length; the cluster comes from the
+        # dynamic metadata) but needs some header mutation to re-route the request.
+        cluster = Catalog.cluster_name(prepared.upstream_model)
+        return Answer(set_headers={CLUSTER_HEADER: cluster, "content-length": str(len(prepared.body))},
+                      body=prepared.body, cluster=cluster, clear_route_cache=True)
 
     async def _admit(self, *, limits: bool) -> Admission:
         assert self.key_hash is not None

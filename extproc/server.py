@@ -11,6 +11,7 @@ from time import perf_counter, time_ns
 from typing import AsyncIterator
 
 import grpc
+from google.protobuf import struct_pb2
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
@@ -30,6 +31,28 @@ def _headers(hm: base_pb2.HeaderMap) -> dict[str, str]:
     return {h.key: (h.raw_value.decode("latin-1") if h.raw_value else h.value) for h in hm.headers}
 
 
+
+
+_ATTRIBUTES = "envoy.filters.http.ext_proc"
+
+
+def _attributes(req: ep.ProcessingRequest) -> dict[str, str] | None:
+    """The request attributes Envoy sends with the first message when the route skips the headers."""
+    if _ATTRIBUTES not in req.attributes:
+        return None
+    return {k: v.string_value for k, v in req.attributes[_ATTRIBUTES].fields.items()}
+
+
+_ROUTES: dict[str, struct_pb2.Struct] = {}
+
+
+def _route(cluster: str) -> struct_pb2.Struct:
+    """Dynamic metadata ``gateway: {cluster: ...}``, from which Envoy sets the routing header."""
+    md = _ROUTES.get(cluster)
+    if md is None:
+        md = _ROUTES[cluster] = struct_pb2.Struct()
+        md.update({"gateway": {"cluster": cluster}})
+    return md
 
 
 def _common(answer: Answer) -> ep.CommonResponse:
@@ -67,7 +90,10 @@ def _to_message(phase: str, answer: Answer) -> ep.ProcessingResponse:
     if phase == "request_headers":
         return ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=common))
     if phase == "request_body":
-        return ep.ProcessingResponse(request_body=ep.BodyResponse(response=common))
+        msg = ep.ProcessingResponse(request_body=ep.BodyResponse(response=common))
+        if answer.cluster is not None:
+            msg.dynamic_metadata.CopyFrom(_route(answer.cluster))
+        return msg
     if phase == "response_headers":
         msg = ep.ProcessingResponse(response_headers=ep.HeadersResponse(response=common))
         if answer.stream_response:
@@ -115,7 +141,7 @@ class Processor(ep_grpc.ExternalProcessorServicer):
                         h = req.request_headers
                         answer = await ex.request_headers(_headers(h.headers), h.end_of_stream)
                     elif phase == "request_body":
-                        answer = await ex.request_body(req.request_body.body)
+                        answer = await ex.request_body(req.request_body.body, _attributes(req))
                     elif phase == "response_headers":
                         answer = await ex.response_headers(_headers(req.response_headers.headers))
                     elif phase == "response_body":

@@ -423,12 +423,35 @@ def test_unknown_and_optional_fields_forwarded_unchanged(client: httpx.Client) -
 
 
 def test_vendor_and_auth_headers_not_forwarded(client: httpx.Client, org: tuple[str, str, str]) -> None:
-    _, _, headers = echo(client, {}, headers={"OpenAI-Organization": "org-abc", "OpenAI-Project": "proj-xyz"})
+    _, _, headers = echo(client, {}, headers={"OpenAI-Organization": "org-abc", "OpenAI-Project": "proj-xyz",
+                                              "X-Api-Key": "xk-secret", "X-Gateway-Cluster": "upstream_up-adv"})
     low = {k.lower(): v for k, v in headers.items()}
     assert "openai-organization" not in low and "openai-project" not in low, low
+    assert "x-api-key" not in low and "authorization" not in low, low
+    # the routing header is the gateway's choice, never the client's
+    assert low["x-gateway-cluster"] == "upstream_up-pro", low
     dump = json.dumps(headers)
     assert org[2] not in dump, "client API key forwarded upstream"
-    assert "org-abc" not in dump and "proj-xyz" not in dump
+    assert "org-abc" not in dump and "proj-xyz" not in dump and "xk-secret" not in dump
+
+
+def test_chunked_and_body_less_posts(client: httpx.Client, org: tuple[str, str, str]) -> None:
+    """A POST without a length (chunked) or without a body takes Envoy's other route, on which the
+    ext_proc sees the request headers: the same answers, headers stripped the same way."""
+    body = json.dumps({"model": "polish-pro", "messages": MSGS, "sim": {"echo": True}}).encode()
+    r = client.post("/chat/completions", content=iter([body[:10], body[10:]]),
+                    headers={"Content-Type": "application/json", "OpenAI-Project": "proj-xyz"})
+    assert "content-length" not in r.request.headers and r.request.headers["transfer-encoding"] == "chunked"
+    seen = json.loads(ok(r)["choices"][0]["message"]["content"])
+    assert seen["body"]["model"] == "up-pro" and seen["body"]["messages"] == MSGS
+    low = {k.lower() for k in seen["headers"]}
+    assert "authorization" not in low and "openai-project" not in low, low
+    assert org[2] not in json.dumps(seen["headers"])
+    for kw in ({}, {"content": b""}):
+        err(client.post("/chat/completions", **kw), 400, "invalid_json", "invalid_request_error")
+        err(client.post("/embeddings", **kw), 400, "invalid_json", "invalid_request_error")
+    r = client.post("/chat/completions", content=b"", headers={"Authorization": "Bearer sk-nope"})
+    err(r, 401, "invalid_api_key", "authentication_error")
 
 
 # ------------------------------------------------------------------------------- bodies, JSON, size
