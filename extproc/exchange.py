@@ -175,13 +175,13 @@ class Exchange:
 
     def _count(self, status: int, code: str) -> None:
         alias = self.prepared.alias.id if self.prepared is not None else "-"
-        metrics.REQUESTS.labels(alias, self._endpoint, str(status), code).inc()
+        metrics.labelled(metrics.REQUESTS, alias, self._endpoint, str(status), code).inc()
 
     def _reject(self, err: ApiError) -> Answer:
         self._count(err.status, err.code)
         kind = metrics.rejection_kind(err.code)
         if kind is not None:
-            metrics.REJECTIONS.labels(kind).inc()
+            metrics.labelled(metrics.REJECTIONS, kind).inc()
         return _error_answer(err, self.request_id)
 
     def _ok(self, doc: object) -> Answer:
@@ -278,7 +278,7 @@ class Exchange:
                 adm = await self.gw.store.admit(self.key_hash, self.request_id, limits=limits, pending=pending)
             except Miss as miss:
                 if miss.what == "key":
-                    metrics.KEY_LOOKUPS.labels("miss").inc()
+                    metrics.labelled(metrics.KEY_LOOKUPS, "miss").inc()
                     await self.gw.store.fill_key(self.key_hash, await self.gw.directory.key(self.key_hash))
                 else:
                     assert miss.org_id is not None
@@ -286,7 +286,7 @@ class Exchange:
                 continue
             if self.admission is None:
                 self.admission = adm
-                metrics.KEY_LOOKUPS.labels("hit").inc()
+                metrics.labelled(metrics.KEY_LOOKUPS, "hit").inc()
             self.admission = adm
             return adm
         raise RuntimeError("cache fill did not converge")
@@ -323,10 +323,10 @@ class Exchange:
             if body.startswith(b'{"error"') and self.request_id.encode() in body:
                 code = json.loads(body)["error"]["code"]  # Envoy's own reply, already in SPEC's shape
                 self._count(self.status, code)
-                metrics.UPSTREAM_FAILURES.labels(p.alias.id, code).inc()
+                metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, code).inc()
                 return Answer()
             err = upstream_error(self.status, body, "messages" if p.endpoint == CHAT else "input")
-            metrics.UPSTREAM_FAILURES.labels(p.alias.id, err.code).inc()
+            metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, err.code).inc()
             return self._reject(err)
         new, usage = rewrite_body(body, p.upstream_model, p.alias.id, embeddings=p.endpoint != CHAT)
         if usage is None:
@@ -349,7 +349,7 @@ class Exchange:
         stream that already sent 200 the answer makes Envoy reset it, so it ends without [DONE]."""
         p = self.prepared
         assert p is not None
-        metrics.UPSTREAM_FAILURES.labels(p.alias.id, "upstream_timeout").inc()
+        metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, "upstream_timeout").inc()
         if self.relay is None:
             self.status = 502
         await self.close()  # billed as a reply that failed after it started
@@ -411,15 +411,15 @@ class Exchange:
                           estimated=r.estimated, cost_micro_pln=r.cost_micro_pln,
                           duration_ms=int((r.ended_at - r.started_at) * 1000), ttfb_ms=r.ttfb_ms)
         alias = r.alias
-        metrics.TOKENS.labels("input", alias, alias).observe(r.prompt_tokens)
+        metrics.labelled(metrics.TOKENS, "input", alias, alias).observe(r.prompt_tokens)
         if r.endpoint == CHAT:
-            metrics.TOKENS.labels("output", alias, alias).observe(r.completion_tokens)
-        metrics.BILLED.labels(alias).inc(r.cost_micro_pln)
-        metrics.DURATION.labels(alias, r.endpoint).observe(r.ended_at - r.started_at)
+            metrics.labelled(metrics.TOKENS, "output", alias, alias).observe(r.completion_tokens)
+        metrics.labelled(metrics.BILLED, alias).inc(r.cost_micro_pln)
+        metrics.labelled(metrics.DURATION, alias, r.endpoint).observe(r.ended_at - r.started_at)
         if self.ttfb is not None:
-            metrics.TTFT.labels(alias).observe(self.ttfb - self.started)
+            metrics.labelled(metrics.TTFT, alias).observe(self.ttfb - self.started)
             if r.stream and r.completion_tokens > 1:
-                metrics.TPOT.labels(alias).observe((r.ended_at - self.ttfb) / (r.completion_tokens - 1))
+                metrics.labelled(metrics.TPOT, alias).observe((r.ended_at - self.ttfb) / (r.completion_tokens - 1))
 
 
 __all__ = ["Answer", "AuthCache", "Exchange", "Gateway"]

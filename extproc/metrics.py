@@ -4,7 +4,7 @@ never a key, a request id or any content.  Served on GATEWAY_METRICS_PORT, never
 from __future__ import annotations
 
 import urllib.request
-from typing import Iterator
+from typing import Any, Iterator
 
 from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
 from prometheus_client.metrics_core import Metric
@@ -30,15 +30,21 @@ BILLED = Counter("gateway_billed_micro_pln", "Billed micro-PLN", ["alias"])
 REJECTIONS = Counter("gateway_limiter_rejections", "Requests refused by a limit", ["kind"])
 PHASE = Histogram("gateway_extproc_phase_seconds", "ext_proc time per phase", ["phase"],
                   buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1))
-_PHASES: dict[str | None, Histogram] = {}
+_CHILDREN: dict[tuple[object, tuple[str, ...]], Any] = {}
 
 
-def phase(name: str | None) -> Histogram:
-    """The per-phase histogram, its labelled child looked up once per phase name, not per message."""
-    child = _PHASES.get(name)
+def labelled(metric: Any, *values: str) -> Any:
+    """``metric.labels(*values)``, looked up once per label set rather than on every request (labels
+    are bounded, so the cache is too)."""
+    key = (metric, values)
+    child = _CHILDREN.get(key)
     if child is None:
-        child = _PHASES[name] = PHASE.labels(name or "other")
+        child = _CHILDREN[key] = metric.labels(*values)
     return child
+
+
+def phase(name: str | None) -> Any:
+    return labelled(PHASE, name or "other")
 
 
 KEY_LOOKUPS = Counter("gateway_key_cache_lookups", "Key look-ups by result (hit: Redis, miss: PostgreSQL)",
