@@ -216,7 +216,7 @@ def load(path: str | Path) -> Catalog:
     except CatalogError as e:
         msg = str(e)
         field = msg[len(str(p)) + 2:].split(":", 1)[0] if msg.startswith(f"{p}: ") else ""
-        line = _line_of(yaml.compose(text), field) if field else None
-        if line is None:
+        where = _line_of(yaml.compose(text), field) if field else None
+        if where is None:
             raise
-        raise CatalogError(f"{p}: line {line}: {msg[len(str(p)) + 2:]}") from None
+        raise CatalogError(f"{p}: line {where}: {msg[len(str(p)) + 2:]}") from None

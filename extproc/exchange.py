@@ -242,8 +242,8 @@ class Exchange:
             return self._too_large()
         prepare = prepare_chat if self.path == _CHAT_PATH else prepare_embeddings
         prepared = prepare(body, self.gw.catalog, self.gw.upstream_for)
-        valid = not isinstance(prepared, ApiError)
-        if valid:
+        valid = isinstance(prepared, Prepared)
+        if isinstance(prepared, Prepared):
             self.prepared = prepared
         adm = await self._admit(limits=valid)
         if adm.error is not None:

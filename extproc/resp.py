@@ -25,7 +25,7 @@ class RespParser:
 
     def feed(self, data: bytes) -> list[Any]:
         self._buf += data
-        out = []
+        out: list[Any] = []
         while True:
             parsed = self._parse(0)
             if parsed is None:

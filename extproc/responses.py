@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 import re
 
 from .errors import ApiError
@@ -57,7 +58,8 @@ def _upstream_message_and_param(body: bytes) -> tuple[str, str | None]:
         return "", None
     if not isinstance(doc, dict):
         return "", None
-    err = doc.get("error") if isinstance(doc.get("error"), dict) else doc
+    inner = doc.get("error")
+    err: dict[str, Any] = inner if isinstance(inner, dict) else doc
     msg = err.get("message")
     param = err.get("param")
     return (msg if isinstance(msg, str) else ""), (

@@ -106,7 +106,7 @@ def _to_message(phase: str, answer: Answer) -> ep.ProcessingResponse:
     return ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
 
 
-class Processor(ep_grpc.ExternalProcessorServicer):
+class Processor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self, gateway: Gateway, tracer: tracing.NullTracer = tracing.NULL) -> None:
         self.gateway = gateway
         self.tracer = tracer

@@ -171,7 +171,7 @@ async def heartbeat(r: aioredis.Redis, owner: str) -> None:
 
 async def orphans(r: aioredis.Redis) -> list[tuple[str, str, str, dict[str, Any]]]:
     """In-flight entries whose ext_proc process is gone: (request id, key id, org id, pending record)."""
-    entries: dict[bytes, bytes] = await r.hgetall("gw:if")
+    entries: Any = await r.hgetall("gw:if")
     if not entries:
         return []
     parsed = []

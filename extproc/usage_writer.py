@@ -84,15 +84,15 @@ class UsageWriter:
 
     async def _take(self) -> list[tuple[bytes, dict[bytes, bytes]]]:
         # first what this consumer left pending (a batch that failed), then a dead one's, then new
-        own = await self.r.xreadgroup(GROUP, self.consumer, {USAGE_STREAM: "0"}, count=self.batch)
+        own: Any = await self.r.xreadgroup(GROUP, self.consumer, {USAGE_STREAM: "0"}, count=self.batch)
         if own and own[0][1]:
             return [e for e in own[0][1] if e and e[1]]
-        claimed = await self.r.xautoclaim(USAGE_STREAM, GROUP, self.consumer, self.claim_idle_ms,
+        claimed: Any = await self.r.xautoclaim(USAGE_STREAM, GROUP, self.consumer, self.claim_idle_ms,
                                           start_id="0-0", count=self.batch)
         entries = claimed[1] if claimed else []
         if entries:
             return [e for e in entries if e and e[1]]
-        res = await self.r.xreadgroup(GROUP, self.consumer, {USAGE_STREAM: ">"}, count=self.batch, block=200)
+        res: Any = await self.r.xreadgroup(GROUP, self.consumer, {USAGE_STREAM: ">"}, count=self.batch, block=200)
         return res[0][1] if res else []
 
     async def reap(self) -> int:
