@@ -101,8 +101,8 @@ def with_tracing(text: str, endpoint: str) -> str:
             "explicit_http_config": {"http2_protocol_options": {}}}},
         "load_assignment": {"cluster_name": "otlp", "endpoints": [{"lb_endpoints": [
             {"endpoint": {"address": {"socket_address": {"address": host, "port_value": int(port)}}}}]}]}})
-    doc["layered_runtime"] = {"layers": [{"name": "static", "static_layer": {
-        "tracing.opentelemetry.flush_interval_ms": 1000}}]}
+    static = doc.setdefault("layered_runtime", {"layers": [{"name": "static", "static_layer": {}}]})["layers"][0]
+    static["static_layer"]["tracing.opentelemetry.flush_interval_ms"] = 1000
     return yaml.safe_dump(doc, sort_keys=False)
 
 

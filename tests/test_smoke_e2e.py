@@ -30,3 +30,12 @@ def test_metrics_endpoint_counts_requests_without_content(gateway: Gateway) -> N
     assert 'envoy_cluster_endpoint_rq_success_total{envoy_cluster_name="upstream_up-pro",envoy_endpoint_address=' in m
     # the public listener does not serve it
     assert httpx.get(gateway.url + "/metrics", headers={"Authorization": f"Bearer {key}"}).status_code == 404
+
+
+def test_envoy_closes_extproc_streams_gracefully(gateway: Gateway) -> None:
+    """Envoy half-closes each ext_proc stream and waits for its status instead of resetting it (a reset
+    stream leaks memory in grpcio's asyncio server: BENCHMARKS.md, Soak)."""
+    import httpx
+    rt = httpx.get(f"http://127.0.0.1:{gateway.stack.s.envoy_admin_port}/runtime").json()
+    entry = rt["entries"]["envoy.reloadable_features.ext_proc_graceful_grpc_close"]
+    assert entry["final_value"] == "true", entry
