@@ -28,6 +28,10 @@ from .store import Store, heartbeat
 from .usage_writer import UsageWriter
 
 
+REDIS_POOL = 8
+PG_POOL = 4
+
+
 async def watch_catalog(path: str, gw: Gateway, every: float = 0.5, settle: float = 1.0) -> None:
     """Apply a changed catalog without a restart.  The change is taken ``settle`` seconds after it is
     seen, by which time Envoy has loaded the clusters rendered from it; a catalog that does not load is
@@ -51,12 +55,14 @@ async def watch_catalog(path: str, gw: Gateway, every: float = 0.5, settle: floa
 async def serve(settings: Settings) -> None:
     cat = catalog_mod.load(settings.catalog)
     # A restarted Redis leaves dead pooled connections: a failed call is retried on a new one.  The pool
-    # waits for a free connection rather than failing when every one is busy.
+    # waits for a free connection rather than failing when every one is busy.  Its users are few (cache
+    # fills, heartbeat, usage writer; the request path has its own connection), so it is small, and it
+    # and PostgreSQL's pool are opened whole at start: a process's descriptors do not grow under load.
     r = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(
-        settings.redis_url, max_connections=512, timeout=5, socket_timeout=2, socket_connect_timeout=2,
+        settings.redis_url, max_connections=REDIS_POOL, timeout=5, socket_timeout=2, socket_connect_timeout=2,
         health_check_interval=10, retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2),
         retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError]))
-    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=4)
+    pool = await asyncpg.create_pool(settings.database_url, min_size=PG_POOL, max_size=PG_POOL)
     store = Store(r, RespClient.from_url(settings.redis_url), default_rpm=settings.default_rpm, default_concurrency=settings.default_concurrency,
                   lease_s=int(settings.total_timeout_s) + 60, key_ttl_s=settings.key_cache_ttl_s)
     gw = Gateway(catalog=cat, store=store, directory=Directory(pool), pick=lambda a: a.pick_upstream(),
@@ -72,6 +78,8 @@ async def serve(settings: Settings) -> None:
     server.add_insecure_port(f"127.0.0.1:{settings.grpc_port}")
     try:
         await heartbeat(r, gw.owner)
+        await asyncio.gather(*(r.ping() for _ in range(REDIS_POOL)))  # every pooled connection open
+        await store.fast.call("PING")  # and the request path's own
     except Exception:  # noqa: BLE001 - Redis down at start: requests get 500 until it is back
         logging.getLogger("extproc").warning("Redis unreachable at start")
     # Everything loaded so far lives as long as the process: keep it out of the collector's scans, and
