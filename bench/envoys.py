@@ -121,6 +121,9 @@ def proxy(port: int, admin_port: int, json_port: int, sse_port: int, log_path: P
             {"match": {"prefix": "/"}, "route": {"cluster": "up_json", **route_common}}]}]},
         "http_filters": filters}
     return {"node": {"id": "bench-proxy", "cluster": "bench"}, "admin": _admin(admin_port),
+            # as in envoy/envoy.yaml: ext_proc streams half-closed, not reset, at their end
+            "layered_runtime": {"layers": [{"name": "static", "static_layer": {
+                "envoy.reloadable_features.ext_proc_graceful_grpc_close": True}}]},
             "static_resources": {
                 "listeners": [{"name": "bench", "per_connection_buffer_limit_bytes": 65 * 1024 * 1024,
                                "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
