@@ -92,6 +92,10 @@ def ratios(cmp: dict[str, Any]) -> list[tuple[str, str]]:
     for cell in ("chat", "chat_c256", "stream", "embeddings", "models"):
         out.append((cell, f"vs bare Envoy {r('gateway', 'bare_envoy', cell)}, vs minimal ext_proc "
                           f"{r('gateway', 'minimal_extproc', cell)}, vs LiteLLM {r('gateway', 'litellm', cell)}"))
+    g, m = sy.get("gateway", {}).get("cells", {}).get("models"), sy.get("minimal_extproc", {}).get("cells", {}).get("chat")
+    if g and m and m["rps"]:
+        out.append(("models vs minimal chat", f"{g['rps'] / m['rps']:.2f}× (the issue's target: 2×; "
+                                              "`models_ratio_vs_minimal` in the headline)"))
     return out
 
 

@@ -384,7 +384,8 @@ def headline(cmp: dict[str, Any] | None, sk: dict[str, Any] | None) -> dict[str,
         sg = cell("gateway", "stream")
         h["stream_chunks_per_s"] = None if sg is None else round(sg * cmp["stream_chunks_per_reply"], 1)
         h["stream_ratio_vs_minimal"] = ratio(sg, cell("minimal_extproc", "stream"))
-        h["models_ratio_vs_minimal"] = ratio(cell("gateway", "models"), cell("minimal_extproc", "models"))
+        # as the target is worded: the gateway's GET /v1/models against the minimal ext_proc's chat
+        h["models_ratio_vs_minimal"] = ratio(cell("gateway", "models"), rm)
         gw = sy.get("gateway")
         if gw is not None:
             h["errors"] = sum(int(c["errors"]) for c in gw["cells"].values()) + len(gw["invalid"])
