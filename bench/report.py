@@ -129,15 +129,21 @@ def terminal_table(cmp: dict[str, Any]) -> str:
     lines.append("gateway throughput ratios:")
     for cell, text in ratios(cmp):
         lines.append(f"  {cell:11s} {text}")
-    for name, s in cmp["systems"].items():
-        for scen, why in s["invalid"].items():
-            lines.append(f"  NOT MEASURED {s['label']} {scen}: {why}")
+    lines += [f"  {note}" for note in _notes(cmp)]
+    return "\n".join(lines)
+
+
+def _notes(cmp: dict[str, Any]) -> list[str]:
+    """What the figures leave out: cells not measured, LiteLLM skipped, the gateway's own errors."""
+    out = [f"not measured: {s['label']}, {scen}: functional check failed: {why}"
+           for s in cmp["systems"].values() for scen, why in s["invalid"].items()]
     if cmp.get("litellm_note"):
-        lines.append(f"  {cmp['litellm_note']}")
+        out.append(cmp["litellm_note"])
     ed = cmp["systems"].get("gateway", {}).get("error_detail")
     if ed and (ed["extproc_exceptions"] or set(ed["statuses"]) - {"0"}):
-        lines.append("gateway's own logs (all cells): " + _error_text(ed))
-    return "\n".join(lines)
+        out.append("gateway's own logs over all its cells (HTTP 0 = client gone at the end of a cell): "
+                   + _error_text(ed))
+    return out
 
 
 def _error_text(ed: dict[str, Any]) -> str:
@@ -302,15 +308,7 @@ def update_markdown(doc: dict[str, Any]) -> None:
                   *([FEW, ""] if any(x.get("few") for s in cmp["systems"].values() for x in s["cells"].values()) else []),
                   "Gateway throughput ratios:", ""]
         parts += [f"- {cell}: {text}" for cell, text in ratios(cmp)]
-        for s in cmp["systems"].values():
-            for scen, why in s["invalid"].items():
-                parts.append(f"- **not measured** — {s['label']}, {scen}: functional check failed: `{why}`")
-        if cmp.get("litellm_note"):
-            parts.append(f"- {cmp['litellm_note']}")
-        ed = cmp["systems"].get("gateway", {}).get("error_detail")
-        if ed and (ed["extproc_exceptions"] or set(ed["statuses"]) - {"0"}):
-            parts.append(f"- gateway's own logs over all its cells (HTTP 0 = client gone at the end of a cell): "
-                         f"`{_error_text(ed)}`")
+        parts += [f"- {note}" for note in _notes(cmp)]
         parts += ["", "![requests per second](bench/chart.svg)", "",
                   "Headline (the last line `make bench` prints):", "", "```json",
                   json.dumps(c["headline"]), "```", ""]

@@ -242,10 +242,9 @@ class Exchange:
             return self._too_large()
         prepare = prepare_chat if self.path == _CHAT_PATH else prepare_embeddings
         prepared = prepare(body, self.gw.catalog, self.gw.upstream_for)
-        valid = isinstance(prepared, Prepared)
         if isinstance(prepared, Prepared):
             self.prepared = prepared
-        adm = await self._admit(limits=valid)
+        adm = await self._admit(limits=self.prepared is not None)
         if adm.error is not None:
             self.prepared = None
             return self._reject(adm.error)
@@ -352,8 +351,9 @@ class Exchange:
         metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, "upstream_timeout").inc()
         if self.relay is None:
             self.status = 502
-        await self.close()  # billed as a reply that failed after it started
-        return self._reject(ApiError("upstream_timeout", "The model server timed out; retry with backoff."))
+        await self.close()  # billed (and counted) as a reply that failed after it started
+        return _error_answer(ApiError("upstream_timeout", "The model server timed out; retry with backoff."),
+                             self.request_id)
 
     # ---- the end, however it came ----------------------------------------------------------
     async def close(self) -> None:
