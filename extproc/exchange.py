@@ -149,7 +149,7 @@ def _json_answer(doc: object) -> Answer:
 
 class Exchange:
     __slots__ = ("gw", "request_id", "method", "path", "key_hash", "admission", "prepared", "started",
-                 "ttfb", "status", "relay", "output_seen", "finished", "idle")
+                 "ttfb", "status", "relay", "output_seen", "finished", "idle", "settling")
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
@@ -167,6 +167,8 @@ class Exchange:
         self.finished = False
         # seconds the next message may take to come (None: no limit here); set once the reply started
         self.idle: float | None = None
+        # the request's release and usage record, decided but not yet handed to Redis (``settle``)
+        self.settling: tuple[str, UsageRecord | None] | None = None
 
     # ---- metrics (bounded labels only) -------------------------------------------------------
     @property
@@ -315,10 +317,10 @@ class Exchange:
             out = self.relay.feed(body)
             if end_of_stream:
                 out += self.relay.end()
-                await self._finish_stream()
+                self._finish_stream()
             return Answer(body=out)
         if self.status >= 400 or self.status < 200:
-            await self._bill(None)  # the model server produced no output
+            self._bill(None)  # the model server produced no output
             if body.startswith(b'{"error"') and self.request_id.encode() in body:
                 code = json.loads(body)["error"]["code"]  # Envoy's own reply, already in SPEC's shape
                 self._count(self.status, code)
@@ -329,18 +331,18 @@ class Exchange:
             return self._reject(err)
         new, usage = rewrite_body(body, p.upstream_model, p.alias.id, embeddings=p.endpoint != CHAT)
         if usage is None:
-            await self._bill((p.estimated_prompt_tokens, 0), estimated=True)
+            self._bill((p.estimated_prompt_tokens, 0), estimated=True)
         else:
-            await self._bill(usage)
+            self._bill(usage)
         return Answer(body=new, set_headers={"content-length": str(len(new))})
 
-    async def _finish_stream(self) -> None:
+    def _finish_stream(self) -> None:
         relay = self.relay
         assert relay is not None and self.prepared is not None
         if relay.usage is not None:
-            await self._bill(relay.usage)
+            self._bill(relay.usage)
         else:
-            await self._bill((self.prepared.estimated_prompt_tokens, relay.content_events), estimated=True)
+            self._bill((self.prepared.estimated_prompt_tokens, relay.content_events), estimated=True)
 
     async def idle_gap(self) -> Answer:
         """Nothing more of the reply came within the idle budget (SPEC section 7): 502 upstream_timeout
@@ -358,16 +360,17 @@ class Exchange:
     # ---- the end, however it came ----------------------------------------------------------
     async def close(self) -> None:
         """The gRPC stream ended.  A forwarded request not billed yet ended abnormally."""
-        if self.finished or self.prepared is None:
-            return
         p = self.prepared
-        if self.relay is not None and self.relay.usage is not None:
-            await self._bill(self.relay.usage)  # the client left after the usage chunk went by
+        if self.finished or p is None:
+            pass
+        elif self.relay is not None and self.relay.usage is not None:
+            self._bill(self.relay.usage)  # the client left after the usage chunk went by
         elif self.relay is not None and self.output_seen:
-            await self._bill((p.estimated_prompt_tokens, self.relay.content_events), estimated=True)
+            self._bill((p.estimated_prompt_tokens, self.relay.content_events), estimated=True)
         else:
             # client gone or reply broken after the request reached the model server: input tokens
-            await self._bill((p.estimated_prompt_tokens, 0), estimated=True)
+            self._bill((p.estimated_prompt_tokens, 0), estimated=True)
+        await self.settle()
 
     def _record(self, tokens: tuple[int, int], estimated: bool, org_id: str, key_id: str) -> UsageRecord:
         p = self.prepared
@@ -390,7 +393,7 @@ class Exchange:
         rec = self._record((self.prepared.estimated_prompt_tokens, 0) if self.prepared else (0, 0), True, "", "")
         return self.gw.owner + "|" + rec.to_json()
 
-    async def _bill(self, tokens: tuple[int, int] | None, *, estimated: bool = False) -> None:
+    def _bill(self, tokens: tuple[int, int] | None, *, estimated: bool = False) -> None:
         """Release the slot and record the request once; ``None`` tokens: nothing billed."""
         if self.finished:
             return
@@ -402,7 +405,15 @@ class Exchange:
         record = None if tokens is None else self._record(tokens, estimated, ident.org_id, ident.key_id)
         if record is not None:
             self._observe(record)
-        await self.gw.finish(ident.org_id, self.request_id, record)
+        self.settling = (ident.org_id, record)
+
+    async def settle(self) -> None:
+        """Hand the decided release and usage record to Redis.  The stream loop calls this right after
+        it has sent the answer that carried the decision, so the Redis round trip is not part of the
+        client's wait; ``close`` calls it too, so nothing decided is ever left behind."""
+        pending, self.settling = self.settling, None
+        if pending is not None:
+            await self.gw.finish(pending[0], self.request_id, pending[1])
 
     def _observe(self, r: UsageRecord) -> None:
         self._count(r.status, "" if r.status == 200 else "aborted")

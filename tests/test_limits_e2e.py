@@ -138,3 +138,27 @@ def test_concurrency_per_org_released_on_every_ending(gateway: Gateway) -> None:
     for t in threads:
         t.join()
     assert codes == [200, 200]
+
+
+def test_a_finished_request_frees_its_slot_before_the_next_one_arrives(gateway: Gateway) -> None:
+    """The slot is released and the usage recorded just after the final answer goes to Envoy (off the
+    client's wait); the same Redis connection carries it ahead of any later request's admission, so a
+    client that sends its requests one after another never meets its own finished request."""
+    org, kid, key = gateway.new_org()
+    gateway.admin(lambda a: a.set_limits(org, None, 1))
+    stream = {**CHAT, "stream": True}
+    emb = {"model": "embed", "input": ["a", "b"]}
+    with httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=30) as c:
+        for i in range(60):
+            kind = i % 3
+            if kind == 0:
+                r = c.post(gateway.v1 + "/chat/completions", json=CHAT)
+            elif kind == 1:
+                r = c.post(gateway.v1 + "/chat/completions", json=stream)
+                assert r.text.endswith("data: [DONE]\n\n")
+            else:
+                r = c.post(gateway.v1 + "/embeddings", json=emb)
+            assert r.status_code == 200, (i, r.status_code, r.text)
+    # every one of them was recorded once
+    wait_for(lambda: gateway.sql("SELECT count(*) AS n, count(DISTINCT request_id) AS d FROM usage_records"
+                               " WHERE org_id = $1", org) == [{"n": 60, "d": 60}], timeout=5)
