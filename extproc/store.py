@@ -6,9 +6,9 @@ Redis layout (all keys under ``gw:``):
   gw:o:<org>       hash  status, balance (micro-PLN), rpm, conc   (no TTL; kept current by control)
   gw:rl:<key>:<minute>  counter of the key's requests in that minute
   gw:c:<org>       zset  request id -> lease expiry (unix s): the organisation's in-flight requests
-  gw:done:<rid>    marker that a request was finished once (no double debit)
   gw:usage         stream of usage records, drained into PostgreSQL by the usage writer
-  gw:if            hash  request id -> "key|org|owner|pending record": requests in flight, so that a
+  gw:if            hash  request id -> "key|org|owner|pending record": requests admitted and not finished
+                   yet (the first finish removes the entry: no double debit), so that a
                    request whose ext_proc process died is still billed (see ``reap``)
   gw:hb:<owner>    an ext_proc process's heartbeat (expires 3 s after the process stops)
 """
@@ -36,26 +36,31 @@ if o[1] ~= 'active' then return {'suspended', k[1], org} end
 if ARGV[2] == '0' then return {'ok', k[1], org} end
 if tonumber(o[2]) <= 0 then return {'quota', k[1], org} end
 local now = tonumber(redis.call('TIME')[1])
-local rpm = tonumber(k[3] or o[3] or ARGV[4])
 local rk = 'gw:rl:' .. k[1] .. ':' .. math.floor(now / 60)
-if tonumber(redis.call('GET', rk) or '0') >= rpm then
+local n = redis.call('INCR', rk)
+if n == 1 then redis.call('EXPIRE', rk, 61) end
+if n > tonumber(k[3] or o[3] or ARGV[4]) then
+  redis.call('DECR', rk)
   return {'rate', k[1], org, tostring(60 - (now % 60))}
 end
 local ck = 'gw:c:' .. org
-redis.call('ZREMRANGEBYSCORE', ck, '-inf', now)
-if redis.call('ZCARD', ck) >= tonumber(o[4] or ARGV[5]) then return {'conc', k[1], org} end
-redis.call('INCR', rk)
-redis.call('EXPIRE', rk, 61)
+local conc = tonumber(o[4] or ARGV[5])
+-- leases left by a process that died are swept only when they could matter: at the limit
+if redis.call('ZCARD', ck) >= conc and (redis.call('ZREMRANGEBYSCORE', ck, '-inf', now) == 0
+    or redis.call('ZCARD', ck) >= conc) then
+  redis.call('DECR', rk)
+  return {'conc', k[1], org}
+end
 redis.call('ZADD', ck, now + tonumber(ARGV[6]), ARGV[3])
 if ARGV[7] ~= '' then redis.call('HSET', 'gw:if', ARGV[3], k[1] .. '|' .. org .. '|' .. ARGV[7]) end
 return {'admitted', k[1], org}
 """
 
+# The journal entry (gw:if) exists from admission to the first finish: removing it is what makes a
+# finish the first one, so a repeated finish (a retry, the reaper) debits and records nothing.
 _FINISH = """
 redis.call('ZREM', 'gw:c:' .. ARGV[1], ARGV[2])
-redis.call('HDEL', 'gw:if', ARGV[2])
-if ARGV[4] == '' then return 0 end
-if not redis.call('SET', 'gw:done:' .. ARGV[2], '1', 'NX', 'EX', 86400) then return 0 end
+if redis.call('HDEL', 'gw:if', ARGV[2]) == 0 or ARGV[4] == '' then return 0 end
 local ok = 'gw:o:' .. ARGV[1]
 if tonumber(ARGV[3]) > 0 and redis.call('HEXISTS', ok, 'balance') == 1 then
   redis.call('HINCRBY', ok, 'balance', -tonumber(ARGV[3]))

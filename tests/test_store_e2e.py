@@ -1,0 +1,119 @@
+"""The two request-path Redis scripts (``extproc.store``) against the stack's real Redis and PostgreSQL:
+a finish counts once, a rejection consumes nothing."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Awaitable, Callable
+
+import httpx
+import redis.asyncio as aioredis
+
+from conftest import Gateway, wait_for
+from extproc.decisions import UsageRecord
+from extproc.keys import key_hash
+from extproc.resp import RespClient
+from extproc.store import Store
+
+CHAT = {"model": "polish-fast", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+
+
+def _with_store(gateway: Gateway, fn: Callable[[Store, aioredis.Redis], Awaitable[Any]]) -> Any:
+    async def go() -> Any:
+        r = aioredis.from_url(gateway.stack.redis_url)
+        fast = RespClient.from_url(gateway.stack.redis_url)
+        try:
+            return await fn(Store(r, fast, default_rpm=100000, default_concurrency=1000, lease_s=600,
+                                  key_ttl_s=60), r)
+        finally:
+            await fast.close()
+            await r.aclose()
+    return asyncio.run(go())
+
+
+def _ready_org(gateway: Gateway) -> tuple[str, str, str]:
+    """A fresh organisation whose key and organisation are in Redis (one request made)."""
+    org, kid, key = gateway.new_org()
+    r = httpx.post(gateway.v1 + "/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {key}"},
+                   timeout=30)
+    assert r.status_code == 200, r.text
+    return org, kid, key
+
+
+def _record(rid: str, org: str, kid: str, cost: int) -> UsageRecord:
+    now = time.time()
+    return UsageRecord(request_id=rid, org_id=org, key_id=kid, alias="polish-fast", upstream_model="up-fast",
+                       endpoint="chat", status=200, stream=False, prompt_tokens=3, completion_tokens=2,
+                       estimated=False, cost_micro_pln=cost, input_price=1, output_price=1, started_at=now - 1,
+                       ttfb_ms=5, ended_at=now)
+
+
+def test_a_finish_debits_and_records_once_and_only_after_an_admission(gateway: Gateway) -> None:
+    org, kid, key = _ready_org(gateway)
+    h = key_hash(key)
+    stamp = str(time.time_ns())
+    once, never, last = f"store-once-{stamp}", f"store-never-{stamp}", f"store-last-{stamp}"
+
+    async def go(store: Store, r: aioredis.Redis) -> tuple[int, int]:
+        # wait for the earlier request's debit, so the balance read here is settled
+        before = int(await r.hget("gw:o:" + org, "balance"))
+        for rid in (once, last):
+            adm = await store.admit(h, rid, limits=True, pending="test|{}")
+            assert adm.error is None and adm.identity is not None and adm.identity.org_id == org
+        assert await r.zscore("gw:c:" + org, once) is not None
+        for _ in range(3):  # a retry, or the reaper after the owner: the same request finished again
+            await store.finish(org, once, _record(once, org, kid, 1234))
+        await store.finish(org, never, _record(never, org, kid, 999))  # never admitted here
+        await store.finish(org, last, _record(last, org, kid, 1))
+        assert await r.zscore("gw:c:" + org, once) is None  # the slot is free
+        assert await r.hget("gw:if", once) is None  # and the journal entry gone
+        return before, int(await r.hget("gw:o:" + org, "balance"))
+
+    wait_for(lambda: gateway.sql("SELECT count(*) AS n FROM usage_records WHERE org_id = $1", org) == [{"n": 1}])
+    before, after = _with_store(gateway, go)
+    assert before - after == 1234 + 1
+    wait_for(lambda: gateway.sql("SELECT count(*) AS n FROM usage_records WHERE request_id = $1", last)
+             == [{"n": 1}])
+    rows = gateway.sql("SELECT request_id, cost_micro_pln FROM usage_records WHERE request_id = ANY($1)"
+                       " ORDER BY request_id", [once, never, last])
+    assert rows == [{"request_id": last, "cost_micro_pln": 1}, {"request_id": once, "cost_micro_pln": 1234}]
+    debits = gateway.sql("SELECT ref, amount_micro_pln FROM ledger WHERE ref = ANY($1) ORDER BY ref",
+                         ["usage:" + once, "usage:" + never, "usage:" + last])
+    assert debits == [{"ref": "usage:" + last, "amount_micro_pln": -1}, {"ref": "usage:" + once, "amount_micro_pln": -1234}]
+
+
+def test_a_rejected_admission_takes_no_slot_and_counts_no_request(gateway: Gateway) -> None:
+    org, kid, key = _ready_org(gateway)
+    h = key_hash(key)
+    gateway.admin(lambda a: a.set_limits(org, 3, 1))
+    stamp = str(time.time_ns())
+
+    async def go(store: Store, r: aioredis.Redis) -> None:
+        minute = int((await r.time())[0]) // 60
+        a = await store.admit(h, f"{stamp}-a", limits=True, pending="test|{}")
+        assert a.error is None
+        b = await store.admit(h, f"{stamp}-b", limits=True, pending="test|{}")  # the one slot is taken
+        assert b.error is not None and b.error.code == "concurrency_limit_exceeded"
+        assert await r.zcard("gw:c:" + org) == 1 and await r.hget("gw:if", f"{stamp}-b") is None
+        if int((await r.time())[0]) // 60 != minute:
+            return  # the minute turned over mid-test: the counter below belongs to another window
+        assert int(await r.get(f"gw:rl:{kid}:{minute}")) in (1, 2)  # the HTTP request may share the minute
+        await store.finish(org, f"{stamp}-a", None)  # released without a record
+        assert await r.zcard("gw:c:" + org) == 0
+        # a lease left by a process that died (expired) does not hold the slot
+        await r.zadd("gw:c:" + org, {"dead": 1})
+        c = await store.admit(h, f"{stamp}-c", limits=True, pending="test|{}")
+        assert c.error is None and await r.zscore("gw:c:" + org, "dead") is None
+        await store.finish(org, f"{stamp}-c", None)
+        # the rate limit (3 a minute, the HTTP request included if in this minute) stops further ones
+        codes = []
+        for i in range(4):
+            adm = await store.admit(h, f"{stamp}-r{i}", limits=True, pending="test|{}")
+            codes.append(adm.error.code if adm.error is not None else "ok")
+            if adm.error is None:
+                await store.finish(org, f"{stamp}-r{i}", None)
+        if int((await r.time())[0]) // 60 == minute:
+            assert codes.count("rate_limit_exceeded") >= 2 and codes[-1] == "rate_limit_exceeded"
+            assert int(await r.get(f"gw:rl:{kid}:{minute}")) == 3  # rejections are not counted
+
+    _with_store(gateway, go)
