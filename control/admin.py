@@ -91,7 +91,7 @@ class Admin:
         await self._org_exists(org_id)
         await self.pool.execute("UPDATE orgs SET rpm = COALESCE($2, rpm), concurrency = COALESCE($3, concurrency)"
                                 " WHERE id = $1", org_id, rpm, concurrency)
-        mapping = {k: v for k, v in (("rpm", rpm), ("conc", concurrency)) if v is not None}
+        mapping: dict[Any, Any] = {k: v for k, v in (("rpm", rpm), ("conc", concurrency)) if v is not None}
         if mapping:
             await self.r.hset("gw:o:" + org_id, mapping=mapping)
 

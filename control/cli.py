@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_sim(args, s)
         if args.cmd == "status":
             return cmd_status(args, s)
-        return asyncio.run(_with_admin(s, lambda a: _admin_cmd(args, a)))
+        return int(asyncio.run(_with_admin(s, lambda a: _admin_cmd(args, a))))
     except (AdminError, CatalogError) as e:
         print(f"gateway: {e}", file=sys.stderr)
         return 2

@@ -8,6 +8,7 @@ stop, kill and restart single components.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import pwd
@@ -60,7 +61,7 @@ def _port_open(port: int, host: str = "127.0.0.1") -> bool:
 def _http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=0.5) as r:
-            return 200 <= r.status < 300
+            return 200 <= int(r.status) < 300
     except Exception:  # noqa: BLE001
         return False
 
@@ -172,7 +173,7 @@ class Stack:
                 ctx = max((a.context_length for a in cat.aliases.values()
                            if any(u.model == m for u in a.upstreams)), default=8192)
                 argv += [f"--{kinds.get(m, 'chat')}-model", f"{m}@{ctx}"]
-            procs.append(Proc(f"sim:{name}", argv, ready=lambda p=port: _http_ok(f"http://127.0.0.1:{p}/health")))
+            procs.append(Proc(f"sim:{name}", argv, ready=functools.partial(_http_ok, f"http://127.0.0.1:{port}/health")))
         return procs
 
     def _child_env(self) -> dict[str, str]:
@@ -189,14 +190,14 @@ class Stack:
     def _extproc_procs(self) -> list[Proc]:
         """One process per GATEWAY_EXTPROC_WORKERS: "extproc", "extproc-2", ..., each on its own gRPC and
         metrics port (envoy_config.extproc_workers); Envoy balances the requests' streams across them."""
-        procs = []
+        procs: list[Proc] = []
         for name, grpc_port, metrics_port in envoy_config.extproc_workers(self.s):
             env = self._child_env()
             env.update({"GATEWAY_EXTPROC_PORT": str(grpc_port), "GATEWAY_METRICS_PORT": str(metrics_port),
                         # Envoy's statistics are served beside the first worker's metrics only
                         "GATEWAY_METRICS_ENVOY": "1" if not procs else "0"})
             procs.append(Proc(name, [sys.executable, "-m", "extproc"],
-                              ready=lambda p=grpc_port: _port_open(p), env=env))
+                              ready=functools.partial(_port_open, grpc_port), env=env))
         return procs
 
     def _extproc_proc(self) -> Proc:

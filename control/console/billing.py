@@ -31,8 +31,8 @@ async def payment_of(pool: asyncpg.Pool, org_id: str, payment_id: str) -> asyncp
 
 
 async def recent_payments(pool: asyncpg.Pool, org_id: str, limit: int = 20) -> list[asyncpg.Record]:
-    return await pool.fetch("SELECT * FROM payments WHERE org_id = $1 ORDER BY created_at DESC LIMIT $2",
-                            org_id, limit)
+    return list(await pool.fetch("SELECT * FROM payments WHERE org_id = $1 ORDER BY created_at DESC LIMIT $2",
+                                 org_id, limit))
 
 
 async def handle_notification(admin: Admin, provider: Provider, body: bytes, content_type: str) -> dict[str, Any]:

@@ -31,6 +31,10 @@ class Viewer:
         return self.role == "owner"
 
 
+def _opt_str(v: Any) -> str | None:
+    return None if v is None else str(v)
+
+
 def normal_email(email: str) -> str:
     return email.strip().lower()
 
@@ -66,7 +70,7 @@ class Store:
         """True the first time."""
         r = await self.pool.execute("UPDATE users SET verified_at = now() WHERE id = $1 AND verified_at IS NULL",
                                     user_id)
-        return r.endswith(" 1")
+        return str(r).endswith(" 1")
 
     async def owned_orgs(self, user_id: str) -> list[str]:
         rows = await self.pool.fetch("SELECT org_id FROM memberships WHERE user_id = $1 AND role = 'owner'"
@@ -80,14 +84,14 @@ class Store:
             user_id, org_id, role)
 
     async def orgs_of(self, user_id: str) -> list[asyncpg.Record]:
-        return await self.pool.fetch(
+        return list(await self.pool.fetch(
             "SELECT o.id, o.name, m.role FROM memberships m JOIN orgs o ON o.id = m.org_id"
-            " WHERE m.user_id = $1 ORDER BY m.created_at", user_id)
+            " WHERE m.user_id = $1 ORDER BY m.created_at", user_id))
 
     async def members(self, org_id: str) -> list[asyncpg.Record]:
-        return await self.pool.fetch(
+        return list(await self.pool.fetch(
             "SELECT u.id, u.email, m.role, m.created_at FROM memberships m JOIN users u ON u.id = m.user_id"
-            " WHERE m.org_id = $1 ORDER BY m.created_at", org_id)
+            " WHERE m.org_id = $1 ORDER BY m.created_at", org_id))
 
     async def remove_member(self, org_id: str, user_id: str) -> str | None:
         """None when done, else why not."""
@@ -127,7 +131,7 @@ class Store:
             "UPDATE console_sessions SET org_id = $3 WHERE token_hash = $1 AND user_id = $2"
             " AND EXISTS (SELECT 1 FROM memberships WHERE user_id = $2 AND org_id = $3)",
             token_hash(token), user_id, org_id)
-        return r.endswith(" 1")
+        return str(r).endswith(" 1")
 
     async def end_session(self, token: str) -> None:
         await self.pool.execute("DELETE FROM console_sessions WHERE token_hash = $1", token_hash(token))
@@ -141,15 +145,15 @@ class Store:
 
     async def peek_email_token(self, token: str, purpose: str) -> str | None:
         """The user id of a valid (unused, unexpired) token, without using it."""
-        return await self.pool.fetchval(
+        return _opt_str(await self.pool.fetchval(
             "SELECT user_id FROM email_tokens WHERE token_hash = $1 AND purpose = $2 AND used_at IS NULL"
-            " AND expires_at > now()", token_hash(token), purpose)
+            " AND expires_at > now()", token_hash(token), purpose))
 
     async def use_email_token(self, token: str, purpose: str) -> str | None:
         """Marks a valid token used and returns its user id; None if invalid, expired or used."""
-        return await self.pool.fetchval(
+        return _opt_str(await self.pool.fetchval(
             "UPDATE email_tokens SET used_at = now() WHERE token_hash = $1 AND purpose = $2 AND used_at IS NULL"
-            " AND expires_at > now() RETURNING user_id", token_hash(token), purpose)
+            " AND expires_at > now() RETURNING user_id", token_hash(token), purpose))
 
     # ---- invitations ---------------------------------------------------------------------
     async def create_invite(self, token: str, org_id: str, email: str, role: str, by: str) -> str:
@@ -177,14 +181,14 @@ class Store:
             return str(inv["org_id"])
 
     async def pending_invites(self, org_id: str) -> list[asyncpg.Record]:
-        return await self.pool.fetch(
+        return list(await self.pool.fetch(
             "SELECT id, email, role, created_at, expires_at FROM invites WHERE org_id = $1 AND accepted_at IS NULL"
-            " AND expires_at > now() ORDER BY created_at DESC", org_id)
+            " AND expires_at > now() ORDER BY created_at DESC", org_id))
 
     async def revoke_invite(self, org_id: str, invite_id: str) -> bool:
         r = await self.pool.execute("DELETE FROM invites WHERE id = $1 AND org_id = $2 AND accepted_at IS NULL",
                                     invite_id, org_id)
-        return r.endswith(" 1")
+        return str(r).endswith(" 1")
 
     # ---- rate limiting -------------------------------------------------------------------
     async def attempts(self, kind: str, email: str, ip: str, minutes: int) -> tuple[int, int]:

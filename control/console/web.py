@@ -110,7 +110,7 @@ def csrf_basis(request: web.Request) -> str:
     v = viewer(request)
     if v is not None:
         return "s:" + v.session_token
-    return "a:" + request["anon"]
+    return "a:" + str(request["anon"])
 
 
 def csrf_for(request: web.Request) -> str:

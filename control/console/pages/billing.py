@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -119,7 +120,7 @@ async def notify(request: web.Request) -> web.Response:
 
 # ---- the sandbox provider's payment page ------------------------------------------------------
 
-async def _sandbox_payment(request: web.Request) -> tuple[object, object]:
+async def _sandbox_payment(request: web.Request) -> tuple[object, Any]:
     c = console(request)
     if c.provider.name != "sandbox":
         raise web.HTTPNotFound()

@@ -38,7 +38,8 @@ class Filters:
 
     def where(self, org_id: str) -> tuple[str, list[Any]]:
         """A WHERE clause on usage_records ``u``; always the viewer's organisation first."""
-        sql, args = ["u.org_id = $1"], [org_id]
+        sql: list[str] = ["u.org_id = $1"]
+        args: list[Any] = [org_id]
         if self.start:
             args.append(dt.datetime.combine(self.start, dt.time(), dt.timezone.utc))
             sql.append(f"u.started_at >= ${len(args)}")
@@ -63,11 +64,11 @@ def _date(v: Any) -> dt.date | None:
 
 async def _rows(request: web.Request, org_id: str, f: Filters, limit: int) -> list[Any]:
     where, args = f.where(org_id)
-    return await console(request).pool.fetch(
+    return list(await console(request).pool.fetch(
         "SELECT u.request_id, u.started_at, u.alias, u.key_id, k.name AS key_name, k.prefix, u.status, u.endpoint,"
         " u.prompt_tokens, u.completion_tokens, u.cost_micro_pln, u.estimated"
         f" FROM usage_records u LEFT JOIN api_keys k ON k.id = u.key_id AND k.org_id = u.org_id WHERE {where}"
-        f" ORDER BY u.started_at DESC, u.request_id LIMIT {int(limit)}", *args)
+        f" ORDER BY u.started_at DESC, u.request_id LIMIT {int(limit)}", *args))
 
 
 def chart(days: list[dict[str, Any]], width: int = 640, height: int = 160) -> dict[str, Any]:
