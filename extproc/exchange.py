@@ -286,7 +286,6 @@ class Exchange:
                     await self.gw.store.fill_org(miss.org_id, await self.gw.directory.org(miss.org_id))
                 continue
             if self.admission is None:
-                self.admission = adm
                 metrics.labelled(metrics.KEY_LOOKUPS, "hit").inc()
             self.admission = adm
             return adm
@@ -361,15 +360,14 @@ class Exchange:
     async def close(self) -> None:
         """The gRPC stream ended.  A forwarded request not billed yet ended abnormally."""
         p = self.prepared
-        if self.finished or p is None:
-            pass
-        elif self.relay is not None and self.relay.usage is not None:
-            self._bill(self.relay.usage)  # the client left after the usage chunk went by
-        elif self.relay is not None and self.output_seen:
-            self._bill((p.estimated_prompt_tokens, self.relay.content_events), estimated=True)
-        else:
-            # client gone or reply broken after the request reached the model server: input tokens
-            self._bill((p.estimated_prompt_tokens, 0), estimated=True)
+        if not self.finished and p is not None:
+            if self.relay is not None and self.relay.usage is not None:
+                self._bill(self.relay.usage)  # the client left after the usage chunk went by
+            elif self.relay is not None and self.output_seen:
+                self._bill((p.estimated_prompt_tokens, self.relay.content_events), estimated=True)
+            else:
+                # client gone or reply broken after the request reached the model server: input tokens
+                self._bill((p.estimated_prompt_tokens, 0), estimated=True)
         await self.settle()
 
     def _record(self, tokens: tuple[int, int], estimated: bool, org_id: str, key_id: str) -> UsageRecord:

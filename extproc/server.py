@@ -162,7 +162,7 @@ class Processor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                                      {"gateway.request_id": ex.request_id, "gateway.phase": phase or "",
                                       "gateway.status": str(answer.reply[0]) if answer.reply else "continue"})
                 await context.write(msg)
-                if ex.settling is not None:
+                if ex.settling is not None:  # checked here: no coroutine made for every stream chunk
                     await ex.settle()  # after the answer: Redis is not on the client's wait
                 if answer.reply is not None or (phase == "response_body" and req.response_body.end_of_stream) or (
                         phase == "response_headers" and req.response_headers.end_of_stream):

@@ -45,11 +45,13 @@ if n > tonumber(k[3] or o[3] or ARGV[4]) then
 end
 local ck = 'gw:c:' .. org
 local conc = tonumber(o[4] or ARGV[5])
--- leases left by a process that died are swept only when they could matter: at the limit
-if redis.call('ZCARD', ck) >= conc and (redis.call('ZREMRANGEBYSCORE', ck, '-inf', now) == 0
-    or redis.call('ZCARD', ck) >= conc) then
-  redis.call('DECR', rk)
-  return {'conc', k[1], org}
+if redis.call('ZCARD', ck) >= conc then
+  -- leases left by a process that died are swept only when they could matter: at the limit
+  redis.call('ZREMRANGEBYSCORE', ck, '-inf', now)
+  if redis.call('ZCARD', ck) >= conc then
+    redis.call('DECR', rk)
+    return {'conc', k[1], org}
+  end
 end
 redis.call('ZADD', ck, now + tonumber(ARGV[6]), ARGV[3])
 if ARGV[7] ~= '' then redis.call('HSET', 'gw:if', ARGV[3], k[1] .. '|' .. org .. '|' .. ARGV[7]) end

@@ -55,7 +55,6 @@ def test_a_finish_debits_and_records_once_and_only_after_an_admission(gateway: G
     once, never, last = f"store-once-{stamp}", f"store-never-{stamp}", f"store-last-{stamp}"
 
     async def go(store: Store, r: aioredis.Redis) -> tuple[int, int]:
-        # wait for the earlier request's debit, so the balance read here is settled
         before = int(await r.hget("gw:o:" + org, "balance"))
         for rid in (once, last):
             adm = await store.admit(h, rid, limits=True, pending="test|{}")
@@ -69,6 +68,7 @@ def test_a_finish_debits_and_records_once_and_only_after_an_admission(gateway: G
         assert await r.hget("gw:if", once) is None  # and the journal entry gone
         return before, int(await r.hget("gw:o:" + org, "balance"))
 
+    # the earlier request's debit is in (its record reached PostgreSQL): the balance read in go() is settled
     wait_for(lambda: gateway.sql("SELECT count(*) AS n FROM usage_records WHERE org_id = $1", org) == [{"n": 1}])
     before, after = _with_store(gateway, go)
     assert before - after == 1234 + 1
