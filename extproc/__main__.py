@@ -8,26 +8,26 @@ import os
 import signal
 
 import asyncpg
-import grpc
-from grpc_health.v1 import health as grpc_health
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 import redis.asyncio as aioredis
 import redis.exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from . import catalog as catalog_mod
 from . import logs, metrics, tracing
 from .directory import Directory
 from .exchange import Gateway
-from .server import Processor
+from .grpc_server import Server
+from .server import PROCESS_PATH, Processor
 from .settings import Settings
 from .resp import RespClient
 from .store import Store, heartbeat
 from .usage_writer import UsageWriter
 
 
+HEALTH_SERVICES = ("", "envoy.service.ext_proc.v3.ExternalProcessor")
 REDIS_POOL = 8
 PG_POOL = 4
 
@@ -67,15 +67,10 @@ async def serve(settings: Settings) -> None:
                   lease_s=int(settings.total_timeout_s) + 60, key_ttl_s=settings.key_cache_ttl_s)
     gw = Gateway(catalog=cat, store=store, directory=Directory(pool), pick=lambda a: a.pick_upstream(),
                  max_body_bytes=settings.max_body_bytes, idle_timeout_s=settings.idle_timeout_s)
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 128 * 1024 * 1024),
-                                      ("grpc.max_send_message_length", 128 * 1024 * 1024)])
     spans = tracing.tracer(settings.otlp_endpoint)
-    ep_grpc.add_ExternalProcessorServicer_to_server(Processor(gw, spans), server)
-    health = grpc_health.HealthServicer(experimental_non_blocking=True)
-    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    server = Server({PROCESS_PATH: (Processor(gw, spans).process, ep.ProcessingRequest.FromString)})
     metrics.serve(settings.metrics_http_port, settings.metrics_host,
                   settings.envoy_admin_port if settings.metrics_envoy else None)
-    server.add_insecure_port(f"127.0.0.1:{settings.grpc_port}")
     try:
         await heartbeat(r, gw.owner)
         await asyncio.gather(*(r.ping() for _ in range(REDIS_POOL)))  # every pooled connection open
@@ -88,9 +83,9 @@ async def serve(settings: Settings) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(20000, 20, 20)
-    await server.start()
-    for service in ("", "envoy.service.ext_proc.v3.ExternalProcessor"):
-        health.set(service, health_pb2.HealthCheckResponse.SERVING)
+    await server.start("127.0.0.1", settings.grpc_port)
+    for service in HEALTH_SERVICES:
+        server.health[service] = health_pb2.HealthCheckResponse.SERVING
     writer = UsageWriter(r, pool, store)
     writer_task = asyncio.create_task(writer.run())
 
@@ -111,8 +106,8 @@ async def serve(settings: Settings) -> None:
         loop.add_signal_handler(sig, stop.set)
     logging.getLogger("extproc").info("ext_proc listening on 127.0.0.1:%d", settings.grpc_port)
     await stop.wait()
-    for service in ("", "envoy.service.ext_proc.v3.ExternalProcessor"):
-        health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    for service in HEALTH_SERVICES:
+        server.health[service] = health_pb2.HealthCheckResponse.NOT_SERVING
     await server.stop(grace=settings.drain_grace_s)
     writer_task.cancel()
     beat_task.cancel()

@@ -8,19 +8,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from time import perf_counter, time_ns
-from typing import AsyncIterator
-
-import grpc
 from google.protobuf import struct_pb2
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from envoy.type.v3 import http_status_pb2
 
 from . import metrics, tracing
 from .errors import internal_error
 from .exchange import Answer, Exchange, Gateway
+from .grpc_server import EOF, Call
 
 log = logging.getLogger("extproc")
 
@@ -106,32 +103,34 @@ def _to_message(phase: str, answer: Answer) -> ep.ProcessingResponse:
     return ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
 
 
-class Processor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+PROCESS_PATH = b"/envoy.service.ext_proc.v3.ExternalProcessor/Process"
+
+
+class Processor:
+    """The ``ExternalProcessor.Process`` call (``grpc_server`` routes ``PROCESS_PATH`` here)."""
+
     def __init__(self, gateway: Gateway, tracer: tracing.NullTracer = tracing.NULL) -> None:
         self.gateway = gateway
         self.tracer = tracer
 
-    async def Process(self, request_iterator: AsyncIterator[ep.ProcessingRequest],  # noqa: N802
-                      context: grpc.aio.ServicerContext) -> None:
-        """grpc.aio's reader/writer form (``context.read``/``context.write``): one async-generator layer
-        less per message each way than iterating ``request_iterator`` and yielding."""
+    async def process(self, call: Call) -> None:
         ex = Exchange(self.gateway)
         parent = None
         if self.tracer.enabled:
-            parent = dict(context.invocation_metadata() or ()).get("traceparent")
+            parent = call.metadata("traceparent")
         try:
             while True:
                 if ex.idle is None:
-                    req = await context.read()
+                    req = await call.read()
                 else:
                     try:
                         async with asyncio.timeout(ex.idle):
-                            req = await context.read()
+                            req = await call.read()
                     except TimeoutError:
                         # the reply stalled: Envoy takes an immediate response at any point of the stream
-                        await context.write(_to_message("", await ex.idle_gap()))
+                        call.write(_to_message("", await ex.idle_gap()))
                         break
-                if req is grpc.aio.EOF:
+                if req is EOF:
                     break
                 assert isinstance(req, ep.ProcessingRequest)
                 phase = req.WhichOneof("request")
@@ -161,13 +160,12 @@ class Processor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     self.tracer.span(parent, f"ext_proc {phase}", end - int(spent * 1e9), end,
                                      {"gateway.request_id": ex.request_id, "gateway.phase": phase or "",
                                       "gateway.status": str(answer.reply[0]) if answer.reply else "continue"})
-                await context.write(msg)
+                call.write(msg)
                 if ex.settling is not None:  # checked here: no coroutine made for every stream chunk
                     await ex.settle()  # after the answer: Redis is not on the client's wait
                 if answer.reply is not None or (phase == "response_body" and req.response_body.end_of_stream) or (
                         phase == "response_headers" and req.response_headers.end_of_stream):
-                    # That was the request's last message: end the stream here rather than wait for Envoy
-                    # to cancel it (grpc.aio keeps ~100 bytes of every stream the client cancels).
+                    # That was the request's last message: end the stream here rather than wait for Envoy.
                     break
         finally:
             try:

@@ -190,12 +190,6 @@ def test_probes_and_drain_point_at_declared_ports(objects: dict[tuple[str, str],
     assert int(drain) <= envoy_wait
 
 
-def test_extproc_serves_grpc_health() -> None:
-    """The exec probe asks the standard gRPC health service, which the ext_proc registers."""
-    src = (ROOT / "extproc" / "__main__.py").read_text()
-    assert "add_HealthServicer_to_server" in src
-
-
 def test_selectors_match_labels(objects: dict[tuple[str, str], dict[str, Any]]) -> None:
     pods = {name: obj["spec"]["template"]["metadata"]["labels"] for (kind, name), obj in objects.items()
             if kind in ("Deployment", "Job")}

@@ -1,0 +1,222 @@
+"""The ext_proc's gRPC server: ``h2.Connection`` on asyncio sockets, with the few calls it serves.
+
+A call is a ``Call`` (``read`` the next request message, ``write`` a reply message, ``metadata``); a
+handler is ``async def handler(call) -> None`` registered by its gRPC path.  Each call runs as one task;
+when it returns the call ends with status OK (an exception ends it with INTERNAL).  Writes are not
+awaited: they are framed at once and what one turn of the event loop produced goes out in one write.
+
+Also served: ``grpc.health.v1.Health/Check``, which Envoy's health checker and ``gateway status`` ask.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import Any, Awaitable, Callable
+
+from google.protobuf.message import Message
+from grpc_health.v1 import health_pb2
+
+from . import h2
+
+log = logging.getLogger("extproc")
+
+EOF = object()  # what ``Call.read`` returns once the client has sent everything
+NOT_FOUND, UNIMPLEMENTED, INTERNAL = 5, 12, 13
+HEALTH_CHECK = b"/grpc.health.v1.Health/Check"
+
+
+class _Status(Exception):
+    """Ends a call with a gRPC status other than OK."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Call:
+    __slots__ = ("_proto", "_sid", "_queue", "_waiter", "_ended", "headers", "_parse")
+
+    def __init__(self, proto: "_Protocol", sid: int, headers: list[tuple[bytes, bytes]],
+                 parse: Callable[[bytes], Any]) -> None:
+        self._proto = proto
+        self._sid = sid
+        self._queue: deque[bytes] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._ended = False
+        self.headers = headers
+        self._parse = parse
+
+    def metadata(self, name: str) -> str | None:
+        key = name.encode()
+        for k, v in self.headers:
+            if k == key:
+                return v.decode("latin-1")
+        return None
+
+    async def read(self) -> Any:
+        """The next request message, parsed; ``EOF`` once the client ended (or reset) the call."""
+        while not self._queue:
+            if self._ended:
+                return EOF
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._parse(self._queue.popleft())
+
+    def write(self, message: Message) -> None:
+        self._proto.conn.send_message(self._sid, message.SerializeToString())
+        self._proto.flush_soon()
+
+    def _push(self, data: bytes) -> None:
+        self._queue.append(data)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _end(self) -> None:
+        self._ended = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+Handler = Callable[[Call], Awaitable[None]]
+
+
+class Server:
+    """``routes``: gRPC path -> (handler, request message parser)."""
+
+    def __init__(self, routes: dict[bytes, tuple[Handler, Callable[[bytes], Any]]]) -> None:
+        self.routes = routes
+        self.health: dict[str, int] = {}
+        self._server: asyncio.base_events.Server | None = None
+        self._protocols: set[_Protocol] = set()
+        self.calls: set[asyncio.Task[None]] = set()
+        self.stopping = False
+
+    async def start(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Protocol(self), host, port, reuse_address=True)
+
+    async def stop(self, grace: float) -> None:
+        """Stop taking connections and calls (a new call is refused, so Envoy may open it on another
+        process), let the calls under way finish (up to ``grace`` s), then close."""
+        self.stopping = True
+        if self._server is not None:
+            self._server.close()
+        if self.calls:
+            await asyncio.wait(list(self.calls), timeout=grace)
+        for t in list(self.calls):
+            t.cancel()
+        for p in list(self._protocols):
+            p.close()
+
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.conn = h2.Connection()
+        self.calls: dict[int, Call] = {}
+        self.transport: asyncio.Transport | None = None
+        self._flush_pending = False
+        self._loop = asyncio.get_event_loop()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.server._protocols.add(self)
+        transport.write(self.conn.data_to_send())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server._protocols.discard(self)
+        self.transport = None
+        for call in self.calls.values():
+            call._end()
+        self.calls.clear()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.conn.goaway()
+            self.transport.write(self.conn.data_to_send())
+            self.transport.close()
+
+    def flush_soon(self) -> None:
+        if not self._flush_pending:
+            self._flush_pending = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_pending = False
+        if self.conn.outbound and self.transport is not None:
+            self.transport.write(self.conn.data_to_send())
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.conn.receive(data)
+        except h2.ProtocolError as e:
+            log.warning("ext_proc connection closed: %s", e)
+            self.conn.goaway(e.code)
+            self.close()
+            return
+        for kind, sid, value in events:
+            if kind == h2.MESSAGE:
+                call = self.calls.get(sid)
+                if call is not None:
+                    call._push(value)  # type: ignore[arg-type]
+            elif kind == h2.OPENED:
+                self._open(sid, value)  # type: ignore[arg-type]
+            elif kind == h2.ENDED or kind == h2.RESET:
+                call = self.calls.get(sid)
+                if call is not None:
+                    call._end()
+        self.flush_soon()
+
+    def _open(self, sid: int, headers: list[tuple[bytes, bytes]]) -> None:
+        path = next((v for k, v in headers if k == b":path"), b"")
+        if self.server.stopping and path != HEALTH_CHECK:
+            self.conn.reset(sid, h2.REFUSED_STREAM)
+            return
+        route = self.server.routes.get(path)
+        if route is None:
+            if path == HEALTH_CHECK:
+                call = self.calls[sid] = Call(self, sid, headers, health_pb2.HealthCheckRequest.FromString)
+                self._start(sid, call, self._health)
+                return
+            self.conn.end_stream(sid, h2.trailers(UNIMPLEMENTED, "unknown method"))
+            return
+        handler, parse = route
+        call = self.calls[sid] = Call(self, sid, headers, parse)
+        self._start(sid, call, handler)
+
+    def _start(self, sid: int, call: Call, handler: Handler) -> None:
+        task = self._loop.create_task(self._run(sid, call, handler))
+        self.server.calls.add(task)
+        task.add_done_callback(self.server.calls.discard)
+
+    async def _run(self, sid: int, call: Call, handler: Handler) -> None:
+        block = h2.OK_TRAILERS
+        try:
+            await handler(call)
+        except _Status as e:
+            block = h2.trailers(e.code, e.message)
+        except asyncio.CancelledError:
+            block = h2.trailers(INTERNAL, "server stopping")
+            raise
+        except Exception:  # noqa: BLE001 - the call fails, the server goes on
+            log.exception("gRPC call failed")
+            block = h2.trailers(INTERNAL, "internal error")
+        finally:
+            self.calls.pop(sid, None)
+            self.conn.end_stream(sid, block)
+            self.flush_soon()
+
+    async def _health(self, call: Call) -> None:
+        """grpc.health.v1 ``Check``: the service's status; a service never registered is NOT_FOUND."""
+        req = await call.read()
+        status = self.server.health.get("" if req is EOF else req.service)
+        if status is None:
+            raise _Status(NOT_FOUND, "unknown service")
+        call.write(health_pb2.HealthCheckResponse(status=status))

@@ -1,0 +1,231 @@
+"""The ext_proc's own gRPC server (extproc/h2.py, extproc/grpc_server.py).
+
+The connection is tested sans-I/O with hand-made frames (flow control, split frames, resets); the
+server is tested with grpcio's own client, the other HTTP/2 + gRPC implementation the gateway meets
+(``gateway status`` and the Kubernetes probe use it; Envoy's client is exercised by every e2e test)."""
+from __future__ import annotations
+
+import asyncio
+import struct
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hpack import Encoder
+
+from extproc import h2
+from extproc.grpc_server import EOF, Call, Server
+from extproc.server import PROCESS_PATH
+
+
+# ---- sans-I/O ----------------------------------------------------------------------------------
+def frames(data: bytes) -> list[tuple[int, int, int, bytes]]:
+    out, pos = [], 0
+    while pos < len(data):
+        n = int.from_bytes(data[pos:pos + 3], "big")
+        kind, flags = data[pos + 3], data[pos + 4]
+        sid = int.from_bytes(data[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+        out.append((kind, flags, sid, data[pos + 9:pos + 9 + n]))
+        pos += 9 + n
+    return out
+
+
+def settings(**values: int) -> bytes:
+    ids = {"window": h2.INITIAL_WINDOW_SIZE, "frame": h2.MAX_FRAME_SIZE}
+    return h2.frame(h2.SETTINGS, 0, 0, b"".join(struct.pack(">HL", ids[k], v) for k, v in values.items()))
+
+
+def grpc_msg(payload: bytes) -> bytes:
+    return struct.pack(">BL", 0, len(payload)) + payload
+
+
+def open_stream(enc: Encoder, sid: int, path: bytes = PROCESS_PATH, end: bool = False) -> bytes:
+    block = enc.encode([(b":method", b"POST"), (b":scheme", b"http"), (b":path", path),
+                        (b":authority", b"extproc"), (b"content-type", b"application/grpc"), (b"te", b"trailers")])
+    return h2.frame(h2.HEADERS, h2.END_HEADERS | (h2.END_STREAM if end else 0), sid, block)
+
+
+def test_handshake_settings_ack_and_ping() -> None:
+    c = h2.Connection()
+    first = frames(c.data_to_send())
+    assert [f[0] for f in first] == [h2.SETTINGS, h2.WINDOW_UPDATE]
+    assert struct.unpack(">L", first[1][3])[0] == h2.MAX_WINDOW - 65535  # the connection window opened wide
+    assert c.receive(h2.PREFACE + settings(window=1000) + h2.frame(h2.PING, 0, 0, b"12345678")) == []
+    out = frames(c.data_to_send())
+    assert out == [(h2.SETTINGS, h2.ACK, 0, b""), (h2.PING, h2.ACK, 0, b"12345678")]
+
+
+def test_not_http2_is_refused() -> None:
+    with pytest.raises(h2.ProtocolError):
+        h2.Connection().receive(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+
+
+def test_messages_cut_anywhere_arrive_whole_and_in_order() -> None:
+    c, enc = h2.Connection(), Encoder()
+    big = bytes(range(256)) * 400  # ~100 KB, in 7 frames cut at odd places
+    wire = (h2.PREFACE + open_stream(enc, 1) + h2.frame(h2.DATA, 0, 1, grpc_msg(b"one") + grpc_msg(big)[:3])
+            + b"".join(h2.frame(h2.DATA, 0, 1, p) for p in _cut(grpc_msg(big)[3:], 16381))
+            + h2.frame(h2.DATA, h2.END_STREAM, 1, grpc_msg(b"")))
+    events = []
+    for i in range(0, len(wire), 777):  # and the bytes themselves arrive in 777-byte reads
+        events += c.receive(wire[i:i + 777])
+    kinds = [(k, sid) for k, sid, _ in events]
+    assert kinds == [(h2.OPENED, 1), (h2.MESSAGE, 1), (h2.MESSAGE, 1), (h2.MESSAGE, 1), (h2.ENDED, 1)]
+    assert dict(events[0][2])[b":path"] == PROCESS_PATH  # type: ignore[call-overload]
+    assert [e[2] for e in events[1:4]] == [b"one", big, b""]
+
+
+def _cut(data: bytes, n: int) -> Iterator[bytes]:
+    for i in range(0, len(data), n):
+        yield data[i:i + n]
+
+
+def test_replies_wait_for_the_window_and_frame_size() -> None:
+    c, enc = h2.Connection(), Encoder()
+    c.receive(h2.PREFACE + settings(window=10, frame=16384) + open_stream(enc, 1, end=True))
+    c.data_to_send()
+    c.send_message(1, b"x" * 20)  # 25 bytes framed: only 10 fit the stream's window
+    c.end_stream(1)
+    out = frames(c.data_to_send())
+    assert [(k, f) for k, f, _, _ in out] == [(h2.HEADERS, h2.END_HEADERS), (h2.DATA, 0)]
+    assert len(out[1][3]) == 10
+    c.receive(h2.frame(h2.WINDOW_UPDATE, 0, 1, struct.pack(">L", 100)))
+    out = frames(c.data_to_send())
+    # the rest of the message, then the trailers (held behind it), ending the stream
+    assert [(k, f) for k, f, _, _ in out] == [(h2.DATA, 0), (h2.HEADERS, h2.END_HEADERS | h2.END_STREAM)]
+    assert len(out[0][3]) == 15 and out[1][3] == h2.OK_TRAILERS
+    assert c.streams == {}
+
+
+def test_large_reply_is_cut_to_the_clients_frame_size() -> None:
+    c, enc = h2.Connection(), Encoder()
+    c.receive(h2.PREFACE + settings(window=10**6, frame=16384) + open_stream(enc, 1, end=True))
+    c.receive(h2.frame(h2.WINDOW_UPDATE, 0, 0, struct.pack(">L", 10**6)))  # connection window: 65535 + 1e6
+    c.data_to_send()
+    payload = b"y" * 100_000
+    c.send_message(1, payload)
+    c.end_stream(1)
+    out = frames(c.data_to_send())
+    data = [p for k, _, _, p in out if k == h2.DATA]
+    assert max(map(len, data)) == 16384 and b"".join(data) == grpc_msg(payload)
+    assert out[-1][0] == h2.HEADERS and out[-1][1] & h2.END_STREAM
+
+
+def test_reset_stream_ends_the_call_and_drops_its_replies() -> None:
+    c, enc = h2.Connection(), Encoder()
+    c.receive(h2.PREFACE + open_stream(enc, 1))
+    c.data_to_send()
+    assert c.receive(h2.frame(h2.RST_STREAM, 0, 1, struct.pack(">L", 8))) == [(h2.RESET, 1, None)]
+    c.send_message(1, b"late")
+    c.end_stream(1)
+    assert c.data_to_send() == b""
+    # data still in flight for it is ignored, and counted against nothing that blocks other streams
+    assert c.receive(h2.frame(h2.DATA, 0, 1, grpc_msg(b"late data"))) == []
+
+
+def test_answer_before_the_client_ended_tells_it_to_stop() -> None:
+    c, enc = h2.Connection(), Encoder()
+    c.receive(h2.PREFACE + open_stream(enc, 3))
+    c.data_to_send()
+    c.end_stream(3, h2.trailers(5, "unknown"))
+    out = frames(c.data_to_send())
+    assert [(k, f) for k, f, _, _ in out] == [(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM), (h2.RST_STREAM, 0)]
+    assert out[0][3] == h2.RESPONSE_HEADERS + h2.trailers(5, "unknown")  # trailers-only
+    assert struct.unpack(">L", out[1][3])[0] == h2.NO_ERROR
+
+
+# ---- the server, with grpcio's client ----------------------------------------------------------
+class Running:
+    def __init__(self, routes: dict[bytes, Any]) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.server = Server(routes)
+        self.server.health[""] = health_pb2.HealthCheckResponse.SERVING
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.server.start("127.0.0.1", 0), self.loop).result(5)
+        assert self.server._server is not None
+        self.port = self.server._server.sockets[0].getsockname()[1]
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(1), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+async def echo(call: Call) -> None:
+    """Answers every request message with a body response carrying the request body reversed."""
+    while True:
+        req = await call.read()
+        if req is EOF:
+            return
+        if req.request_body.body == b"fail":
+            raise RuntimeError("boom")
+        call.write(ep.ProcessingResponse(request_body=ep.BodyResponse(response=ep.CommonResponse(
+            body_mutation=ep.BodyMutation(body=req.request_body.body[::-1])))))
+
+
+@pytest.fixture()
+def running() -> Iterator[Running]:
+    r = Running({PROCESS_PATH: (echo, ep.ProcessingRequest.FromString)})
+    yield r
+    r.stop()
+
+
+def _process(channel: grpc.Channel) -> Any:
+    return channel.stream_stream(PROCESS_PATH.decode(), request_serializer=ep.ProcessingRequest.SerializeToString,
+                                 response_deserializer=ep.ProcessingResponse.FromString)
+
+
+def test_health_check_as_the_probe_asks_it(running: Running) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        assert stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status == \
+            health_pb2.HealthCheckResponse.SERVING
+        running.server.health[""] = health_pb2.HealthCheckResponse.NOT_SERVING
+        assert stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status == \
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Check(health_pb2.HealthCheckRequest(service="nope"), timeout=2)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_streams_many_and_large_messages_both_ways(running: Running) -> None:
+    bodies = [b"abc", b"", bytes(range(256)) * 80_000, b"z" * 70_000]  # one of ~20 MB
+    with grpc.insecure_channel(f"127.0.0.1:{running.port}", options=[
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024)]) as ch:
+        replies = list(_process(ch)(iter(ep.ProcessingRequest(request_body=ep.HttpBody(body=b)) for b in bodies),
+                                    timeout=30))
+        assert [r.request_body.response.body_mutation.body for r in replies] == [b[::-1] for b in bodies]
+        # calls under way together on the one connection do not mix
+        calls = [_process(ch)(iter([ep.ProcessingRequest(request_body=ep.HttpBody(body=b"call-%d" % i))]), timeout=10)
+                 for i in range(20)]
+        for i, it in enumerate(calls):
+            assert [r.request_body.response.body_mutation.body for r in it] == [(b"call-%d" % i)[::-1]]
+
+
+def test_a_failing_handler_ends_its_call_with_internal_and_the_server_goes_on(running: Running) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+        with pytest.raises(grpc.RpcError) as e:
+            list(_process(ch)(iter([ep.ProcessingRequest(request_body=ep.HttpBody(body=b"fail"))]), timeout=5))
+        assert e.value.code() == grpc.StatusCode.INTERNAL
+        with pytest.raises(grpc.RpcError) as e:
+            ch.unary_unary("/no.Such/Method")(b"", timeout=5)
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        ok = list(_process(ch)(iter([ep.ProcessingRequest(request_body=ep.HttpBody(body=b"ok"))]), timeout=5))
+        assert ok[0].request_body.response.body_mutation.body == b"ko"
+
+
+def test_a_stopping_server_refuses_new_calls_but_answers_health(running: Running) -> None:
+    running.server.stopping = True
+    with grpc.insecure_channel(f"127.0.0.1:{running.port}") as ch:
+        with pytest.raises(grpc.RpcError) as e:
+            list(_process(ch)(iter([ep.ProcessingRequest(request_body=ep.HttpBody(body=b"x"))]), timeout=5))
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE  # REFUSED_STREAM: Envoy may retry elsewhere
+        assert health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2).status == \
+            health_pb2.HealthCheckResponse.SERVING
