@@ -89,12 +89,20 @@ class Server:
     """``routes``: gRPC path -> (handler, request message parser)."""
 
     def __init__(self, routes: dict[bytes, tuple[Handler, Callable[[bytes], Any]]]) -> None:
-        self.routes = routes
+        self.routes = {HEALTH_CHECK: (self._health, health_pb2.HealthCheckRequest.FromString), **routes}
         self.health: dict[str, int] = {}
         self._server: asyncio.base_events.Server | None = None
         self._protocols: set[_Protocol] = set()
         self.calls: set[asyncio.Task[None]] = set()
         self.stopping = False
+
+    async def _health(self, call: Call) -> None:
+        """grpc.health.v1 ``Check``: the service's status; a service never registered is NOT_FOUND."""
+        req = await call.read()
+        status = self.health.get("" if req is EOF else req.service)
+        if status is None:
+            raise _Status(NOT_FOUND, "unknown service")
+        call.write(health_pb2.HealthCheckResponse(status=status))
 
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
@@ -181,17 +189,10 @@ class _Protocol(asyncio.Protocol):
             return
         route = self.server.routes.get(path)
         if route is None:
-            if path == HEALTH_CHECK:
-                call = self.calls[sid] = Call(self, sid, headers, health_pb2.HealthCheckRequest.FromString)
-                self._start(sid, call, self._health)
-                return
             self.conn.end_stream(sid, h2.trailers(UNIMPLEMENTED, "unknown method"))
             return
         handler, parse = route
         call = self.calls[sid] = Call(self, sid, headers, parse)
-        self._start(sid, call, handler)
-
-    def _start(self, sid: int, call: Call, handler: Handler) -> None:
         task = self._loop.create_task(self._run(sid, call, handler))
         self.server.calls.add(task)
         task.add_done_callback(self.server.calls.discard)
@@ -212,11 +213,3 @@ class _Protocol(asyncio.Protocol):
             self.calls.pop(sid, None)
             self.conn.end_stream(sid, block)
             self.flush_soon()
-
-    async def _health(self, call: Call) -> None:
-        """grpc.health.v1 ``Check``: the service's status; a service never registered is NOT_FOUND."""
-        req = await call.read()
-        status = self.server.health.get("" if req is EOF else req.service)
-        if status is None:
-            raise _Status(NOT_FOUND, "unknown service")
-        call.write(health_pb2.HealthCheckResponse(status=status))

@@ -212,8 +212,7 @@ class Connection:
                     st.window += delta
             elif ident == MAX_FRAME_SIZE:
                 self._max_frame = value
-            elif ident == HEADER_TABLE_SIZE:
-                pass  # our encoder never indexes: nothing to resize
+            # HEADER_TABLE_SIZE needs nothing: our header blocks never use the dynamic table
         self._flush_blocked()
 
     def _headers(self, events: list[tuple[int, int, object]]) -> None:
@@ -313,12 +312,9 @@ class Connection:
     def _close_local(self, sid: int, st: _Stream, block: bytes) -> None:
         self.outbound += frame(HEADERS, END_HEADERS | END_STREAM, sid, block)
         st.closed_local = True
-        if st.closed_remote:
-            del self.streams[sid]
-        else:
-            # the client has not ended its side: it is told this stream is over
+        if not st.closed_remote:  # the client has not ended its side: it is told this stream is over
             self.outbound += frame(RST_STREAM, 0, sid, _U32.pack(NO_ERROR))
-            del self.streams[sid]
+        del self.streams[sid]
 
     def _flush_blocked(self) -> None:
         for sid, st in list(self._blocked.items()):
