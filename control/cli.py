@@ -105,7 +105,7 @@ Ctrl-C stops every process.""", flush=True)
 
 async def status(s: Settings) -> dict[str, dict[str, Any]]:
     """Every component's health: Envoy's readiness, each ext_proc process's gRPC health and metrics
-    endpoint, PostgreSQL, Redis, the simulators and the console."""
+    endpoint, the usage writer's metrics endpoint, PostgreSQL, Redis, the simulators and the console."""
     import asyncpg
     import grpc
     import redis.asyncio as aioredis
@@ -143,6 +143,7 @@ async def status(s: Settings) -> dict[str, dict[str, Any]]:
             out[name] = {"ok": False, "detail": type(e).__name__}
     for name, _, metrics_port in workers:
         out["metrics" + name[len("extproc"):]] = http(f"http://{s.metrics_host}:{metrics_port}/metrics")
+    out["usage-writer"] = http(f"http://{s.metrics_host}:{s.writer_metrics_http_port}/metrics")
     out["console"] = http(f"http://127.0.0.1:{s.console_http_port}/login")
     try:
         db, rd = _urls(s)

@@ -200,6 +200,12 @@ class Stack:
                               ready=functools.partial(_port_open, grpc_port), env=env))
         return procs
 
+    def _writer_proc(self) -> Proc:
+        """The usage writer: Redis usage stream -> PostgreSQL, and billing what a dead ext_proc left."""
+        port = self.s.writer_metrics_http_port
+        return Proc("usage-writer", [sys.executable, "-m", "extproc.usage_writer"],
+                    ready=functools.partial(_port_open, port), env=self._child_env())
+
     def _extproc_proc(self) -> Proc:
         return self._extproc_procs()[0]
 
@@ -266,6 +272,8 @@ class Stack:
         if self.s.run_sim:
             for p in self._sim_procs():
                 self.start_proc(p)
+        # started before the ext_proc processes, so stopped after them: it writes what they queued last
+        self.start_proc(self._writer_proc())
         self.start_procs(self._extproc_procs())
         self.start_proc(self._envoy_proc())
         if not self.s.smtp_host:
@@ -345,7 +353,7 @@ class Stack:
 
     def stop(self) -> None:
         """Drain: Envoy first (no new connections; requests in flight finish), then the ext_proc
-        processes, all at once (their usage records flushed), then the rest."""
+        processes, all at once, then the usage writer (it writes every record queued), then the rest."""
         timeout = self.s.drain_grace_s + 10
         done: set[str] = set()
         for name in reversed(list(self.procs)):

@@ -9,10 +9,6 @@ import signal
 
 import asyncpg
 from grpc_health.v1 import health_pb2
-import redis.asyncio as aioredis
-import redis.exceptions
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from . import catalog as catalog_mod
@@ -22,14 +18,12 @@ from .exchange import Gateway
 from .grpc_server import Server
 from .server import PROCESS_PATH, Processor
 from .settings import Settings
-from .resp import RespClient
-from .store import Store, heartbeat
-from .usage_writer import UsageWriter
+from .store import heartbeat, open_store, redis_client
 
 
 HEALTH_SERVICES = ("", "envoy.service.ext_proc.v3.ExternalProcessor")
 REDIS_POOL = 8
-PG_POOL = 4
+PG_POOL = 4  # key and organisation lookups on a cache miss
 
 
 async def watch_catalog(path: str, gw: Gateway, every: float = 0.5, settle: float = 1.0) -> None:
@@ -54,17 +48,11 @@ async def watch_catalog(path: str, gw: Gateway, every: float = 0.5, settle: floa
 
 async def serve(settings: Settings) -> None:
     cat = catalog_mod.load(settings.catalog)
-    # A restarted Redis leaves dead pooled connections: a failed call is retried on a new one.  The pool
-    # waits for a free connection rather than failing when every one is busy.  Its users are few (cache
-    # fills, heartbeat, usage writer; the request path has its own connection), so it is small, and it
-    # and PostgreSQL's pool are opened whole at start: a process's descriptors do not grow under load.
-    r = aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(
-        settings.redis_url, max_connections=REDIS_POOL, timeout=5, socket_timeout=2, socket_connect_timeout=2,
-        health_check_interval=10, retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2),
-        retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError]))
+    # the request path has its own Redis connection (store.fast); the pool serves cache fills and the
+    # heartbeat. Usage records go to PostgreSQL from a process of their own (extproc.usage_writer).
+    r = redis_client(settings.redis_url, REDIS_POOL)
     pool = await asyncpg.create_pool(settings.database_url, min_size=PG_POOL, max_size=PG_POOL)
-    store = Store(r, RespClient.from_url(settings.redis_url), default_rpm=settings.default_rpm, default_concurrency=settings.default_concurrency,
-                  lease_s=int(settings.total_timeout_s) + 60, key_ttl_s=settings.key_cache_ttl_s)
+    store = open_store(settings, r)
     gw = Gateway(catalog=cat, store=store, directory=Directory(pool), pick=lambda a: a.pick_upstream(),
                  max_body_bytes=settings.max_body_bytes, idle_timeout_s=settings.idle_timeout_s)
     spans = tracing.tracer(settings.otlp_endpoint)
@@ -86,8 +74,6 @@ async def serve(settings: Settings) -> None:
     await server.start("127.0.0.1", settings.grpc_port)
     for service in HEALTH_SERVICES:
         server.health[service] = health_pb2.HealthCheckResponse.SERVING
-    writer = UsageWriter(r, pool, store)
-    writer_task = asyncio.create_task(writer.run())
 
     async def beat() -> None:
         while True:
@@ -109,14 +95,9 @@ async def serve(settings: Settings) -> None:
     for service in HEALTH_SERVICES:
         server.health[service] = health_pb2.HealthCheckResponse.NOT_SERVING
     await server.stop(grace=settings.drain_grace_s)
-    writer_task.cancel()
     beat_task.cancel()
     spans_task.cancel()
     watch_task.cancel()
-    try:
-        await writer.drain()
-    except Exception:  # noqa: BLE001
-        logging.getLogger("extproc").warning("usage drain at shutdown incomplete; the next writer finishes it")
     await pool.close()
     await r.aclose()
 

@@ -32,6 +32,7 @@ class Settings:
     otlp_endpoint: str = ""                  # GATEWAY_OTLP_ENDPOINT: host:port of an OTLP/gRPC collector; empty = no traces
     drain_grace_s: float = 30.0              # GATEWAY_DRAIN_GRACE_S: on stop, time for requests in flight to finish
     metrics_port: int = 0                    # GATEWAY_METRICS_PORT: Prometheus metrics (loopback unless GATEWAY_METRICS_HOST); 0 = gateway_port + 1384 (9464)
+    writer_metrics_port: int = 0             # GATEWAY_WRITER_METRICS_PORT: the usage writer's Prometheus metrics; 0 = gateway_port + 14 (8094)
     metrics_envoy: bool = True               # GATEWAY_METRICS_ENVOY: serve Envoy's own statistics (envoy_*) beside the ext_proc's
     metrics_host: str = "127.0.0.1"          # GATEWAY_METRICS_HOST: address of the metrics endpoint
     pg_port: int = 0                         # GATEWAY_PG_PORT: embedded PostgreSQL port; 0 = gateway_port + 12
@@ -82,6 +83,10 @@ class Settings:
         return self.metrics_port or self.gateway_port + 1384
 
     @property
+    def writer_metrics_http_port(self) -> int:
+        return self.writer_metrics_port or self.gateway_port + 14
+
+    @property
     def envoy_admin_port(self) -> int:
         return self.admin_port or self.gateway_port + 11
 
@@ -112,7 +117,7 @@ _ENV = {
     "first_byte_timeout_s": "GATEWAY_FIRST_BYTE_TIMEOUT_S", "idle_timeout_s": "GATEWAY_IDLE_TIMEOUT_S",
     "total_timeout_s": "GATEWAY_TOTAL_TIMEOUT_S", "run_sim": "GATEWAY_RUN_SIM",
     "otlp_endpoint": "GATEWAY_OTLP_ENDPOINT", "drain_grace_s": "GATEWAY_DRAIN_GRACE_S", "metrics_port": "GATEWAY_METRICS_PORT", "metrics_host": "GATEWAY_METRICS_HOST",
-    "metrics_envoy": "GATEWAY_METRICS_ENVOY",
+    "metrics_envoy": "GATEWAY_METRICS_ENVOY", "writer_metrics_port": "GATEWAY_WRITER_METRICS_PORT",
     "pg_port": "GATEWAY_PG_PORT", "redis_port": "GATEWAY_REDIS_PORT",
     "console_port": "GATEWAY_CONSOLE_PORT", "console_url": "GATEWAY_CONSOLE_URL",
     "console_secret": "GATEWAY_CONSOLE_SECRET", "smtp_host": "GATEWAY_SMTP_HOST", "smtp_port": "GATEWAY_SMTP_PORT",

@@ -18,10 +18,14 @@ import json
 from typing import Any
 
 import redis.asyncio as aioredis
+import redis.exceptions
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 
 from .decisions import Admission, Identity, UsageRecord
 from .errors import ApiError
 from .resp import RespClient
+from .settings import Settings
 
 USAGE_STREAM = "gw:usage"
 
@@ -102,6 +106,23 @@ class Miss(Exception):
         super().__init__(what)
         self.what = what
         self.org_id = org_id
+
+
+def redis_client(url: str, size: int) -> aioredis.Redis:
+    """redis-py for everything but the request path's two scripts.  A restarted Redis leaves dead pooled
+    connections: a failed call is retried on a new one.  The pool waits for a free connection rather
+    than failing when every one is busy; it is small and opened whole at start, so that a process's
+    descriptors do not grow under load."""
+    return aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(
+        url, max_connections=size, timeout=5, socket_timeout=2, socket_connect_timeout=2,
+        health_check_interval=10, retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2),
+        retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError]))
+
+
+def open_store(settings: Settings, client: aioredis.Redis) -> "Store":
+    return Store(client, RespClient.from_url(settings.redis_url), default_rpm=settings.default_rpm,
+                 default_concurrency=settings.default_concurrency, lease_s=int(settings.total_timeout_s) + 60,
+                 key_ttl_s=settings.key_cache_ttl_s)
 
 
 class Store:

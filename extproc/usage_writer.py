@@ -1,14 +1,18 @@
 """Drains the Redis usage stream into PostgreSQL: each record once, with its ledger debit, in one
 transaction; acknowledged only after the commit, so a crash repeats a batch and the primary keys
 (request id, ledger ref) make the repeat a no-op.  Entries left pending by a dead writer are claimed.
+
+It runs as a process of its own, ``python -m extproc.usage_writer`` (the launcher, compose and the
+Kubernetes manifests start one), so that its batches never hold up a request in an ext_proc's loop.
+It also bills the requests that a stopped ext_proc left in flight (``reap``).  On SIGTERM it writes
+what is queued, then exits.
 """
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-import json
 import logging
 import os
+import signal
 import socket
 import time
 from typing import Any
@@ -17,49 +21,44 @@ import asyncpg
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from . import metrics
+from . import logs, metrics
 from .decisions import UsageRecord
-from .store import USAGE_STREAM, Store, orphans
+from .settings import Settings
+from .store import USAGE_STREAM, Store, open_store, orphans, redis_client
 
 log = logging.getLogger("extproc.usage")
 GROUP = "writers"
 
-_INSERT = """
-INSERT INTO usage_records (request_id, org_id, key_id, alias, upstream_model, endpoint, status, stream,
-  prompt_tokens, completion_tokens, estimated, cost_micro_pln, input_price, output_price,
-  started_at, ttfb_ms, ended_at)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int[],
-  $8::bool[], $9::int[], $10::int[], $11::bool[], $12::bigint[], $13::bigint[], $14::bigint[],
-  $15::timestamptz[], $16::int[], $17::timestamptz[])
-ON CONFLICT (request_id) DO NOTHING
-RETURNING request_id, org_id, cost_micro_pln
-"""
-_DEBIT = """
+# One statement, one round trip: PostgreSQL parses the records' JSON itself (this process only joins
+# the bytes it read from Redis), inserts the new ones and debits each new one's cost in the ledger.
+_WRITE = """
+WITH r AS (
+  SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(
+    request_id text, org_id text, key_id text, alias text, upstream_model text, endpoint text, status int,
+    stream bool, prompt_tokens int, completion_tokens int, estimated bool, cost_micro_pln bigint,
+    input_price bigint, output_price bigint, started_at float8, ttfb_ms int, ended_at float8)
+), new AS (
+  INSERT INTO usage_records (request_id, org_id, key_id, alias, upstream_model, endpoint, status, stream,
+    prompt_tokens, completion_tokens, estimated, cost_micro_pln, input_price, output_price,
+    started_at, ttfb_ms, ended_at)
+  SELECT request_id, org_id, key_id, alias, upstream_model, endpoint, status, stream, prompt_tokens,
+    completion_tokens, estimated, cost_micro_pln, input_price, output_price, to_timestamp(started_at),
+    ttfb_ms, to_timestamp(ended_at)
+  FROM r
+  ON CONFLICT (request_id) DO NOTHING
+  RETURNING request_id, org_id, cost_micro_pln
+)
 INSERT INTO ledger (org_id, amount_micro_pln, kind, ref)
-SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[])
+SELECT org_id, -cost_micro_pln, 'usage', 'usage:' || request_id FROM new WHERE cost_micro_pln > 0
 ON CONFLICT (ref) DO NOTHING
 """
-_COLS = ["request_id", "org_id", "key_id", "alias", "upstream_model", "endpoint", "status", "stream",
-         "prompt_tokens", "completion_tokens", "estimated", "cost_micro_pln", "input_price", "output_price",
-         "started_at", "ttfb_ms", "ended_at"]
 
 
-def _ts(x: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp(x, dt.timezone.utc)
-
-
-async def write_batch(pool: asyncpg.Pool, records: list[dict[str, Any]]) -> None:
-    cols: list[list[Any]] = [[] for _ in _COLS]
-    for r in records:
-        for i, c in enumerate(_COLS):
-            v = r[c]
-            cols[i].append(_ts(v) if c in ("started_at", "ended_at") else v)
-    async with pool.acquire() as conn, conn.transaction():
-        rows = await conn.fetch(_INSERT, *cols)
-        debits = [(r["org_id"], -r["cost_micro_pln"], "usage", "usage:" + r["request_id"])
-                  for r in rows if r["cost_micro_pln"] > 0]
-        if debits:
-            await conn.execute(_DEBIT, *[list(c) for c in zip(*debits)])
+async def write_batch(pool: asyncpg.Pool, records: list[bytes]) -> None:
+    """Write usage records (each the JSON of a ``UsageRecord``) and their debits in one transaction;
+    a record already written (same request id) is skipped with its debit."""
+    async with pool.acquire() as conn:
+        await conn.execute(_WRITE, (b"[" + b",".join(records) + b"]").decode())
 
 
 class UsageWriter:
@@ -68,11 +67,12 @@ class UsageWriter:
         self.r = r
         self.store = store
         self._last_reap = 0.0
+        self._recover = True  # look for this consumer's own pending entries (at start, after a failure)
         self._suspects: dict[str, float] = {}  # request id -> when its owner was first seen gone
         self.pool = pool
         self.batch = batch
         self.claim_idle_ms = claim_idle_ms
-        self.pace_s = 0.2
+        self.pace_s = 0.02
         self.consumer = f"{socket.gethostname()}-{os.getpid()}"
 
     async def _ensure_group(self) -> None:
@@ -82,16 +82,20 @@ class UsageWriter:
             if "BUSYGROUP" not in str(e):
                 raise
 
-    async def _take(self) -> list[tuple[bytes, dict[bytes, bytes]]]:
-        # first what this consumer left pending (a batch that failed), then a dead one's, then new
-        own: Any = await self.r.xreadgroup(GROUP, self.consumer, {USAGE_STREAM: "0"}, count=self.batch)
-        if own and own[0][1]:
-            return [e for e in own[0][1] if e and e[1]]
-        claimed: Any = await self.r.xautoclaim(USAGE_STREAM, GROUP, self.consumer, self.claim_idle_ms,
-                                          start_id="0-0", count=self.batch)
-        entries = claimed[1] if claimed else []
-        if entries:
-            return [e for e in entries if e and e[1]]
+    async def _take(self, claim: bool) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        # first what this consumer left pending (a batch that failed), then a dead one's, then new;
+        # the first two are looked for only after a failure and once a second, not on every batch
+        if self._recover:
+            own: Any = await self.r.xreadgroup(GROUP, self.consumer, {USAGE_STREAM: "0"}, count=self.batch)
+            if own and own[0][1]:
+                return [e for e in own[0][1] if e and e[1]]
+            self._recover = False
+        if claim:
+            claimed: Any = await self.r.xautoclaim(USAGE_STREAM, GROUP, self.consumer, self.claim_idle_ms,
+                                                   start_id="0-0", count=self.batch)
+            entries = claimed[1] if claimed else []
+            if entries:
+                return [e for e in entries if e and e[1]]
         res: Any = await self.r.xreadgroup(GROUP, self.consumer, {USAGE_STREAM: ">"}, count=self.batch, block=200)
         return res[0][1] if res else []
 
@@ -115,18 +119,18 @@ class UsageWriter:
 
     async def step(self) -> int:
         now = asyncio.get_running_loop().time()
-        if now - self._last_reap > 1.0:
+        periodic = now - self._last_reap > 1.0
+        if periodic:
             self._last_reap = now
             await self.reap()
-        entries = await self._take()
+        entries = await self._take(claim=periodic)
         if not entries:
             return 0
-        records = [json.loads(f[b"r"]) for _, f in entries]
-        await write_batch(self.pool, records)
-        now = time.time()
-        for r in records:
-            metrics.WRITE_LAG.observe(max(0.0, now - r["ended_at"]))
+        await write_batch(self.pool, [f[b"r"] for _, f in entries])
+        now_ms = time.time() * 1000
         ids = [i for i, _ in entries]
+        for i in ids:  # an entry's id is "<ms>-<n>", the time it was queued: the request's end
+            metrics.WRITE_LAG.observe(max(0.0, now_ms - int(i.split(b"-", 1)[0])) / 1000)
         async with self.r.pipeline(transaction=True) as p:
             p.xack(USAGE_STREAM, GROUP, *ids)
             p.xdel(USAGE_STREAM, *ids)
@@ -140,13 +144,16 @@ class UsageWriter:
                 await self._ensure_group()
                 while True:
                     if await self.step() < self.batch:
-                        # a short pause lets records gather into one PostgreSQL transaction under load;
-                        # a record still shows within half a second
+                        # a short pause lets records gather into one PostgreSQL transaction; kept short,
+                        # so that each transaction is small work for PostgreSQL, which shares the cores
+                        # with Envoy and the ext_proc (measured: 0.2 s batches tripled the gateway's p99
+                        # at one connection, 20 ms ones do not)
                         await asyncio.sleep(self.pace_s)
                     delay = 0.2
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - a dependency is down: wait and go on
+                self._recover = True
                 log.warning("usage writer: %s; retrying in %.1fs", type(e).__name__, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -156,3 +163,33 @@ class UsageWriter:
         await self._ensure_group()
         while await self.step():
             pass
+
+
+async def serve(settings: Settings) -> None:
+    r = redis_client(settings.redis_url, 2)
+    pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=1)
+    writer = UsageWriter(r, pool, open_store(settings, r))
+    metrics.serve(settings.writer_metrics_http_port, settings.metrics_host, None)
+    task = asyncio.create_task(writer.run())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("usage writer started (consumer %s)", writer.consumer)
+    await stop.wait()
+    task.cancel()
+    try:
+        await writer.drain()
+    except Exception:  # noqa: BLE001 - what is left stays in Redis for the next writer
+        log.warning("usage drain at shutdown incomplete; the next writer finishes it")
+    await pool.close()
+    await r.aclose()
+
+
+def main() -> None:
+    logs.setup(getattr(logging, os.environ.get("GATEWAY_LOG_LEVEL", "INFO").upper(), logging.INFO))
+    asyncio.run(serve(Settings.from_env()))
+
+
+if __name__ == "__main__":
+    main()

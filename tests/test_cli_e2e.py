@@ -75,5 +75,6 @@ def test_errors_are_plain_and_exit_2(gateway: Gateway) -> None:
 def test_status_reports_every_component(gateway: Gateway) -> None:
     doc = j(gateway, "status")
     assert isinstance(doc, dict)
-    for name in ("envoy", "extproc", "metrics", "postgres", "redis", "console", "sim:sim-a", "sim:sim-b"):
+    for name in ("envoy", "extproc", "metrics", "usage-writer", "postgres", "redis", "console", "sim:sim-a",
+                 "sim:sim-b"):
         assert doc[name]["ok"] is True, (name, doc[name])

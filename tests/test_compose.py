@@ -24,7 +24,7 @@ COMPOSE = ROOT / "compose.yaml"
 DOCKERFILE = ROOT / "Dockerfile"
 ENTRYPOINT = ROOT / "deploy" / "docker" / "entrypoint.py"
 CATALOG = ROOT / "control" / "catalog.yaml"
-PROJECT_SERVICES = ("migrate", "envoy", "extproc")
+PROJECT_SERVICES = ("migrate", "envoy", "extproc", "usage-writer")
 LOOPBACK = ("127.0.0.1", "localhost")
 
 
@@ -159,13 +159,14 @@ def test_env_var_names_are_settings(services: dict[str, dict[str, Any]]) -> None
 
 def test_services_reach_postgres_and_redis(services: dict[str, dict[str, Any]]) -> None:
     pg_env = env_of(services["postgres"])
-    for name in ("migrate", "extproc"):
+    for name in ("migrate", "extproc", "usage-writer"):
         env = env_of(services[name])
         db = env.get("DATABASE_URL", "")
         assert db.startswith("postgresql://") and "@postgres:5432/" in db, f"{name}: DATABASE_URL {db!r}"
         assert db.rsplit("/", 1)[1] == pg_env["POSTGRES_DB"]
         assert db.split("//", 1)[1].split(":", 1)[0] == pg_env["POSTGRES_USER"]
-    assert env_of(services["extproc"]).get("REDIS_URL", "").startswith("redis://redis:6379")
+    for name in ("extproc", "usage-writer"):
+        assert env_of(services[name]).get("REDIS_URL", "").startswith("redis://redis:6379")
 
 
 def test_published_gateway_port(services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -216,9 +217,19 @@ def test_postgres_volume_layout(services: dict[str, dict[str, Any]]) -> None:
 def test_migrate_runs_first(services: dict[str, dict[str, Any]]) -> None:
     assert argv_of(services["migrate"]) == ["migrate"]
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
-    deps = services["extproc"]["depends_on"]
-    assert deps["migrate"]["condition"] == "service_completed_successfully"
-    assert deps["redis"]["condition"] == "service_healthy"
+    for name in ("extproc", "usage-writer"):
+        deps = services[name]["depends_on"]
+        assert deps["migrate"]["condition"] == "service_completed_successfully"
+        assert deps["redis"]["condition"] == "service_healthy"
+
+
+def test_usage_writer_runs_and_is_checked_on_its_metrics_port(services: dict[str, dict[str, Any]],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    svc = services["usage-writer"]
+    assert argv_of(svc) == ["python", "-m", "extproc.usage_writer"]
+    s = settings_from(env_of(svc), monkeypatch)
+    assert f"'127.0.0.1', {s.writer_metrics_http_port})" in " ".join(svc["healthcheck"]["test"])
+    assert svc["restart"] == "unless-stopped" and not svc.get("ports")
 
 
 # ---- simulators match the catalog --------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Exactly-once billing under faults: a bounded load runs through Envoy while the ext_proc is killed,
-PostgreSQL restarts or Redis restarts; then every request is reconciled with what the simulator served."""
+"""Exactly-once billing under faults: a bounded load runs through Envoy while the ext_proc or the usage
+writer is killed, PostgreSQL restarts or Redis restarts; then every request is reconciled with what the simulator served."""
 from __future__ import annotations
 
 import threading
@@ -95,15 +95,15 @@ def _reconcile(gateway: Gateway, org: str, sent: dict[str, int]) -> None:
     assert bal["balance_micro_pln"] == bal["ledger_micro_pln"]
 
 
-@pytest.mark.parametrize("component", ["extproc", "postgres", "redis"])
+@pytest.mark.parametrize("component", ["extproc", "usage-writer", "postgres", "redis"])
 def test_exactly_once_under_faults(gateway: Gateway, component: str) -> None:
     org, kid, key = gateway.new_org(1_000_000_000)
 
     def fault() -> None:
-        if component == "extproc":
-            gateway.stack.kill("extproc")
+        if component in ("extproc", "usage-writer"):  # killed (SIGKILL), in the middle of its work
+            gateway.stack.kill(component)
             time.sleep(0.3)
-            gateway.stack.restart("extproc")
+            gateway.stack.restart(component)
         else:
             gateway.stack.restart(component)
 

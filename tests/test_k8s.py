@@ -287,6 +287,24 @@ def test_console_deployment(objects: dict[tuple[str, str], dict[str, Any]],
     assert c["image"] == gw_image
 
 
+def test_usage_writer_deployment(objects: dict[tuple[str, str], dict[str, Any]],
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    dep = get(objects, "Deployment", "usage-writer")
+    (c,) = containers(dep).values()
+    assert c["args"] == ["python", "-m", "extproc.usage_writer"]
+    s = settings_of(env_of(objects, c), monkeypatch)
+    assert s.database_url and s.redis_url, "the writer reaches PostgreSQL and Redis by URL"
+    assert ports(c) == {"metrics": s.writer_metrics_http_port} and s.metrics_host == "0.0.0.0"
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert probe_ports(c[probe], c) == [s.writer_metrics_http_port]
+    ann = dep["spec"]["template"]["metadata"]["annotations"]
+    assert int(ann["prometheus.io/port"]) == s.writer_metrics_http_port  # the write-lag metric and its alerts
+    assert c["image"] == containers(get(objects, "Deployment", "gateway"))["envoy"]["image"]
+    # not behind the gateway's Service, HPA or PDB
+    gw_sel = get(objects, "Service", "gateway")["spec"]["selector"]
+    assert not gw_sel.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+
+
 def test_migrations_job(objects: dict[tuple[str, str], dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
     job = get(objects, "Job", "gateway-migrate")
     (c,) = containers(job).values()
