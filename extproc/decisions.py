@@ -1,7 +1,7 @@
 """Small typed values that policies return and the exchange acts on."""
 from __future__ import annotations
 
-import json
+from json.encoder import encode_basestring_ascii as _q  # C: a JSON string literal, ASCII
 from dataclasses import dataclass
 
 from .errors import ApiError
@@ -48,8 +48,16 @@ class UsageRecord:
     ended_at: float
 
     def to_json(self) -> str:
-        # by hand: dataclasses.asdict costs ten times as much, on every request
-        return json.dumps({f: getattr(self, f) for f in _RECORD_FIELDS}, separators=(",", ":"))
+        """``json.dumps`` of the fields, compact, written out by hand: twice per request, at a third of
+        the cost (tests/test_decisions.py holds the two to the same bytes)."""
+        return (f'{{"request_id":{_q(self.request_id)},"org_id":{_q(self.org_id)},"key_id":{_q(self.key_id)},'
+                f'"alias":{_q(self.alias)},"upstream_model":{_q(self.upstream_model)},'
+                f'"endpoint":{_q(self.endpoint)},"status":{self.status:d},"stream":{_B[self.stream]},'
+                f'"prompt_tokens":{self.prompt_tokens:d},"completion_tokens":{self.completion_tokens:d},'
+                f'"estimated":{_B[self.estimated]},"cost_micro_pln":{self.cost_micro_pln:d},'
+                f'"input_price":{self.input_price:d},"output_price":{self.output_price:d},'
+                f'"started_at":{self.started_at!r},"ttfb_ms":{"null" if self.ttfb_ms is None else int(self.ttfb_ms)},'
+                f'"ended_at":{self.ended_at!r}}}')
 
 
-_RECORD_FIELDS = tuple(UsageRecord.__dataclass_fields__)
+_B = {True: "true", False: "false"}

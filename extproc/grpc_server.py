@@ -35,6 +35,11 @@ class _Status(Exception):
         self.message = message
 
 
+def _expire(waiter: "asyncio.Future[None]") -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
 class Call:
     __slots__ = ("_proto", "_sid", "_queue", "_waiter", "_ended", "headers", "_parse")
 
@@ -55,16 +60,22 @@ class Call:
                 return v.decode("latin-1")
         return None
 
-    async def read(self) -> Any:
-        """The next request message, parsed; ``EOF`` once the client ended (or reset) the call."""
+    async def read(self, timeout: float | None = None) -> Any:
+        """The next request message, parsed; ``EOF`` once the client ended (or reset) the call.
+        ``TimeoutError`` if none came within ``timeout`` seconds (a timer only while it waits: cheaper
+        than ``asyncio.timeout`` around every read)."""
         while not self._queue:
             if self._ended:
                 return EOF
-            self._waiter = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            waiter = self._waiter = loop.create_future()
+            timer = None if timeout is None else loop.call_later(timeout, _expire, waiter)
             try:
-                await self._waiter
+                await waiter
             finally:
                 self._waiter = None
+                if timer is not None:
+                    timer.cancel()
         return self._parse(self._queue.popleft())
 
     def write(self, message: Message) -> None:

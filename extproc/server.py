@@ -5,7 +5,6 @@ Each gRPC stream is one HTTP request; its messages become calls on an ``Exchange
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from time import perf_counter, time_ns
 from google.protobuf import struct_pb2
@@ -120,16 +119,12 @@ class Processor:
             parent = call.metadata("traceparent")
         try:
             while True:
-                if ex.idle is None:
-                    req = await call.read()
-                else:
-                    try:
-                        async with asyncio.timeout(ex.idle):
-                            req = await call.read()
-                    except TimeoutError:
-                        # the reply stalled: Envoy takes an immediate response at any point of the stream
-                        call.write(_to_message("", await ex.idle_gap()))
-                        break
+                try:
+                    req = await call.read(ex.idle)
+                except TimeoutError:
+                    # the reply stalled: Envoy takes an immediate response at any point of the stream
+                    call.write(_to_message("", await ex.idle_gap()))
+                    break
                 if req is EOF:
                     break
                 assert isinstance(req, ep.ProcessingRequest)

@@ -64,6 +64,39 @@ def test_not_http2_is_refused() -> None:
         h2.Connection().receive(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
 
 
+def test_header_blocks_decode_as_a_fresh_decoder_would_while_the_table_changes() -> None:
+    """Blocks seen before are taken from a cache; a block that refers to the dynamic table must still
+    mean what the table says now (the cache is dropped whenever a block changes the table)."""
+    from hpack import Decoder
+    c, enc, ref = h2.Connection(), Encoder(), Decoder()
+    lists = [[(b":path", PROCESS_PATH), (b"x-a", b"1")], [(b":path", PROCESS_PATH), (b"x-a", b"1")],
+             [(b":path", PROCESS_PATH), (b"x-b", b"2")], [(b":path", PROCESS_PATH), (b"x-a", b"1")]]
+    wire, want = [h2.PREFACE], []
+    sid = 1
+    for i in range(40):
+        fields = lists[i % 4] if i % 7 else [(b":path", PROCESS_PATH), (b"x-n", str(i).encode())]
+        block = enc.encode(fields, huffman=bool(i % 2))
+        # the same bytes again, and a literal never-indexed block (Envoy's kind), twice
+        literal = enc.encode([(b":path", PROCESS_PATH), (b"x-c", b"3", True)])
+        for b in (block, block, literal, literal):
+            wire.append(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, sid, b))
+            want.append([(bytes(k), bytes(v)) for k, v in ref.decode(b, raw=True)])
+            sid += 2
+    # the sharpest case: the very same indexed bytes, sent again after the table moved under them
+    indexed = enc.encode([(b":path", PROCESS_PATH), (b"x-a", b"1")])
+    moved = enc.encode([(b":path", PROCESS_PATH), (b"x-z", b"9")])
+    for b in (indexed, indexed, moved, indexed):
+        wire.append(h2.frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, sid, b))
+        want.append([(bytes(k), bytes(v)) for k, v in ref.decode(b, raw=True)])
+        sid += 2
+    assert want[-1] != want[-3]  # the same bytes now mean another field
+    got = [[(bytes(k), bytes(v)) for k, v in e[2]] for e in c.receive(b"".join(wire))  # type: ignore[union-attr]
+           if e[0] == h2.OPENED]
+    assert got == want and len(got) == 164
+    # the indexed block was cached, yet decoded right after each change of the table
+    assert 0 < len(c._seen) <= 32
+
+
 def test_messages_cut_anywhere_arrive_whole_and_in_order() -> None:
     c, enc = h2.Connection(), Encoder()
     big = bytes(range(256)) * 400  # ~100 KB, in 7 frames cut at odd places
