@@ -3,6 +3,7 @@ never a body, a prompt, a completion, an embedding input, a key or a model serve
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring_ascii as _q  # C: a JSON string literal, ASCII
 import logging
 import sys
 import time
@@ -35,12 +36,19 @@ class JsonFormatter(logging.Formatter):
 _REQUESTS = logging.getLogger("extproc.requests")
 
 
-def request_line(**fields: object) -> None:
-    """One line per request (metadata only), written without the logging machinery's per-record cost;
-    stdout is block-buffered when it is a file, so lines reach it in batches."""
+def request_line(*, request_id: str, alias: str, endpoint: str, status: int, prompt_tokens: int,
+                 completion_tokens: int, estimated: bool, cost_micro_pln: int, duration_ms: int,
+                 ttfb_ms: int | None) -> None:
+    """One line per request (metadata only), written without the logging machinery's per-record cost
+    and formatted by hand (a third of ``json.dumps``'s cost); stdout is block-buffered when it is a
+    file, so lines reach it in batches."""
     if _REQUESTS.isEnabledFor(logging.INFO):
-        sys.stdout.write(json.dumps({"time": _now(), "level": "info", "logger": "extproc.requests",
-                                     "msg": "request", **fields}, separators=(",", ":")) + "\n")
+        sys.stdout.write(
+            f'{{"time":"{_now()}","level":"info","logger":"extproc.requests","msg":"request",'
+            f'"request_id":{_q(request_id)},"alias":{_q(alias)},"endpoint":{_q(endpoint)},"status":{status:d},'
+            f'"prompt_tokens":{prompt_tokens:d},"completion_tokens":{completion_tokens:d},'
+            f'"estimated":{"true" if estimated else "false"},"cost_micro_pln":{cost_micro_pln:d},'
+            f'"duration_ms":{duration_ms:d},"ttfb_ms":{"null" if ttfb_ms is None else int(ttfb_ms)}}}\n')
 
 
 def _now() -> str:

@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 import re
@@ -19,6 +20,7 @@ _COMPLETION = re.compile(rb'"completion_tokens":\s*(\d+)')
 _SAFE_PARAM = re.compile(r"[A-Za-z_][A-Za-z0-9_.\[\]]{0,63}")
 
 
+@functools.lru_cache(maxsize=256)  # one per upstream model
 def model_pattern(upstream_model: str) -> re.Pattern[bytes]:
     return re.compile(rb'"model":\s*' + re.escape(json.dumps(upstream_model).encode()))
 
