@@ -353,9 +353,17 @@ def update_markdown(doc: dict[str, Any]) -> None:
         parts += [f"`make bench SOAK={sk['seconds']}` at {s['timestamp']}: {sk['mix']} at {sk['conns']} connections; "
                   f"{_f(w['rps'], 1)} req/s, {w['requests']:,} requests, errors {w['errors']}. ext_proc RSS "
                   f"{ref['rss_kb'] / 1024:.1f} MiB at t={ref['t_s']} s → {last['rss_kb'] / 1024:.1f} MiB at "
-                  f"t={last['t_s']} s (**{sk['rss_growth_pct']}%**), open descriptors {ref['fds']} → {last['fds']}.",
-                  "", "| t (s) | RSS (MiB) | fds |", "|---:|---:|---:|"]
-        parts += [f"| {x['t_s']} | {x['rss_kb'] / 1024:.1f} | {x['fds']} |" for x in sk["samples"]]
+                  f"t={last['t_s']} s (**{sk['rss_growth_pct']}%**), open descriptors {ref['fds']} → {last['fds']}."]
+        if "writer_rss_kb" in last:  # the usage writer, a process of its own since it left the ext_proc
+            parts[-1] += (f" Usage writer RSS {ref['writer_rss_kb'] / 1024:.1f} → {last['writer_rss_kb'] / 1024:.1f} MiB "
+                          f"({sk['writer_rss_growth_pct']}%), descriptors {ref['writer_fds']} → {last['writer_fds']}.")
+            parts += ["", "| t (s) | ext_proc RSS (MiB) | fds | usage writer RSS (MiB) | fds |",
+                      "|---:|---:|---:|---:|---:|"]
+            parts += [f"| {x['t_s']} | {x['rss_kb'] / 1024:.1f} | {x['fds']} | {x['writer_rss_kb'] / 1024:.1f} | "
+                      f"{x['writer_fds']} |" for x in sk["samples"]]
+        else:
+            parts += ["", "| t (s) | RSS (MiB) | fds |", "|---:|---:|---:|"]
+            parts += [f"| {x['t_s']} | {x['rss_kb'] / 1024:.1f} | {x['fds']} |" for x in sk["samples"]]
     else:
         parts.append("Not run yet: `make bench SOAK=600`.")
     parts += ["", SOAK_NOTE]

@@ -322,11 +322,20 @@ def soak(args: argparse.Namespace, tmp: Path, procs: Procs) -> dict[str, Any]:
         stop = threading.Event()
         t0 = time.monotonic()
 
+        writer = stack.procs["usage-writer"].popen.pid  # its own process: sampled beside the ext_proc
+
+        def sample() -> dict[str, Any]:
+            rss, fds = _sample(gw.pid)  # type: ignore[arg-type]
+            wrss, wfds = _sample(writer)
+            return {"t_s": round(time.monotonic() - t0, 1), "rss_kb": rss, "fds": fds,
+                    "writer_rss_kb": wrss, "writer_fds": wfds}
+
         def sampler() -> None:
             while True:
-                rss, fds = _sample(gw.pid)  # type: ignore[arg-type]
-                samples.append({"t_s": round(time.monotonic() - t0, 1), "rss_kb": rss, "fds": fds})
-                log(f"soak t={samples[-1]['t_s']:6.1f}s  ext_proc RSS {rss/1024:7.1f} MiB  fds {fds}")
+                samples.append(sample())
+                x = samples[-1]
+                log(f"soak t={x['t_s']:6.1f}s  ext_proc RSS {x['rss_kb']/1024:7.1f} MiB  fds {x['fds']}"
+                    f"  usage writer RSS {x['writer_rss_kb']/1024:6.1f} MiB  fds {x['writer_fds']}")
                 if stop.wait(10):
                     return
 
@@ -337,15 +346,19 @@ def soak(args: argparse.Namespace, tmp: Path, procs: Procs) -> dict[str, Any]:
         r = wrk(gw, SCENARIOS["chat"], 64, args.soak, bodies, script="mixed.lua", extra_env=env)
         stop.set()
         th.join()
-        rss, fds = _sample(gw.pid)
-        samples.append({"t_s": round(time.monotonic() - t0, 1), "rss_kb": rss, "fds": fds})
+        samples.append(sample())
         # Growth from the first sample after warm-up (>= 10 s in) to the end.
         ref = next((s for s in samples if s["t_s"] >= 10), samples[0])
-        growth = 100.0 * (samples[-1]["rss_kb"] - ref["rss_kb"]) / ref["rss_kb"] if ref["rss_kb"] else None
-        log(f"soak: {r['rps']:.1f} req/s mixed, errors {r['errors']}, RSS growth "
-            f"{growth:.1f}% (from t={ref['t_s']}s), fds {ref['fds']} -> {samples[-1]['fds']}")
+
+        def growth(key: str) -> float | None:
+            return round(100.0 * (samples[-1][key] - ref[key]) / ref[key], 2) if ref[key] else None
+
+        g, wg = growth("rss_kb"), growth("writer_rss_kb")
+        log(f"soak: {r['rps']:.1f} req/s mixed, errors {r['errors']}; ext_proc RSS growth {g}% (from "
+            f"t={ref['t_s']}s), fds {ref['fds']} -> {samples[-1]['fds']}; usage writer RSS growth {wg}%, fds "
+            f"{ref['writer_fds']} -> {samples[-1]['writer_fds']}")
         return {"seconds": args.soak, "conns": 64, "mix": "6 chat : 2 stream : 1 embeddings : 1 models",
-                "wrk": r, "samples": samples, "rss_growth_pct": None if growth is None else round(growth, 2),
+                "wrk": r, "samples": samples, "rss_growth_pct": g, "writer_rss_growth_pct": wg,
                 "rss_ref_t_s": ref["t_s"]}
     finally:
         stack.stop()
@@ -357,7 +370,7 @@ def headline(cmp: dict[str, Any] | None, sk: dict[str, Any] | None) -> dict[str,
         "rps_gateway", "rps_bare_envoy", "rps_minimal_extproc", "rps_litellm", "ratio_vs_envoy",
         "ratio_vs_minimal", "ratio_vs_litellm", "overhead_p50_ms", "overhead_p50_minimal_ms",
         "overhead_p99_ms", "stream_chunks_per_s", "stream_ratio_vs_minimal", "models_ratio_vs_minimal",
-        "errors", "rss_growth_pct", "rps_gateway_2_extproc")}
+        "errors", "rss_growth_pct")}  # exactly the keys: the 2-process row is in the table
     if cmp:
         sy = cmp["systems"]
 
@@ -379,8 +392,6 @@ def headline(cmp: dict[str, Any] | None, sk: dict[str, Any] | None) -> dict[str,
                   "overhead_p50_minimal_ms": diff_ms(cell("minimal_extproc", "latency", "p50_us"),
                                                      cell("bare_envoy", "latency", "p50_us")),
                   "overhead_p99_ms": diff_ms(cell("gateway", "latency", "p99_us"), cell("bare_envoy", "latency", "p99_us"))})
-        rw = cell(f"gateway_w{WORKERS}", "chat")
-        h["rps_gateway_2_extproc"] = rw and round(rw, 1)
         sg = cell("gateway", "stream")
         h["stream_chunks_per_s"] = None if sg is None else round(sg * cmp["stream_chunks_per_reply"], 1)
         h["stream_ratio_vs_minimal"] = ratio(sg, cell("minimal_extproc", "stream"))
