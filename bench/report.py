@@ -266,15 +266,13 @@ def _load_data() -> dict[str, Any]:
     return {}
 
 
-SOAK_NOTE = """What the growth was, and what stopped it (measured one request kind at a time): grpcio's asyncio
-server never frees the memory of a gRPC batch that fails, and Envoy used to reset each ext_proc stream as
-soon as it had its last answer, often before the ext_proc's final status had gone out (16.6% of the
-status sends failed on `GET /v1/models`): ~100 bytes kept per such stream (grpc/grpc#43360, fixes not
-released), a linear growth of 25–100 bytes per request that no grpc server option, allocator setting
-(`MALLOC_ARENA_MAX=2`, `malloc_trim`) or older grpcio (1.66.2) changed. Envoy's runtime flag
+SOAK_NOTE = """History: with grpcio's asyncio server the ext_proc's memory grew 25–100 bytes per request, because
+grpcio never frees a gRPC batch that fails and Envoy used to reset each ext_proc stream before the final
+status had gone out (grpc/grpc#43360). Envoy's runtime flag
 `envoy.reloadable_features.ext_proc_graceful_grpc_close` (set in envoy/envoy.yaml) makes Envoy half-close
-the stream and wait for the status instead: no failed status sends, RSS flat (slope ~0 bytes/request on
-the same load). The ext_proc also ends each stream itself after its last answer."""
+the stream and wait for the status, which stopped it; the ext_proc now serves gRPC with its own HTTP/2
+server (extproc/h2.py), which keeps nothing of a stream once it has ended or been reset, and ends each
+stream itself after its last answer. The usage writer (a process of its own) is sampled too."""
 
 
 def _md_table(head: list[str], body: list[list[str]]) -> str:
@@ -318,8 +316,8 @@ def update_markdown(doc: dict[str, Any]) -> None:
             parts += [f"`make bench PROFILE=1` at {c['timestamp']}: py-spy, {prof['seconds']} s, {prof['samples']} "
                       f"samples ({_f(prof.get('rps_while_profiled'))} req/s while sampled); flame graph "
                       f"`{prof['svg']}` (not committed). Top functions by own time (Python frames only: "
-                      f"time in grpc's C core and Cython callbacks shows up as own time of `Thread.run` and "
-                      f"`Handle._run`):", "",
+                      f"time in C — system calls, the C parts of asyncio, json and protobuf — shows up as own "
+                      f"time of the Python function that called it):", "",
                       "| function | own samples | % |", "|---|---:|---:|"]
             parts += [f"| `{t['function']}` | {t['samples']} | {t['pct']} |" for t in prof["top_own"]]
         elif prof:
