@@ -5,17 +5,17 @@ import asyncio
 import gc
 import logging
 import os
-import signal
 
 import asyncpg
 from grpc_health.v1 import health_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from . import catalog as catalog_mod
-from . import logs, metrics, tracing
+from . import metrics, tracing
 from .directory import Directory
 from .exchange import Gateway
 from .grpc_server import Server
+from .process import run, until_stopped
 from .server import PROCESS_PATH, Processor
 from .settings import Settings
 from .store import heartbeat, open_store, redis_client
@@ -86,12 +86,8 @@ async def serve(settings: Settings) -> None:
     beat_task = asyncio.create_task(beat())
     spans_task = asyncio.create_task(spans.run())
     watch_task = asyncio.create_task(watch_catalog(settings.catalog, gw))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     logging.getLogger("extproc").info("ext_proc listening on 127.0.0.1:%d", settings.grpc_port)
-    await stop.wait()
+    await until_stopped()
     for service in HEALTH_SERVICES:
         server.health[service] = health_pb2.HealthCheckResponse.NOT_SERVING
     await server.stop(grace=settings.drain_grace_s)
@@ -102,10 +98,5 @@ async def serve(settings: Settings) -> None:
     await r.aclose()
 
 
-def main() -> None:
-    logs.setup(getattr(logging, os.environ.get("GATEWAY_LOG_LEVEL", "INFO").upper(), logging.INFO))
-    asyncio.run(serve(Settings.from_env()))
-
-
 if __name__ == "__main__":
-    main()
+    run(serve)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import socket
 import time
 from typing import Any
@@ -21,8 +20,9 @@ import asyncpg
 import redis.asyncio as aioredis
 import redis.exceptions
 
-from . import logs, metrics
+from . import metrics
 from .decisions import UsageRecord
+from .process import run, until_stopped
 from .settings import Settings
 from .store import USAGE_STREAM, Store, open_store, orphans, redis_client
 
@@ -171,12 +171,8 @@ async def serve(settings: Settings) -> None:
     writer = UsageWriter(r, pool, open_store(settings, r))
     metrics.serve(settings.writer_metrics_http_port, settings.metrics_host, None)
     task = asyncio.create_task(writer.run())
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     log.info("usage writer started (consumer %s)", writer.consumer)
-    await stop.wait()
+    await until_stopped()
     task.cancel()
     try:
         await writer.drain()
@@ -186,10 +182,5 @@ async def serve(settings: Settings) -> None:
     await r.aclose()
 
 
-def main() -> None:
-    logs.setup(getattr(logging, os.environ.get("GATEWAY_LOG_LEVEL", "INFO").upper(), logging.INFO))
-    asyncio.run(serve(Settings.from_env()))
-
-
 if __name__ == "__main__":
-    main()
+    run(serve)

@@ -1,0 +1,27 @@
+"""What each of the package's processes (``python -m extproc``, ``python -m extproc.usage_writer``) does
+to start and to learn that it must stop."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from typing import Any, Callable, Coroutine
+
+from . import logs
+from .settings import Settings
+
+
+def run(serve: Callable[[Settings], Coroutine[Any, Any, None]]) -> None:
+    """JSON-lines logging at ``GATEWAY_LOG_LEVEL``, then ``serve`` with the settings of the environment."""
+    logs.setup(getattr(logging, os.environ.get("GATEWAY_LOG_LEVEL", "INFO").upper(), logging.INFO))
+    asyncio.run(serve(Settings.from_env()))
+
+
+async def until_stopped() -> None:
+    """Returns once SIGTERM or SIGINT has come."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
