@@ -4,7 +4,8 @@
                            clusters (CDS, from $GATEWAY_CATALOG) into $GATEWAY_STATE_DIR/envoy with
                            control.envoy_config, then exec Envoy with that bootstrap
     migrate                apply the PostgreSQL migrations (control.schema.migrate) to $DATABASE_URL, exit
-    anything else          exec'd as given: ``python -m extproc``, ``python -m sim ...``, ``gateway ...``
+    anything else          exec'd as given: ``python -m extproc``, ``python -m extproc.usage_writer``,
+                           ``python -m sim ...``, ``gateway ...``
 
 All settings come from the environment variables of extproc/settings.py.
 """
