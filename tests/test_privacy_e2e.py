@@ -3,13 +3,14 @@ through every endpoint and error path (model-server errors that quote it include
 the metrics, PostgreSQL's data directory (WAL included) and Redis's append-only file are searched."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
 
 import httpx
 
-from conftest import Gateway
+from conftest import Gateway, wait_for
 
 CANARY = "Kanarek-7f3a9c-PRYWATNE"
 
@@ -51,7 +52,16 @@ def test_canary_is_nowhere(gateway: Gateway) -> None:
         assert CANARY not in r.text
     c.close()
 
-    # let the usage writer and the logs catch up, then stop nothing: search what is on disk now
+    # let the usage writer and the logs catch up, then stop nothing: search what is on disk now.  Envoy
+    # writes its access log about once a second: wait until every request above is in it.
+    ids = [r.headers["x-request-id"] for r in sent]
+    access = gateway.stack.state / "logs" / "envoy-access.log"
+    wait_for(lambda: all(i.encode() in access.read_bytes() for i in ids), timeout=15)
+    lines = {d["request_id"]: d for d in map(json.loads, access.read_text().splitlines())}
+    # it says which route a request took, never its path
+    assert [lines[i]["route"] for i in ids] == ["chat"] * 2 + ["embeddings"] * 2 + ["chat"] * 2 + ["embeddings"] \
+        + ["chat"] * 3 + ["embeddings", "other", "model", "chat"]
+    assert all("path" not in d for d in lines.values())
     gateway.sql("CHECKPOINT")
     subprocess.run(["sync"], check=False)
     needles = [CANARY.encode(), key.encode()]
