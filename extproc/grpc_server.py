@@ -133,7 +133,6 @@ class Server:
             p.close()
 
 
-
 class _Protocol(asyncio.Protocol):
     def __init__(self, server: Server) -> None:
         self.server = server
@@ -141,7 +140,7 @@ class _Protocol(asyncio.Protocol):
         self.calls: dict[int, Call] = {}
         self.transport: asyncio.Transport | None = None
         self._flush_pending = False
-        self._loop = asyncio.get_event_loop()
+        self._loop = asyncio.get_running_loop()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -191,7 +190,8 @@ class _Protocol(asyncio.Protocol):
                 call = self.calls.get(sid)
                 if call is not None:
                     call._end()
-        self.flush_soon()
+        if self.conn.outbound:  # acknowledgements, window updates; replies flush themselves
+            self.flush_soon()
 
     def _open(self, sid: int, headers: list[tuple[bytes, bytes]]) -> None:
         path = next((v for k, v in headers if k == b":path"), b"")

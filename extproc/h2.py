@@ -86,7 +86,7 @@ OK_TRAILERS = trailers(0)
 
 
 class _Stream:
-    __slots__ = ("parts", "have", "need", "window", "pending", "headers_sent", "closed_local", "closed_remote")
+    __slots__ = ("parts", "have", "need", "window", "pending", "headers_sent", "closed_remote")
 
     def __init__(self, window: int) -> None:
         # a gRPC message not yet whole: its pieces, their length, the length that makes it whole (joined
@@ -97,8 +97,7 @@ class _Stream:
         self.window = window  # how much we may still send on this stream
         self.pending: deque[tuple[bytes | memoryview, int]] = deque()  # (DATA payload or trailer block, flags) held back
         self.headers_sent = False
-        self.closed_local = False
-        self.closed_remote = False
+        self.closed_remote = False  # (a stream we have closed is no longer in ``streams``)
 
 
 class Connection:
@@ -293,15 +292,13 @@ class Connection:
     def _remote_end(self, sid: int, st: _Stream, events: list[tuple[int, int, object]]) -> None:
         st.closed_remote = True
         events.append((ENDED, sid, None))
-        if st.closed_local:
-            del self.streams[sid]
 
     # ---- sending ---------------------------------------------------------------------------
     def send_message(self, sid: int, message: bytes) -> None:
         """One gRPC message on the stream; the response headers go first if they have not."""
         st = self.streams.get(sid)
-        if st is None or st.closed_local:
-            return  # reset by the client: nobody to send to
+        if st is None:
+            return  # ended, or reset by the client: nobody to send to
         if not st.headers_sent:
             st.headers_sent = True
             self.outbound += frame(HEADERS, END_HEADERS, sid, RESPONSE_HEADERS)
@@ -318,7 +315,7 @@ class Connection:
     def end_stream(self, sid: int, block: bytes = OK_TRAILERS) -> None:
         """Trailers (``trailers(status)``) with END_STREAM; trailers-only if no message was sent."""
         st = self.streams.get(sid)
-        if st is None or st.closed_local:
+        if st is None:
             return
         if not st.headers_sent:
             st.headers_sent = True
@@ -330,7 +327,6 @@ class Connection:
 
     def _close_local(self, sid: int, st: _Stream, block: bytes) -> None:
         self.outbound += frame(HEADERS, END_HEADERS | END_STREAM, sid, block)
-        st.closed_local = True
         if not st.closed_remote:  # the client has not ended its side: it is told this stream is over
             self.outbound += frame(RST_STREAM, 0, sid, _U32.pack(NO_ERROR))
         del self.streams[sid]

@@ -119,7 +119,7 @@ def redis_client(url: str, size: int) -> aioredis.Redis:
         retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError]))
 
 
-def open_store(settings: Settings, client: aioredis.Redis) -> "Store":
+def open_store(settings: Settings, client: aioredis.Redis) -> Store:
     return Store(client, RespClient.from_url(settings.redis_url), default_rpm=settings.default_rpm,
                  default_concurrency=settings.default_concurrency, lease_s=int(settings.total_timeout_s) + 60,
                  key_ttl_s=settings.key_cache_ttl_s)

@@ -82,22 +82,24 @@ class UsageWriter:
             if "BUSYGROUP" not in str(e):
                 raise
 
-    async def _take(self, claim: bool) -> list[tuple[bytes, dict[bytes, bytes]]]:
-        # first what this consumer left pending (a batch that failed), then a dead one's, then new;
-        # the first two are looked for only after a failure and once a second, not on every batch
+    async def _take(self, claim: bool) -> list[tuple[bytes, dict[bytes, bytes] | None]]:
+        """First what this consumer left pending (a batch that failed), then a dead one's, then new; the
+        first two are looked for only after a failure and once a second, not on every batch.  An entry
+        deleted after it was read comes back without fields."""
+        entries: Any = []
         if self._recover:
             own: Any = await self.r.xreadgroup(GROUP, self.consumer, {USAGE_STREAM: "0"}, count=self.batch)
-            if own and own[0][1]:
-                return [e for e in own[0][1] if e and e[1]]
-            self._recover = False
-        if claim:
+            entries = own[0][1] if own else []
+            self._recover = bool(entries)
+        if not entries and claim:
             claimed: Any = await self.r.xautoclaim(USAGE_STREAM, GROUP, self.consumer, self.claim_idle_ms,
                                                    start_id="0-0", count=self.batch)
             entries = claimed[1] if claimed else []
-            if entries:
-                return [e for e in entries if e and e[1]]
-        res: Any = await self.r.xreadgroup(GROUP, self.consumer, {USAGE_STREAM: ">"}, count=self.batch, block=200)
-        return res[0][1] if res else []
+        if not entries:
+            res: Any = await self.r.xreadgroup(GROUP, self.consumer, {USAGE_STREAM: ">"}, count=self.batch,
+                                               block=200)
+            entries = res[0][1] if res else []
+        return [e for e in entries if e]
 
     async def reap(self) -> int:
         """Bill the requests of ext_proc processes that died mid-request (estimated input tokens):
@@ -126,9 +128,11 @@ class UsageWriter:
         entries = await self._take(claim=periodic)
         if not entries:
             return 0
-        await write_batch(self.pool, [f[b"r"] for _, f in entries])
+        records = [f[b"r"] for _, f in entries if f]
+        if records:
+            await write_batch(self.pool, records)
         now_ms = time.time() * 1000
-        ids = [i for i, _ in entries]
+        ids = [i for i, _ in entries]  # acknowledged all, those without fields too
         for i in ids:  # an entry's id is "<ms>-<n>", the time it was queued: the request's end
             metrics.WRITE_LAG.observe(max(0.0, now_ms - int(i.split(b"-", 1)[0])) / 1000)
         async with self.r.pipeline(transaction=True) as p:
