@@ -2,15 +2,20 @@
 
 redis-py's asyncio client spends ~150 µs of Python per command; this one writes the command and
 awaits its reply on one shared connection (replies come back in order, so concurrent requests
-pipeline naturally).  Sans-I/O parser (``RespParser``) + a thin asyncio protocol.  A lost or hung
+pipeline naturally).  It takes the URLs redis-py takes (extproc/urls.py): password or ACL user,
+database number, TLS (rediss://) and unix sockets; AUTH and SELECT are sent on every new connection.  Sans-I/O parser (``RespParser``) + a thin asyncio protocol.  A lost or hung
 connection fails the calls waiting on it and is replaced on the next call.
 """
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import ssl
 from collections import deque
+from ssl import SSLContext
 from typing import Any
+
+from .urls import parse_redis
 
 
 class RespError(Exception):
@@ -123,19 +128,70 @@ def _expire(fut: "asyncio.Future[Any]") -> None:
         fut.set_exception(TimeoutError())
 
 
+class RespSetupError(ConnectionError):
+    """A new connection was refused at login (AUTH, or NOAUTH: a password is needed) or at SELECT.
+    The message names the server (its password masked) and quotes Redis's reply.  Not retried."""
+
+
+def _setup_error(label: str, cmd: tuple[Any, ...], reply: RespError) -> RespSetupError:
+    if str(reply).startswith("NOAUTH"):
+        return RespSetupError(f"Redis at {label} needs a password (give it in REDIS_URL): {reply}")
+    what = "the credentials (AUTH)" if cmd[0] == "AUTH" else f"SELECT {cmd[1]}"
+    return RespSetupError(f"Redis at {label} refused {what}: {reply}")
+
+
 class RespClient:
-    def __init__(self, host: str, port: int, *, db: int = 0, timeout: float = 2.0) -> None:
+    def __init__(self, host: str = "localhost", port: int = 6379, *, db: int = 0, timeout: float = 2.0,
+                 username: str | None = None, password: str | None = None, unix_path: str | None = None,
+                 tls: SSLContext | None = None, label: str = "") -> None:
         self.host, self.port, self.db, self.timeout = host, port, db, timeout
+        self.unix_path, self.tls = unix_path, tls
+        self.label = label or (f"unix://{unix_path}" if unix_path else f"redis://{host}:{port}/{db}")
+        # sent first on every new connection (in one write, answered before any command is sent)
+        self._setup: list[tuple[Any, ...]] = []
+        if username:
+            self._setup.append(("AUTH", username, password or ""))
+        elif password:
+            self._setup.append(("AUTH", password))
+        if db:
+            self._setup.append(("SELECT", db))
         self._conn: _Conn | None = None
         self._connecting: asyncio.Lock | None = None
         self._shas: dict[str, str] = {}
 
     @classmethod
     def from_url(cls, url: str, **kw: Any) -> "RespClient":
-        from urllib.parse import urlparse
-        u = urlparse(url)
-        db = int(u.path.strip("/") or 0)
-        return cls(u.hostname or "127.0.0.1", u.port or 6379, db=db, **kw)
+        """Any URL redis-py's ``from_url`` takes (see extproc/urls.py): redis://, rediss://, unix://,
+        user name and password, database number, TLS parameters."""
+        t = parse_redis(url)
+        return cls(t.host, t.port, db=t.db, username=t.username, password=t.password, unix_path=t.unix_path,
+                   tls=t.tls.context() if t.tls else None, label=t.masked, **kw)
+
+    async def _open(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        try:
+            if self.unix_path is not None:
+                _, conn = await loop.create_unix_connection(_Conn, self.unix_path)
+            else:
+                _, conn = await loop.create_connection(_Conn, self.host, self.port, ssl=self.tls)
+        except ssl.SSLError as e:
+            raise ConnectionError(f"TLS with Redis at {self.label} failed: {e}") from e
+        except OSError as e:
+            if isinstance(e, TimeoutError):
+                raise
+            raise ConnectionError(f"cannot reach Redis at {self.label}: {e}") from e
+        if not self._setup:
+            return conn
+        try:
+            replies = await asyncio.gather(*(conn.send(cmd) for cmd in self._setup))
+            for cmd, reply in zip(self._setup, replies):
+                if isinstance(reply, RespError):
+                    raise _setup_error(self.label, cmd, reply)
+        except BaseException:
+            assert conn.transport is not None
+            conn.transport.close()
+            raise
+        return conn
 
     async def _connection(self) -> _Conn:
         if self._conn is not None and not self._conn.lost:
@@ -144,13 +200,7 @@ class RespClient:
             self._connecting = asyncio.Lock()
         async with self._connecting:
             if self._conn is None or self._conn.lost:
-                loop = asyncio.get_running_loop()
-                _, conn = await asyncio.wait_for(
-                    loop.create_connection(_Conn, self.host, self.port), self.timeout)
-                if self.db:
-                    async with asyncio.timeout(self.timeout):
-                        await conn.send(("SELECT", self.db))
-                self._conn = conn
+                self._conn = await asyncio.wait_for(self._open(), self.timeout)
         return self._conn
 
     async def call(self, *args: Any) -> Any:
@@ -164,6 +214,8 @@ class RespClient:
                     reply = await fut
                 finally:
                     timer.cancel()  # a plain timer: asyncio.timeout costs ~10 us per command
+            except RespSetupError:
+                raise
             except TimeoutError:  # first: it is an OSError too, and must not be retried on a new connection
                 self._drop()
                 raise ConnectionError("Redis did not answer in time") from None
@@ -172,6 +224,8 @@ class RespClient:
                     raise
                 continue
             if isinstance(reply, RespError):
+                if str(reply).startswith("NOAUTH"):
+                    raise _setup_error(self.label, args, reply)
                 raise reply
             return reply
         raise AssertionError("unreachable")

@@ -26,6 +26,7 @@ from .decisions import Admission, Identity, UsageRecord
 from .errors import ApiError
 from .resp import RespClient
 from .settings import Settings
+from .urls import RedisTarget, parse_redis
 
 USAGE_STREAM = "gw:usage"
 
@@ -108,15 +109,31 @@ class Miss(Exception):
         self.org_id = org_id
 
 
-def redis_client(url: str, size: int) -> aioredis.Redis:
-    """redis-py for everything but the request path's two scripts.  A restarted Redis leaves dead pooled
-    connections: a failed call is retried on a new one.  The pool waits for a free connection rather
-    than failing when every one is busy; it is small and opened whole at start, so that a process's
-    descriptors do not grow under load."""
-    return aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool.from_url(
-        url, max_connections=size, timeout=5, socket_timeout=2, socket_connect_timeout=2,
+def redis_client(url: str, size: int, *, socket_timeout: float = 2) -> aioredis.Redis:
+    """redis-py for everything but the request path's two scripts, opened from the same reading of
+    REDIS_URL as the request path's client (extproc/urls.py), so that both log in alike.  A restarted
+    Redis leaves dead pooled connections: a failed call is retried on a new one.  The pool waits for a
+    free connection rather than failing when every one is busy; it is small and opened whole at start,
+    so that a process's descriptors do not grow under load."""
+    return aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool(
+        max_connections=size, timeout=5, socket_timeout=socket_timeout, socket_connect_timeout=2,
         health_check_interval=10, retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2),
-        retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError]))
+        retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
+        **_redis_py_options(parse_redis(url))))
+
+
+def _redis_py_options(t: RedisTarget) -> dict[str, Any]:
+    opts: dict[str, Any] = {"db": t.db, "username": t.username, "password": t.password}
+    if t.unix_path is not None:
+        return opts | {"connection_class": aioredis.UnixDomainSocketConnection, "path": t.unix_path}
+    opts |= {"host": t.host, "port": t.port}
+    if t.tls is None:
+        return opts
+    tls = {"ssl_ca_certs": t.tls.ca_certs, "ssl_ca_path": t.tls.ca_path, "ssl_certfile": t.tls.certfile,
+           "ssl_keyfile": t.tls.keyfile, "ssl_password": t.tls.password}
+    return opts | {k: v for k, v in tls.items() if v is not None} | {
+        "connection_class": aioredis.SSLConnection, "ssl_cert_reqs": t.tls.cert_reqs,
+        "ssl_check_hostname": t.tls.check_hostname}
 
 
 def open_store(settings: Settings, client: aioredis.Redis) -> Store:

@@ -1,0 +1,134 @@
+"""Service URLs: REDIS_URL read the way redis-py reads it, and passwords masked for messages.
+
+``parse_redis`` gives the request path's own client (extproc/resp.py) exactly what redis-py's
+``from_url`` gives the rest of the processes, so that every process honours the same URL:
+
+    redis://[[user]:password@]host[:port][/db][?query]      plain TCP
+    rediss://[[user]:password@]host[:port][/db][?query]     TLS
+    unix://[[user]:password@]/path/to/redis.sock[?db=N&password=...]
+
+User names and passwords are percent-decoded; ``?db=`` wins over the path's number; ``?username=`` and
+``?password=`` are taken when the URL's authority has none.  TLS is set by redis-py's parameter names
+(the defaults are redis-py's too: the certificate is verified against the system's CAs plus
+``ssl_ca_certs``, and its host name checked):
+
+    ssl_ca_certs=/ca.pem  ssl_ca_path=/dir  ssl_certfile=/client.pem  ssl_keyfile=/client.key
+    ssl_password=...  ssl_cert_reqs=none|optional|required  ssl_check_hostname=true|false
+
+Any other query parameter is refused (redis-py would let it override the gateway's own timeouts and
+pool settings), as is a TLS parameter on a plain redis:// or unix:// URL.
+"""
+from __future__ import annotations
+
+import re
+import ssl
+from dataclasses import dataclass, field
+from urllib.parse import parse_qs, unquote, urlsplit
+
+_TLS_PARAMS = frozenset({"ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile", "ssl_password",
+                         "ssl_cert_reqs", "ssl_check_hostname"})
+_PARAMS = frozenset({"db", "username", "password"}) | _TLS_PARAMS
+_CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+_FALSE = ("0", "F", "FALSE", "N", "NO")  # redis-py's to_bool
+
+
+def mask(url: str) -> str:
+    """``url`` with its password (in the authority, or a ``password``/``ssl_password`` query value)
+    replaced by ``***``: for log lines and error messages."""
+    url = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/?#@:]*):[^/?#]*@", r"\1:***@", url)
+    return re.sub(r"([?&](?:ssl_)?password=)[^&#]*", r"\1***", url)
+
+
+class RedisUrlError(ValueError):
+    """REDIS_URL cannot be used: the message says why (with the password masked)."""
+
+
+@dataclass(frozen=True)
+class Tls:
+    ca_certs: str | None = None
+    ca_path: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    password: str | None = field(default=None, repr=False)
+    cert_reqs: ssl.VerifyMode = ssl.CERT_REQUIRED
+    check_hostname: bool = True
+
+    def context(self) -> ssl.SSLContext:
+        """Built as redis-py's SSLConnection builds it."""
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = self.check_hostname and self.cert_reqs != ssl.CERT_NONE
+        ctx.verify_mode = self.cert_reqs
+        if self.certfile or self.keyfile:
+            ctx.load_cert_chain(certfile=self.certfile or "", keyfile=self.keyfile, password=self.password)
+        if self.ca_certs or self.ca_path:
+            ctx.load_verify_locations(cafile=self.ca_certs, capath=self.ca_path)
+        return ctx
+
+
+@dataclass(frozen=True)
+class RedisTarget:
+    """Where a Redis is and how to log in to it."""
+    url: str = field(repr=False)
+    host: str = "127.0.0.1"
+    port: int = 6379
+    unix_path: str | None = None
+    db: int = 0
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls: Tls | None = None
+
+    @property
+    def masked(self) -> str:
+        return mask(self.url)
+
+
+def _bool(name: str, value: str) -> bool:
+    if value == "":
+        raise RedisUrlError(f"REDIS_URL: {name} has no value")
+    return value.upper() not in _FALSE
+
+
+def parse_redis(url: str) -> RedisTarget:
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as e:
+        raise RedisUrlError(f"REDIS_URL {mask(url)} is not a URL: {e}") from None
+    scheme = parts.scheme
+    if scheme not in ("redis", "rediss", "unix"):
+        raise RedisUrlError(f"REDIS_URL {mask(url)} must start with redis://, rediss:// or unix://")
+    query: dict[str, str] = {}
+    for name, values in parse_qs(parts.query, keep_blank_values=True).items():
+        if name not in _PARAMS:
+            raise RedisUrlError(f"REDIS_URL {mask(url)}: unsupported parameter {name!r} "
+                                f"(accepted: {', '.join(sorted(_PARAMS))})")
+        query[name] = values[0]  # parse_qs has percent-decoded it already
+    tls_given = _TLS_PARAMS & query.keys()
+    if tls_given and scheme != "rediss":
+        raise RedisUrlError(f"REDIS_URL {mask(url)}: {', '.join(sorted(tls_given))} needs rediss://")
+    username = unquote(parts.username) if parts.username else query.get("username") or None
+    password = unquote(parts.password) if parts.password else query.get("password") or None
+    db = 0
+    try:
+        if "db" in query:
+            db = int(query["db"])
+        elif scheme != "unix" and parts.path.strip("/"):
+            db = int(unquote(parts.path).replace("/", ""))
+    except ValueError:
+        raise RedisUrlError(f"REDIS_URL {mask(url)}: the database must be a number") from None
+    tls = None
+    if scheme == "rediss":
+        reqs = query.get("ssl_cert_reqs", "required").lower()
+        if reqs not in _CERT_REQS:
+            raise RedisUrlError(f"REDIS_URL {mask(url)}: ssl_cert_reqs must be none, optional or required")
+        tls = Tls(ca_certs=query.get("ssl_ca_certs") or None, ca_path=query.get("ssl_ca_path") or None,
+                  certfile=query.get("ssl_certfile") or None, keyfile=query.get("ssl_keyfile") or None,
+                  password=query.get("ssl_password") or None, cert_reqs=_CERT_REQS[reqs],
+                  check_hostname=_bool("ssl_check_hostname", query.get("ssl_check_hostname", "true")))
+    if scheme == "unix":
+        path = unquote(parts.path)
+        if not path:
+            raise RedisUrlError(f"REDIS_URL {mask(url)}: unix:// needs the socket's path")
+        return RedisTarget(url, unix_path=path, db=db, username=username, password=password)
+    host = unquote(parts.hostname) if parts.hostname else "localhost"
+    return RedisTarget(url, host=host, port=port or 6379, db=db, username=username, password=password, tls=tls)

