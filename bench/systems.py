@@ -134,9 +134,9 @@ def start_gateway(tmp: Path, up: tuple[int, int], workers: int = 1) -> tuple[Sys
 
     async def make_key() -> tuple[str, str]:
         import asyncpg
-        import redis.asyncio as aioredis
+        from extproc.store import redis_client
         pool = await asyncpg.create_pool(stack.database_url, min_size=1, max_size=2)
-        r = aioredis.from_url(stack.redis_url)
+        r = redis_client(stack.redis_url, 2)
         try:
             admin = Admin(pool, r)
             org = await admin.create_org("bench", 10**15)  # a billion PLN: never runs out

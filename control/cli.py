@@ -35,10 +35,10 @@ def _urls(s: Settings) -> tuple[str, str]:
 
 async def _with_admin(s: Settings, fn: Callable[[Admin], Awaitable[Any]]) -> Any:
     import asyncpg
-    import redis.asyncio as aioredis
+    from extproc.store import redis_client
     db, rd = _urls(s)
     pool = await asyncpg.create_pool(db, min_size=1, max_size=2)
-    r = aioredis.from_url(rd)
+    r = redis_client(rd, 2)
     try:
         return await fn(Admin(pool, r))
     finally:
@@ -108,8 +108,8 @@ async def status(s: Settings) -> dict[str, dict[str, Any]]:
     endpoint, the usage writer's metrics endpoint, PostgreSQL, Redis, the simulators and the console."""
     import asyncpg
     import grpc
-    import redis.asyncio as aioredis
     import urllib.request
+    from extproc.store import redis_client
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from extproc import catalog as catalog_mod
@@ -158,7 +158,7 @@ async def status(s: Settings) -> dict[str, dict[str, Any]]:
     except Exception as e:  # noqa: BLE001
         out["postgres"] = {"ok": False, "detail": type(e).__name__}
     try:
-        r = aioredis.from_url(rd, socket_timeout=2, socket_connect_timeout=2)
+        r = redis_client(rd, 1)
         await r.ping()
         await r.aclose()
         out["redis"] = {"ok": True, "detail": "PONG"}

@@ -283,14 +283,16 @@ class Stack:
     async def _migrate(self) -> None:
         import asyncpg
         from .schema import migrate
+        from extproc.urls import mask
         for attempt in range(50):
             try:
-                conn = await asyncpg.connect(self.database_url)
+                conn = await asyncpg.connect(self.database_url)  # the URL as given: sslmode, sslrootcert, ...
                 break
-            except (OSError, asyncpg.PostgresError):
+            except (OSError, asyncpg.PostgresError) as e:
+                why = f"{type(e).__name__}: {e}"
                 await asyncio.sleep(0.1)
         else:
-            raise RuntimeError("PostgreSQL did not accept connections")
+            raise RuntimeError(f"PostgreSQL at {mask(self.database_url)} did not accept connections ({why})")
         try:
             await migrate(conn)
         finally:

@@ -63,8 +63,8 @@ async def serve(settings: Settings) -> None:
         await heartbeat(r, gw.owner)
         await asyncio.gather(*(r.ping() for _ in range(REDIS_POOL)))  # every pooled connection open
         await store.fast.call("PING")  # and the request path's own
-    except Exception:  # noqa: BLE001 - Redis down at start: requests get 500 until it is back
-        logging.getLogger("extproc").warning("Redis unreachable at start")
+    except Exception as e:  # noqa: BLE001 - Redis down at start: requests get 500 until it is back
+        logging.getLogger("extproc").warning("Redis unreachable at start: %s: %s", type(e).__name__, e)
     # Everything loaded so far lives as long as the process: keep it out of the collector's scans, and
     # collect the young generation less often (a request allocates a few hundred objects), so a full
     # collection never stalls a request for milliseconds.

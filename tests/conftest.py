@@ -17,6 +17,7 @@ import yaml
 from control.admin import Admin
 from control.launcher import Stack, free_port_base
 from extproc.settings import Settings
+from extproc.store import redis_client
 
 
 free_base = free_port_base
@@ -72,9 +73,8 @@ class Gateway:
     def admin(self, fn: Callable[[Admin], Awaitable[Any]]) -> Any:
         async def go() -> Any:
             import asyncpg
-            import redis.asyncio as aioredis
             pool = await asyncpg.create_pool(self.stack.database_url, min_size=1, max_size=2)
-            r = aioredis.from_url(self.stack.redis_url)
+            r = redis_client(self.stack.redis_url, 2)
             try:
                 return await fn(Admin(pool, r))
             finally:
