@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test install clean browser bench
+.PHONY: run test install clean browser services bench
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,7 +29,23 @@ browser:
 	    || echo "chromium could not be installed: the browser tests will be skipped"; \
 	fi
 
-test: $(STAMP) browser
+# The production-shaped services tests (tests/test_production_services_e2e.py) run Debian's redis-server
+# (ACL user, TLS) and PostgreSQL 15 (SCRAM, TLS): installed here when missing and apt-get can (as root,
+# or with password-less sudo); otherwise those tests are skipped and say why, and fail under CI=true.
+REDIS_SERVER := /usr/bin/redis-server
+PG_INITDB    := /usr/lib/postgresql/15/bin/initdb
+services:
+	@missing=""; [ -x $(REDIS_SERVER) ] || missing=" redis-server"; \
+	[ -x $(PG_INITDB) ] || missing="$$missing postgresql-15"; \
+	if [ -n "$$missing" ] && command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo -n"; \
+	  echo "installing Debian's$$missing for the production-shaped services tests"; \
+	  ( $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 \
+	      apt-get install -y -qq --no-install-recommends $$missing openssl >/dev/null ) \
+	    || echo "$$missing could not be installed: the production-shaped services tests will be skipped"; \
+	fi
+
+test: $(STAMP) browser services
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # make bench [QUICK=1] [SOAK=seconds] [PROFILE=1]: see BENCHMARKS.md (bench/run.py).
