@@ -18,7 +18,7 @@ from .grpc_server import Server
 from .process import run, until_stopped
 from .server import PROCESS_PATH, Processor
 from .settings import Settings
-from .store import heartbeat, open_store, redis_client
+from .store import exit_unless_redis_accepts_login, heartbeat, open_store, redis_client
 
 
 HEALTH_SERVICES = ("", "envoy.service.ext_proc.v3.ExternalProcessor")
@@ -51,8 +51,9 @@ async def serve(settings: Settings) -> None:
     # the request path has its own Redis connection (store.fast); the pool serves cache fills and the
     # heartbeat. Usage records go to PostgreSQL from a process of their own (extproc.usage_writer).
     r = redis_client(settings.redis_url, REDIS_POOL)
-    pool = await asyncpg.create_pool(settings.database_url, min_size=PG_POOL, max_size=PG_POOL)
     store = open_store(settings, r)
+    await exit_unless_redis_accepts_login(store.fast)
+    pool = await asyncpg.create_pool(settings.database_url, min_size=PG_POOL, max_size=PG_POOL)
     gw = Gateway(catalog=cat, store=store, directory=Directory(pool), pick=lambda a: a.pick_upstream(),
                  max_body_bytes=settings.max_body_bytes, idle_timeout_s=settings.idle_timeout_s)
     spans = tracing.tracer(settings.otlp_endpoint)
@@ -62,7 +63,6 @@ async def serve(settings: Settings) -> None:
     try:
         await heartbeat(r, gw.owner)
         await asyncio.gather(*(r.ping() for _ in range(REDIS_POOL)))  # every pooled connection open
-        await store.fast.call("PING")  # and the request path's own
     except Exception as e:  # noqa: BLE001 - Redis down at start: requests get 500 until it is back
         logging.getLogger("extproc").warning("Redis unreachable at start: %s: %s", type(e).__name__, e)
     # Everything loaded so far lives as long as the process: keep it out of the collector's scans, and

@@ -15,6 +15,7 @@ Redis layout (all keys under ``gw:``):
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -24,7 +25,7 @@ from redis.backoff import ExponentialBackoff
 
 from .decisions import Admission, Identity, UsageRecord
 from .errors import ApiError
-from .resp import RespClient
+from .resp import RespClient, RespSetupError
 from .settings import Settings
 from .urls import RedisTarget, parse_redis
 
@@ -134,6 +135,19 @@ def _redis_py_options(t: RedisTarget) -> dict[str, Any]:
     return opts | {k: v for k, v in tls.items() if v is not None} | {
         "connection_class": aioredis.SSLConnection, "ssl_cert_reqs": t.tls.cert_reqs,
         "ssl_check_hostname": t.tls.check_hostname}
+
+
+async def exit_unless_redis_accepts_login(fast: RespClient) -> None:
+    """At a process's start: a Redis that refuses REDIS_URL's credentials (or wants some it lacks) will
+    not take them later, so the process exits saying so (the password masked) rather than answer every
+    request with 500.  A Redis that is down is not a reason: it is waited for as ever."""
+    try:
+        await fast.call("PING")
+    except RespSetupError as e:
+        logging.getLogger("extproc").error("%s", e)
+        raise SystemExit(2) from None
+    except Exception:  # noqa: BLE001 - down or slow: requests get 500 until it is back
+        pass
 
 
 def open_store(settings: Settings, client: aioredis.Redis) -> Store:

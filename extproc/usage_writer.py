@@ -24,7 +24,7 @@ from . import metrics
 from .decisions import UsageRecord
 from .process import run, until_stopped
 from .settings import Settings
-from .store import USAGE_STREAM, Store, open_store, orphans, redis_client
+from .store import USAGE_STREAM, Store, exit_unless_redis_accepts_login, open_store, orphans, redis_client
 
 log = logging.getLogger("extproc.usage")
 GROUP = "writers"
@@ -171,8 +171,10 @@ class UsageWriter:
 
 async def serve(settings: Settings) -> None:
     r = redis_client(settings.redis_url, 2)
+    store = open_store(settings, r)
+    await exit_unless_redis_accepts_login(store.fast)
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=1)
-    writer = UsageWriter(r, pool, open_store(settings, r))
+    writer = UsageWriter(r, pool, store)
     metrics.serve(settings.writer_metrics_http_port, settings.metrics_host, None)
     task = asyncio.create_task(writer.run())
     log.info("usage writer started (consumer %s)", writer.consumer)

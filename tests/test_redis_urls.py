@@ -214,3 +214,20 @@ def test_wrong_or_missing_password_is_a_clear_error(server: tuple[int, str]) -> 
         finally:
             await r.aclose()
     run(go)
+
+
+@pytest.mark.parametrize("module", ["extproc", "extproc.usage_writer"])
+def test_a_refused_login_stops_the_process_saying_why(server: tuple[int, str], module: str) -> None:
+    """Not 'ready' and SERVING with every request a 500: the ext_proc and the usage writer exit at
+    start, naming the server with its password masked (PostgreSQL is never reached: no such server)."""
+    import sys
+    port, _ = server
+    url = f"redis://{USER}:not-{USER_ENC}@127.0.0.1:{port}/0"
+    env = dict(os.environ, REDIS_URL=url, DATABASE_URL="postgresql://nobody@127.0.0.1:9/none",
+               GATEWAY_EXTPROC_PORT=str(_free_port()), GATEWAY_METRICS_PORT=str(_free_port()),
+               GATEWAY_WRITER_METRICS_PORT=str(_free_port()))
+    r = subprocess.run([sys.executable, "-m", module], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, r.stderr[-2000:]
+    out = r.stdout + r.stderr
+    assert f"Redis at {mask(url)} refused the credentials (AUTH): WRONGPASS" in out
+    assert "not-acl" not in out and "Traceback" not in out
