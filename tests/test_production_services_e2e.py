@@ -302,13 +302,25 @@ def test_the_services_refuse_what_the_urls_do_not_allow(services: tuple[Path, st
                 await fast.call("PING")
         finally:
             await fast.close()
-        # no CA: the server's certificate is not trusted
-        r = redis_client(tls_url.replace(f"ssl_ca_certs={certs}/ca.crt&", ""), 1)
+        # no CA: the server's certificate is not trusted, by either client ...
+        no_ca = tls_url.replace(f"ssl_ca_certs={certs}/ca.crt&", "")
+        fast, r = RespClient.from_url(no_ca), redis_client(no_ca, 1)
         try:
+            with pytest.raises(ConnectionError, match="certificate verify failed"):
+                await fast.call("PING")
             with pytest.raises(Exception, match="certificate verify failed"):
                 await r.ping()
         finally:
+            await fast.close()
             await r.aclose()
+        # ... unless the URL says not to verify it (ssl_cert_reqs=none); and by name: localhost is in it
+        for url in (no_ca + "&ssl_cert_reqs=none", tls_url.replace("@127.0.0.1:", "@localhost:")):
+            fast, r = RespClient.from_url(url), redis_client(url, 1)
+            try:
+                assert await fast.call("PING") == b"PONG" and await r.ping() is True
+            finally:
+                await fast.close()
+                await r.aclose()
         # no password on the unix socket
         fast = RespClient.from_url(unix_url.split("&password")[0])
         try:
