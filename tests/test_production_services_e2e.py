@@ -340,3 +340,22 @@ def test_the_services_refuse_what_the_urls_do_not_allow(services: tuple[Path, st
         finally:
             await conn.close()
     asyncio.run(go())
+
+
+def test_the_container_migration_job_takes_the_url(services: tuple[Path, str, str, str]) -> None:
+    """The image's ``migrate`` command (the Kubernetes Job), on PostgreSQL over TLS with SCRAM."""
+    _, _, _, pg_url = services
+    env = dict(os.environ, DATABASE_URL=pg_url)
+    entry = Path(__file__).resolve().parent.parent / "deploy" / "docker" / "entrypoint.py"
+    r = subprocess.run([sys.executable, str(entry), "migrate"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("schema at version ")
+
+    async def version() -> int:
+        conn = await asyncpg.connect(pg_url)
+        try:
+            return int(await conn.fetchval("SELECT max(version) FROM schema_migrations"))
+        finally:
+            await conn.close()
+    assert r.stdout.split()[-1] == str(asyncio.run(version()))
