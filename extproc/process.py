@@ -10,12 +10,17 @@ from typing import Any, Callable, Coroutine
 
 from . import logs
 from .settings import Settings
+from .urls import RedisUrlError
 
 
 def run(serve: Callable[[Settings], Coroutine[Any, Any, None]]) -> None:
     """JSON-lines logging at ``GATEWAY_LOG_LEVEL``, then ``serve`` with the settings of the environment."""
     logs.setup(getattr(logging, os.environ.get("GATEWAY_LOG_LEVEL", "INFO").upper(), logging.INFO))
-    asyncio.run(serve(Settings.from_env()))
+    try:
+        asyncio.run(serve(Settings.from_env()))
+    except RedisUrlError as e:  # a configuration error: said in one line (the password masked), no traceback
+        logging.getLogger("extproc").error("%s", e)
+        raise SystemExit(2) from None
 
 
 async def until_stopped() -> None:

@@ -231,3 +231,8 @@ def test_a_refused_login_stops_the_process_saying_why(server: tuple[int, str], m
     out = r.stdout + r.stderr
     assert f"Redis at {mask(url)} refused the credentials (AUTH): WRONGPASS" in out
     assert "not-acl" not in out and "Traceback" not in out
+    env["REDIS_URL"] = f"redis://:{ENC}@127.0.0.1:{port}/0?socket_timeout=1"
+    r = subprocess.run([sys.executable, "-m", module], env=env, capture_output=True, text=True, timeout=30)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2 and "unsupported parameter 'socket_timeout'" in out, out[-2000:]
+    assert "s3cret" not in out and ENC not in out and "Traceback" not in out
