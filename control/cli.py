@@ -17,6 +17,7 @@ from typing import Any, Awaitable, Callable
 
 from extproc.catalog import CatalogError
 from extproc.settings import Settings
+from extproc.urls import RedisUrlError
 
 from .admin import Admin, AdminError, micro_to_pln, pln_to_micro
 
@@ -227,9 +228,26 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "status":
             return cmd_status(args, s)
         return int(asyncio.run(_with_admin(s, lambda a: _admin_cmd(args, a))))
-    except (AdminError, CatalogError) as e:
+    except (AdminError, CatalogError, RedisUrlError) as e:
         print(f"gateway: {e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        refused = _refused(e)
+        if refused is None:
+            raise
+        print(f"gateway: {refused}", file=sys.stderr)
+        return 2
+
+
+def _refused(e: Exception) -> str | None:
+    """A server that refused the URL's credentials, said in one line (no password is in the message)."""
+    import asyncpg
+    import redis.exceptions
+    if isinstance(e, redis.exceptions.AuthenticationError):
+        return f"Redis refused REDIS_URL's credentials: {e}"
+    if isinstance(e, asyncpg.InvalidAuthorizationSpecificationError):
+        return f"PostgreSQL refused DATABASE_URL's credentials: {e}"
+    return None
 
 
 async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
