@@ -1,0 +1,198 @@
+"""End-to-end tests of the public listener against the bytes a client may really send (raw sockets,
+exact bytes, HTTP/1.1 and HTTP/2 written by hand): every request passes authentication whatever its
+framing (SPEC section 5), and what Envoy answers itself has SPEC section 7's shape."""
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hpack import Decoder, Encoder
+
+from conftest import Gateway
+
+CHAT = "/v1/chat/completions"
+EMB = "/v1/embeddings"
+ERR_MEMBERS = {"message", "type", "code", "param", "request_id"}
+
+
+# ----------------------------------------------------------------------------------------- raw HTTP/1.1
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def error(self, status: int, code: str, type_: str) -> dict[str, Any]:
+        """SPEC section 7: every member, and the request id of the header."""
+        assert self.status == status, (self.status, self.body[:300])
+        assert self.headers["content-type"].startswith("application/json"), self.headers
+        doc = json.loads(self.body)
+        assert set(doc) == {"error"} and set(doc["error"]) == ERR_MEMBERS, doc
+        err: dict[str, Any] = doc["error"]
+        assert (err["code"], err["type"], err["param"]) == (code, type_, None), err
+        assert err["message"] and err["request_id"] == self.headers["x-request-id"], (err, self.headers)
+        return err
+
+
+def read_reply(sock: socket.socket) -> Reply | None:
+    """One HTTP/1.1 response with a content-length, or None when the connection closes first."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            assert not buf, buf[:300]  # a reply cut short is neither a reply nor a clean refusal
+            return None
+        buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    length = int(headers["content-length"])
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed inside a reply"
+        body += chunk
+    return Reply(status, headers, body[:length])
+
+
+def exchange(gw: Gateway, raw: bytes, timeout: float = 10) -> Reply | None:
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=timeout) as s:
+        s.sendall(raw)
+        return read_reply(s)
+
+
+def post(path: str, length: str, body: bytes = b"", key: str | None = None) -> bytes:
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
+    return (f"POST {path} HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n{auth}"
+            f"Content-Length: {length}\r\n\r\n").encode() + body
+
+
+# ------------------------------------------------------------------------------- raw HTTP/2 (cleartext)
+
+
+def _frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream) + payload
+
+
+def h2_exchange(gw: Gateway, headers: list[tuple[str, str]], body: bytes | None) -> Reply | str:
+    """One request on stream 1 (END_STREAM on the HEADERS frame when ``body`` is None): the reply, or
+    how the stream or connection was refused ("reset", "goaway", "closed")."""
+    data = (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0)
+            + _frame(1, 0x4 | (0x1 if body is None else 0), 1, Encoder().encode(headers)))
+    if body is not None:
+        data += _frame(0, 0x1, 1, body)
+    status, got, out, dec = 0, {}, b"", Decoder()
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
+        s.sendall(data)
+        buf = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return "closed"
+            buf += chunk
+            while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+                n, kind, flags = int.from_bytes(buf[:3], "big"), buf[3], buf[4]
+                payload, buf = buf[9:9 + n], buf[9 + n:]
+                if kind == 4 and not flags & 0x1:
+                    s.sendall(_frame(4, 0x1, 0))  # settings acknowledged
+                elif kind == 7:
+                    return "goaway"
+                elif kind == 3:
+                    return "reset"
+                elif kind == 1:
+                    hs = {str(k): str(v) for k, v in dec.decode(payload)}
+                    status = int(hs.pop(":status"))
+                    got.update(hs)
+                elif kind == 0:
+                    out += payload
+                if kind in (0, 1) and flags & 0x1:
+                    return Reply(status, got, out)
+
+
+def h2_post(path: str, length: str | None, key: str | None = None) -> list[tuple[str, str]]:
+    hs = [(":method", "POST"), (":path", path), (":scheme", "http"), (":authority", "gateway")]
+    if length is not None:
+        hs.append(("content-length", length))
+    if key:
+        hs.append(("authorization", f"Bearer {key}"))
+    return hs
+
+
+# ------------------------------------------------------------ every framing passes authentication first
+
+ZERO_LENGTHS = ["0", "00", "000", "0000000000000000000000000000000", " 0", "0 "]
+
+
+@pytest.mark.parametrize("path", [CHAT, EMB])
+@pytest.mark.parametrize("length", ZERO_LENGTHS)
+def test_zero_length_without_key_401(gateway: Gateway, path: str, length: str) -> None:
+    """A zero length however written means no body: the ext_proc must still see the request (it used
+    to take the body-only route, skip the ext_proc and reach the router: 503 no_capacity, no key)."""
+    r = exchange(gateway, post(path, length))
+    assert r is not None
+    r.error(401, "invalid_api_key", "authentication_error")
+
+
+@pytest.mark.parametrize("path", [CHAT, EMB])
+@pytest.mark.parametrize("length", ZERO_LENGTHS)
+def test_zero_length_with_key_400_invalid_json(gateway: Gateway, org: tuple[str, str, str], path: str,
+                                               length: str) -> None:
+    """An empty body is malformed JSON (SPEC section 7)."""
+    r = exchange(gateway, post(path, length, key=org[2]))
+    assert r is not None
+    r.error(400, "invalid_json", "invalid_request_error")
+
+
+@pytest.mark.parametrize("length", ["+0", "-0", "0x0", "1e0", "0,0", "+5", "0x05"])
+def test_unparseable_length_refused_without_reaching_anything(gateway: Gateway, org: tuple[str, str, str],
+                                                              length: str) -> None:
+    """A length that is not a number (RFC 9112 section 6.3: unrecoverable framing) is refused by Envoy's
+    codec before any filter: the connection is closed (Envoy's 400 is lost under the ext_proc filter,
+    envoyproxy/envoy#29440), or, should Envoy send it, a SPEC error.  Never a 2xx, never an upstream."""
+    for key in (None, org[2]):
+        r = exchange(gateway, post(CHAT, length, b"{}", key=key))
+        if r is not None:
+            err = json.loads(r.body)["error"]
+            assert 400 <= r.status < 500, (r.status, r.body)
+            r.error(r.status, err["code"], err["type"])
+
+
+@pytest.mark.parametrize("length", ["0", "00", "000"])
+def test_h2_zero_length_without_key_401(gateway: Gateway, length: str) -> None:
+    r = h2_exchange(gateway, h2_post(CHAT, length), None)
+    assert isinstance(r, Reply), r
+    r.error(401, "invalid_api_key", "authentication_error")
+
+
+def test_h2_length_without_body_refused(gateway: Gateway) -> None:
+    """HTTP/2 framing that contradicts its length (END_STREAM on the headers, or fewer bytes than
+    announced) is a protocol error: the stream or connection is refused, nothing else."""
+    assert h2_exchange(gateway, h2_post(CHAT, "5"), None) in ("reset", "goaway", "closed")
+    assert h2_exchange(gateway, h2_post(CHAT, "5"), b"{}") in ("reset", "goaway", "closed")
+
+
+def test_leading_zero_length_with_body_served(gateway: Gateway, org: tuple[str, str, str]) -> None:
+    """A length with leading zeros takes the route where the ext_proc sees the headers: same service."""
+    body = json.dumps({"model": "polish-fast", "messages": [{"role": "user", "content": "hej"}]}).encode()
+    r = exchange(gateway, post(CHAT, "000" + str(len(body)), body, key=org[2]))
+    assert r is not None and r.status == 200, r
+    doc = json.loads(r.body)
+    assert doc["model"] == "polish-fast" and doc["object"] == "chat.completion"
+    assert r.headers["x-request-id"]
+    r = exchange(gateway, post(CHAT, "0" + str(len(body)), body))
+    assert r is not None
+    r.error(401, "invalid_api_key", "authentication_error")
+
+
+def test_h2_body_served(gateway: Gateway, org: tuple[str, str, str]) -> None:
+    body = json.dumps({"model": "polish-fast", "messages": [{"role": "user", "content": "hej"}]}).encode()
+    r = h2_exchange(gateway, h2_post(CHAT, str(len(body)), org[2]), body)
+    assert isinstance(r, Reply) and r.status == 200, r
+    assert json.loads(r.body)["model"] == "polish-fast"
+
