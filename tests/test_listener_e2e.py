@@ -196,3 +196,37 @@ def test_h2_body_served(gateway: Gateway, org: tuple[str, str, str]) -> None:
     assert isinstance(r, Reply) and r.status == 200, r
     assert json.loads(r.body)["model"] == "polish-fast"
 
+
+
+# ---------------------------------------------------------------------------------------- JSON nesting
+
+UNKNOWN_KEY = "sk-service-" + "Zq9" * 13 + "Z"
+
+
+def _deep(path: str, depth: int) -> bytes:
+    field = ('"messages": [{"role": "user", "content": "hej"}], "model": "polish-fast"' if path == CHAT
+             else '"input": "hej", "model": "embed"')
+    return ("{" + field + ', "x": ' + "[" * (depth - 1) + "]" * (depth - 1) + "}").encode()
+
+
+@pytest.mark.parametrize("path", [CHAT, EMB])
+def test_deep_nesting_400_invalid_json(gateway: Gateway, org: tuple[str, str, str], path: str) -> None:
+    """100,000 nested arrays used to end in a RecursionError (500); deeper than the documented 128
+    levels is malformed JSON for the gateway (README)."""
+    for raw in (b"[" * 100_000, b"[" * 100_000 + b"]" * 100_000, _deep(path, 129), _deep(path, 5000)):
+        r = exchange(gateway, post(path, str(len(raw)), raw, key=org[2]))
+        assert r is not None
+        r.error(400, "invalid_json", "invalid_request_error")
+    raw = _deep(path, 128)
+    r = exchange(gateway, post(path, str(len(raw)), raw, key=org[2]))
+    assert r is not None and r.status == 200, r
+
+
+@pytest.mark.parametrize("key", [None, UNKNOWN_KEY])
+@pytest.mark.parametrize("path", [CHAT, EMB])
+def test_deep_nesting_without_valid_key_401_first(gateway: Gateway, path: str, key: str | None) -> None:
+    """Authentication comes first (SPEC section 5): a deep body without a valid key is 401, not 400."""
+    for raw in (b"[" * 100_000, _deep(path, 129)):
+        r = exchange(gateway, post(path, str(len(raw)), raw, key=key))
+        assert r is not None
+        r.error(401, "invalid_api_key", "authentication_error")
