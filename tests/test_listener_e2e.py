@@ -3,16 +3,20 @@ exact bytes, HTTP/1.1 and HTTP/2 written by hand): every request passes authenti
 framing (SPEC section 5), and what Envoy answers itself has SPEC section 7's shape."""
 from __future__ import annotations
 
+import contextlib
 import json
+import selectors
 import socket
 import struct
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import AbstractSet, Any, Iterator
 
+import httpx
 import pytest
 from hpack import Decoder, Encoder
 
-from conftest import Gateway
+from conftest import Gateway, running_stack, wait_for
 
 CHAT = "/v1/chat/completions"
 EMB = "/v1/embeddings"
@@ -230,3 +234,137 @@ def test_deep_nesting_without_valid_key_401_first(gateway: Gateway, path: str, k
         r = exchange(gateway, post(path, str(len(raw)), raw, key=key))
         assert r is not None
         r.error(401, "invalid_api_key", "authentication_error")
+
+
+# ------------------------------------------------- the listener's own limits (a stack with short ones)
+
+HEADERS_TIMEOUT = 2.0
+IDLE_TIMEOUT = 5.0
+MAX_CONNECTIONS = 60
+DELAYED_CLOSE = 1.0  # Envoy's delayed_close_timeout (default): it waits that long for the client to close
+
+
+@pytest.fixture(scope="module")
+def limited() -> Iterator[Gateway]:
+    with running_stack("gw-listener-", default_rpm=100000, default_concurrency=1000,
+                       request_headers_timeout_s=HEADERS_TIMEOUT, connection_idle_timeout_s=IDLE_TIMEOUT,
+                       max_connections=MAX_CONNECTIONS) as gw:
+        yield gw
+
+
+def _active(gw: Gateway) -> int:
+    """Client connections Envoy holds on the public listener (its admin statistics)."""
+    url = f"http://127.0.0.1:{gw.stack.s.envoy_admin_port}/stats?filter=^http\\.gateway\\.downstream_cx_active$"
+    return int(httpx.get(url).text.split(":")[1])
+
+
+def _until_closed(socks: dict[socket.socket, float], deadline: float,
+                  trickle: AbstractSet[socket.socket] = frozenset()) -> dict[socket.socket, tuple[float, bytes]]:
+    """Read every socket until the peer closes it: (seconds from its start to the close, bytes received).
+    The ``trickle`` sockets are sent one more header byte every 0.2 s meanwhile."""
+    got: dict[socket.socket, bytes] = {s: b"" for s in socks}
+    closed: dict[socket.socket, tuple[float, bytes]] = {}
+    with selectors.DefaultSelector() as sel:
+        for s in socks:
+            s.setblocking(False)
+            sel.register(s, selectors.EVENT_READ)
+        while len(closed) < len(socks) and time.monotonic() < deadline:
+            for key, _ in sel.select(timeout=0.2):
+                s = key.fileobj
+                assert isinstance(s, socket.socket)
+                try:
+                    chunk = s.recv(65536)
+                except ConnectionResetError:
+                    chunk = b""
+                if chunk:
+                    got[s] += chunk
+                else:
+                    closed[s] = (time.monotonic() - socks[s], got[s])
+                    sel.unregister(s)
+            for s in trickle - set(closed):
+                with contextlib.suppress(OSError):
+                    s.send(b"x")
+    return closed
+
+
+def _reply_of(raw: bytes) -> Reply:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    assert len(body) == int(headers["content-length"]), raw
+    return Reply(int(lines[0].split()[1]), headers, body)
+
+
+def test_slowloris_connections_closed_within_headers_timeout(limited: Gateway) -> None:
+    """50 connections that start a request and never finish its headers (some keep trickling bytes)
+    are each answered SPEC's JSON 400 and closed once the headers timeout has passed; a normal request
+    is served meanwhile.  Without the timeout they stayed open indefinitely."""
+    key = limited.new_org(100_000_000)[2]
+    partial = [b"POST /v1/chat/comp",
+               b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer " + key.encode()
+               + b"\r\nContent-Le",
+               b"GET /v1/models HTTP/1.1\r\nHost: gateway\r\nX-Slow-"]
+    socks: dict[socket.socket, float] = {}
+    trickle: set[socket.socket] = set()
+    try:
+        for i in range(50):
+            s = socket.create_connection(("127.0.0.1", limited.port), timeout=5)
+            s.sendall(partial[i % 3])
+            socks[s] = time.monotonic()
+            if i % 10 == 0:
+                trickle.add(s)
+        with httpx.Client(base_url=limited.v1, headers={"Authorization": f"Bearer {key}"}, timeout=30) as c:
+            r = c.post("/chat/completions", json={"model": "polish-fast",
+                                                  "messages": [{"role": "user", "content": "hej"}]})
+            assert r.status_code == 200, r.text
+        assert _active(limited) >= 50
+        closed = _until_closed(socks, time.monotonic() + HEADERS_TIMEOUT + DELAYED_CLOSE + 10, trickle)
+        assert len(closed) == 50, f"{50 - len(closed)} of 50 connections still open"
+        for took, raw in closed.values():
+            assert HEADERS_TIMEOUT - 0.2 <= took <= HEADERS_TIMEOUT + DELAYED_CLOSE + 5, took
+            r1 = _reply_of(raw)
+            r1.error(400, "invalid_request", "invalid_request_error")
+            assert r1.headers["connection"] == "close"
+        ids = {json.loads(_reply_of(raw).body)["error"]["request_id"] for _, raw in closed.values()}
+        assert len(ids) == 50  # one request id each
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_idle_connections_closed_within_idle_timeout(limited: Gateway) -> None:
+    """Connections that send nothing at all are closed, without a reply, once idle that long."""
+    socks = {socket.create_connection(("127.0.0.1", limited.port), timeout=5): time.monotonic()
+             for _ in range(10)}
+    try:
+        closed = _until_closed(socks, time.monotonic() + IDLE_TIMEOUT + 10)
+        assert len(closed) == 10, f"{10 - len(closed)} of 10 idle connections still open"
+        for took, raw in closed.values():
+            assert raw == b"" and IDLE_TIMEOUT - 0.2 <= took <= IDLE_TIMEOUT + 5, (took, raw)
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_connection_cap_refuses_connections_above_it(limited: Gateway) -> None:
+    """With GATEWAY_MAX_CONNECTIONS held open, one more connection is closed as soon as it is accepted
+    (no reply: nothing was read); once one of them closes, requests are served again."""
+    wait_for(lambda: _active(limited) == 0, timeout=30)
+    key = limited.new_org(100_000_000)[2]
+    held = [socket.create_connection(("127.0.0.1", limited.port), timeout=5) for _ in range(MAX_CONNECTIONS)]
+    try:
+        wait_for(lambda: _active(limited) == MAX_CONNECTIONS, timeout=IDLE_TIMEOUT / 2)
+        extra = {socket.create_connection(("127.0.0.1", limited.port), timeout=5): time.monotonic()
+                 for _ in range(3)}
+        closed = _until_closed(extra, time.monotonic() + IDLE_TIMEOUT / 2)
+        assert len(closed) == 3 and all(raw == b"" for _, raw in closed.values()), closed
+        for s in extra:
+            s.close()
+        assert _active(limited) == MAX_CONNECTIONS  # the held ones are untouched
+        for s in held[:5]:
+            s.close()
+        with httpx.Client(base_url=limited.v1, headers={"Authorization": f"Bearer {key}"}, timeout=30) as c:
+            assert c.get("/models").status_code == 200
+    finally:
+        for s in held:
+            s.close()
