@@ -36,6 +36,7 @@ class Settings:
     connection_idle_timeout_s: float = 60.0  # GATEWAY_CONNECTION_IDLE_TIMEOUT_S: a connection without a request in flight is closed after this
     max_connections: int = 10000             # GATEWAY_MAX_CONNECTIONS: client connections open at once (more are closed on arrival)
     max_streams_per_connection: int = 100    # GATEWAY_MAX_STREAMS_PER_CONNECTION: concurrent HTTP/2 requests on one connection
+    trusted_hops: int = 0                    # GATEWAY_TRUSTED_HOPS: proxies in front whose X-Forwarded-For is trusted; 0 = the socket's peer is the client
     metrics_port: int = 0                    # GATEWAY_METRICS_PORT: Prometheus metrics (loopback unless GATEWAY_METRICS_HOST); 0 = gateway_port + 1384 (9464)
     writer_metrics_port: int = 0             # GATEWAY_WRITER_METRICS_PORT: the usage writer's Prometheus metrics; 0 = gateway_port + 14 (8094)
     metrics_envoy: bool = True               # GATEWAY_METRICS_ENVOY: serve Envoy's own statistics (envoy_*) beside the ext_proc's
@@ -124,7 +125,7 @@ _ENV = {
     "otlp_endpoint": "GATEWAY_OTLP_ENDPOINT", "drain_grace_s": "GATEWAY_DRAIN_GRACE_S",
     "request_headers_timeout_s": "GATEWAY_REQUEST_HEADERS_TIMEOUT_S",
     "connection_idle_timeout_s": "GATEWAY_CONNECTION_IDLE_TIMEOUT_S", "max_connections": "GATEWAY_MAX_CONNECTIONS",
-    "max_streams_per_connection": "GATEWAY_MAX_STREAMS_PER_CONNECTION", "metrics_port": "GATEWAY_METRICS_PORT", "metrics_host": "GATEWAY_METRICS_HOST",
+    "max_streams_per_connection": "GATEWAY_MAX_STREAMS_PER_CONNECTION", "trusted_hops": "GATEWAY_TRUSTED_HOPS", "metrics_port": "GATEWAY_METRICS_PORT", "metrics_host": "GATEWAY_METRICS_HOST",
     "metrics_envoy": "GATEWAY_METRICS_ENVOY", "writer_metrics_port": "GATEWAY_WRITER_METRICS_PORT",
     "pg_port": "GATEWAY_PG_PORT", "redis_port": "GATEWAY_REDIS_PORT",
     "console_port": "GATEWAY_CONSOLE_PORT", "console_url": "GATEWAY_CONSOLE_URL",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import yaml
 
 from control.envoy_config import render_bootstrap
@@ -34,3 +35,11 @@ def test_listener_limit_defaults() -> None:
     assert hcm["request_headers_timeout"] == "10.0s"
     assert hcm["common_http_protocol_options"] == {"idle_timeout": "60.0s"}
     assert hcm["http2_protocol_options"] == {"max_concurrent_streams": 100}
+
+
+def test_trusted_hops() -> None:
+    assert _hcm(_render())["xff_num_trusted_hops"] == 0
+    hcm = _hcm(_render(trusted_hops=2))
+    assert hcm["xff_num_trusted_hops"] == 2 and hcm["use_remote_address"] is True
+    with pytest.raises(ValueError, match="GATEWAY_TRUSTED_HOPS"):
+        _render(trusted_hops=-1)

@@ -248,7 +248,7 @@ DELAYED_CLOSE = 1.0  # Envoy's delayed_close_timeout (default): it waits that lo
 def limited() -> Iterator[Gateway]:
     with running_stack("gw-listener-", default_rpm=100000, default_concurrency=1000,
                        request_headers_timeout_s=HEADERS_TIMEOUT, connection_idle_timeout_s=IDLE_TIMEOUT,
-                       max_connections=MAX_CONNECTIONS) as gw:
+                       max_connections=MAX_CONNECTIONS, trusted_hops=1) as gw:
         yield gw
 
 
@@ -368,3 +368,40 @@ def test_connection_cap_refuses_connections_above_it(limited: Gateway) -> None:
     finally:
         for s in held:
             s.close()
+
+
+# ----------------------------------------------------------------------------- trusted proxy hops
+
+
+SPOOF = {"X-Forwarded-For": "203.0.113.7, 198.51.100.9", "X-Envoy-External-Address": "203.0.113.66",
+         "X-Envoy-Internal": "true"}
+
+
+def _seen_upstream(gw: Gateway, key: str, headers: dict[str, str]) -> dict[str, str]:
+    """The headers the model server got (the simulator echoes them)."""
+    with httpx.Client(base_url=gw.v1, headers={"Authorization": f"Bearer {key}"}, timeout=30) as c:
+        r = c.post("/chat/completions", headers=headers,
+                   json={"model": "polish-fast", "messages": [{"role": "user", "content": "hej"}],
+                         "sim": {"echo": True}})
+    assert r.status_code == 200, r.text
+    seen: dict[str, str] = json.loads(r.json()["choices"][0]["message"]["content"])["headers"]
+    return {k.lower(): v for k, v in seen.items()}
+
+
+def test_no_trusted_hops_client_address_is_the_peer(gateway: Gateway, org: tuple[str, str, str]) -> None:
+    """GATEWAY_TRUSTED_HOPS=0 (the default): whatever a client writes in X-Forwarded-For, its address is
+    the socket's peer, and it cannot pass itself off as internal."""
+    seen = _seen_upstream(gateway, org[2], SPOOF)
+    assert seen["x-envoy-external-address"] == "127.0.0.1", seen
+    assert "x-envoy-internal" not in seen, seen
+
+
+def test_trusted_hops_client_address_from_the_proxy(limited: Gateway) -> None:
+    """GATEWAY_TRUSTED_HOPS=1: the address the proxy in front appended (the rightmost) is the client's;
+    what the client itself wrote before it is not trusted."""
+    key = limited.new_org(100_000_000)[2]
+    seen = _seen_upstream(limited, key, SPOOF)
+    assert seen["x-envoy-external-address"] == "198.51.100.9", seen
+    assert "x-envoy-internal" not in seen, seen
+    seen = _seen_upstream(limited, key, {"X-Forwarded-For": "198.51.100.10"})
+    assert seen["x-envoy-external-address"] == "198.51.100.10", seen
