@@ -37,7 +37,8 @@ def _bad(message: str, param: str | None) -> ApiError:
     return ApiError("invalid_request", message, param)
 
 
-# Arrays and objects nested deeper than this are refused (README, "Request bodies"): 400 invalid_json.
+# Arrays and objects nested deeper than this are refused (README, "Upstream budgets and routing"):
+# 400 invalid_json.
 MAX_JSON_DEPTH = 128
 _TOO_DEEP = ApiError("invalid_json",
                      f"The request body nests arrays and objects deeper than {MAX_JSON_DEPTH} levels.")
