@@ -261,6 +261,7 @@ def test_deep_nesting_without_valid_key_401_first(gateway: Gateway, path: str, k
 HEADERS_TIMEOUT = 2.0
 IDLE_TIMEOUT = 8.0
 MAX_CONNECTIONS = 60
+MAX_STREAMS = 7
 DELAYED_CLOSE = 1.0  # Envoy's delayed_close_timeout (default): it waits that long for the client to close
 
 
@@ -268,7 +269,8 @@ DELAYED_CLOSE = 1.0  # Envoy's delayed_close_timeout (default): it waits that lo
 def limited() -> Iterator[Gateway]:
     with running_stack("gw-listener-", default_rpm=100000, default_concurrency=1000,
                        request_headers_timeout_s=HEADERS_TIMEOUT, connection_idle_timeout_s=IDLE_TIMEOUT,
-                       max_connections=MAX_CONNECTIONS, trusted_hops=1) as gw:
+                       max_connections=MAX_CONNECTIONS, max_streams_per_connection=MAX_STREAMS,
+                       trusted_hops=1) as gw:
         yield gw
 
 
@@ -388,6 +390,41 @@ def test_connection_cap_refuses_connections_above_it(limited: Gateway) -> None:
     finally:
         for s in held:
             s.close()
+
+
+def _h2_settings_from(s: socket.socket) -> dict[int, int]:
+    """The SETTINGS Envoy announces on a new HTTP/2 connection (the frames before them are read too)."""
+    buf = b""
+    while True:
+        chunk = s.recv(9 - len(buf) if len(buf) < 9 else 9 + int.from_bytes(buf[:3], "big") - len(buf))
+        assert chunk, "closed before SETTINGS"
+        buf += chunk
+        if len(buf) >= 9 and len(buf) == 9 + int.from_bytes(buf[:3], "big"):
+            kind, flags, payload, buf = buf[3], buf[4], buf[9:], b""
+            if kind == 4 and not flags & 0x1:
+                return {int.from_bytes(payload[i:i + 2], "big"): int.from_bytes(payload[i + 2:i + 6], "big")
+                        for i in range(0, len(payload), 6)}
+
+
+def _h2_settings(gw: Gateway) -> dict[int, int]:
+    with socket.create_connection(("127.0.0.1", gw.port), timeout=10) as s:
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0))
+        return _h2_settings_from(s)
+
+
+def test_h2_concurrent_streams_per_connection(limited: Gateway) -> None:
+    """GATEWAY_MAX_STREAMS_PER_CONNECTION is what Envoy announces as SETTINGS_MAX_CONCURRENT_STREAMS; a
+    client that opens more at once breaks HTTP/2 and loses the connection."""
+    assert _h2_settings(limited)[0x3] == MAX_STREAMS
+    enc = Encoder()
+    opened = b"".join(_frame(1, 0x4, sid, enc.encode(h2_post(CHAT, "100")))  # bodies never sent
+                      for sid in range(1, 2 * MAX_STREAMS + 2, 2))
+    with socket.create_connection(("127.0.0.1", limited.port), timeout=10) as s:
+        s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0))
+        _h2_settings_from(s)
+        s.sendall(_frame(4, 0x1, 0) + opened)  # one stream more than announced: Envoy ends the connection
+        while s.recv(65536):  # until Envoy closes it (a socket timeout fails the test)
+            pass
 
 
 # ----------------------------------------------------------------------------- trusted proxy hops
