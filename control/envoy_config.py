@@ -112,7 +112,18 @@ def _substitute(s: Settings) -> str:
         STATE=str(s.state), HOST=s.gateway_host, PORT=s.gateway_port, ADMIN_PORT=s.envoy_admin_port,
         EXTPROC_PORT=s.grpc_port, EXTPROC_ENDPOINTS=_extproc_endpoints(s), REPLY_LIMIT=s.max_reply_bytes,
         TOTAL_TIMEOUT=s.total_timeout_s, IDLE_TIMEOUT=idle_budget(s),
-        FIRST_BYTE_TIMEOUT=s.first_byte_timeout_s)
+        FIRST_BYTE_TIMEOUT=s.first_byte_timeout_s, HEADERS_TIMEOUT=s.request_headers_timeout_s,
+        CONNECTION_IDLE_TIMEOUT=s.connection_idle_timeout_s, MAX_CONNECTIONS=s.max_connections,
+        MAX_STREAMS=s.max_streams_per_connection, TRUSTED_HOPS=trusted_hops(s))
+
+
+def trusted_hops(s: Settings) -> int:
+    """How many proxies in front of the gateway append to X-Forwarded-For (GATEWAY_TRUSTED_HOPS): the
+    client's address is the one the outermost of them appended; 0: the socket's peer, whatever a
+    client writes in that header."""
+    if s.trusted_hops < 0:
+        raise ValueError(f"GATEWAY_TRUSTED_HOPS must be 0 or more, not {s.trusted_hops}")
+    return s.trusted_hops
 
 
 def _is_ip(host: str) -> bool:

@@ -37,14 +37,42 @@ def _bad(message: str, param: str | None) -> ApiError:
     return ApiError("invalid_request", message, param)
 
 
+# Arrays and objects nested deeper than this are refused (README, "Upstream budgets and routing"):
+# 400 invalid_json.
+MAX_JSON_DEPTH = 128
+_TOO_DEEP = ApiError("invalid_json",
+                     f"The request body nests arrays and objects deeper than {MAX_JSON_DEPTH} levels.")
+
+
 def _parse(raw: bytes) -> dict[str, Any] | ApiError:
     try:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         return ApiError("invalid_json", "The request body is not valid JSON.")
+    except RecursionError:  # deeper than the parser's own recursion limit (about 1,000 levels)
+        return _TOO_DEEP
     if not isinstance(doc, dict):
         return _bad("The request body must be a JSON object.", None)
+    # No body with fewer opening brackets than the limit can be nested deeper than it (a count runs at
+    # memory speed); only a body with more is walked, once, through its arrays and objects.
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _deeper_than(doc, MAX_JSON_DEPTH):
+        return _TOO_DEEP
     return doc
+
+
+def _deeper_than(doc: dict[str, Any], limit: int) -> bool:
+    """Whether arrays and objects nest more than ``limit`` levels (the top-level object is level 1),
+    level by level: each pass keeps only the next level's arrays and objects."""
+    level: list[Any] = [doc]
+    for _ in range(limit):
+        deeper: list[Any] = []
+        for node in level:
+            deeper += [v for v in (node.values() if type(node) is dict else node)
+                       if type(v) is list or type(v) is dict]
+        if not deeper:
+            return False
+        level = deeper
+    return True
 
 
 def _alias(doc: dict[str, Any], catalog: Catalog, capability: str) -> Alias | ApiError:

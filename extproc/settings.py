@@ -31,6 +31,12 @@ class Settings:
     run_sim: bool = True                     # GATEWAY_RUN_SIM: start the simulator for loopback deployments
     otlp_endpoint: str = ""                  # GATEWAY_OTLP_ENDPOINT: host:port of an OTLP/gRPC collector; empty = no traces
     drain_grace_s: float = 30.0              # GATEWAY_DRAIN_GRACE_S: on stop, time for requests in flight to finish
+    # ---- the public listener (Envoy) ----
+    request_headers_timeout_s: float = 10.0  # GATEWAY_REQUEST_HEADERS_TIMEOUT_S: a request's headers must arrive whole within this
+    connection_idle_timeout_s: float = 60.0  # GATEWAY_CONNECTION_IDLE_TIMEOUT_S: a connection without a request in flight is closed after this
+    max_connections: int = 10000             # GATEWAY_MAX_CONNECTIONS: client connections open at once (more are closed on arrival)
+    max_streams_per_connection: int = 100    # GATEWAY_MAX_STREAMS_PER_CONNECTION: concurrent HTTP/2 requests on one connection
+    trusted_hops: int = 0                    # GATEWAY_TRUSTED_HOPS: proxies in front whose X-Forwarded-For is trusted; 0 = the socket's peer is the client
     metrics_port: int = 0                    # GATEWAY_METRICS_PORT: Prometheus metrics (loopback unless GATEWAY_METRICS_HOST); 0 = gateway_port + 1384 (9464)
     writer_metrics_port: int = 0             # GATEWAY_WRITER_METRICS_PORT: the usage writer's Prometheus metrics; 0 = gateway_port + 14 (8094)
     metrics_envoy: bool = True               # GATEWAY_METRICS_ENVOY: serve Envoy's own statistics (envoy_*) beside the ext_proc's
@@ -116,7 +122,11 @@ _ENV = {
     "max_body_bytes": "GATEWAY_MAX_BODY_BYTES", "max_reply_bytes": "GATEWAY_MAX_REPLY_BYTES",
     "first_byte_timeout_s": "GATEWAY_FIRST_BYTE_TIMEOUT_S", "idle_timeout_s": "GATEWAY_IDLE_TIMEOUT_S",
     "total_timeout_s": "GATEWAY_TOTAL_TIMEOUT_S", "run_sim": "GATEWAY_RUN_SIM",
-    "otlp_endpoint": "GATEWAY_OTLP_ENDPOINT", "drain_grace_s": "GATEWAY_DRAIN_GRACE_S", "metrics_port": "GATEWAY_METRICS_PORT", "metrics_host": "GATEWAY_METRICS_HOST",
+    "otlp_endpoint": "GATEWAY_OTLP_ENDPOINT", "drain_grace_s": "GATEWAY_DRAIN_GRACE_S",
+    "request_headers_timeout_s": "GATEWAY_REQUEST_HEADERS_TIMEOUT_S",
+    "connection_idle_timeout_s": "GATEWAY_CONNECTION_IDLE_TIMEOUT_S", "max_connections": "GATEWAY_MAX_CONNECTIONS",
+    "max_streams_per_connection": "GATEWAY_MAX_STREAMS_PER_CONNECTION", "trusted_hops": "GATEWAY_TRUSTED_HOPS",
+    "metrics_port": "GATEWAY_METRICS_PORT", "metrics_host": "GATEWAY_METRICS_HOST",
     "metrics_envoy": "GATEWAY_METRICS_ENVOY", "writer_metrics_port": "GATEWAY_WRITER_METRICS_PORT",
     "pg_port": "GATEWAY_PG_PORT", "redis_port": "GATEWAY_REDIS_PORT",
     "console_port": "GATEWAY_CONSOLE_PORT", "console_url": "GATEWAY_CONSOLE_URL",

@@ -5,7 +5,7 @@ import pytest
 
 from extproc.catalog import parse
 from extproc.errors import ApiError
-from extproc.rules import prepare_chat, prepare_embeddings
+from extproc.rules import MAX_JSON_DEPTH, prepare_chat, prepare_embeddings
 
 CAT = parse({
     "aliases": {
@@ -87,6 +87,48 @@ def test_invalid_json_and_non_object() -> None:
     assert isinstance(e, ApiError) and e.code == "invalid_json" and e.param is None
     e = prepare_chat(b"[1]", CAT, pick)
     assert isinstance(e, ApiError) and e.code == "invalid_request"
+
+
+def _nested(depth: int, where: str = "extra") -> bytes:
+    """A chat body whose arrays and objects nest ``depth`` levels (the body itself is level 1)."""
+    inner = "[" * (depth - 1) + "]" * (depth - 1)
+    body = '{"model": "polish-pro", "messages": [{"role": "user", "content": "hej"}], "%s": %s}'
+    return (body % (where, inner)).encode()
+
+
+@pytest.mark.parametrize("prepare", [prepare_chat, prepare_embeddings])
+@pytest.mark.parametrize("raw", [b"[" * 100_000, b"[" * 100_000 + b"]" * 100_000,
+                                 b'{"model": "embed", "input": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+                                 b'{"a":' * 3000 + b"1" + b"}" * 3000],
+                         ids=["100k_open", "100k_closed", "5k_in_field", "3k_objects"])
+def test_deep_nesting_is_invalid_json_not_a_crash(prepare, raw: bytes) -> None:  # type: ignore[no-untyped-def]
+    """Deeper than the parser's recursion limit: RecursionError used to escape (500)."""
+    e = prepare(raw, CAT, pick)
+    assert isinstance(e, ApiError) and (e.code, e.status, e.param) == ("invalid_json", 400, None)
+    assert "128" in e.message
+
+
+def test_nesting_limit_is_128_levels() -> None:
+    assert MAX_JSON_DEPTH == 128
+    p = prepare_chat(_nested(128), CAT, pick)
+    assert not isinstance(p, ApiError)
+    assert json.loads(p.body)["extra"] == json.loads(_nested(128))["extra"]  # forwarded unchanged
+    for raw in (_nested(129), _nested(129, "messages"), _nested(300)):
+        e = prepare_chat(raw, CAT, pick)
+        assert isinstance(e, ApiError) and (e.code, e.param) == ("invalid_json", None), raw[:80]
+    def objects(n: int) -> bytes:  # n levels of objects inside the body's own
+        return ('{"model": "embed", "input": "x", "o": ' + '{"a":' * n + "1" + "}" * n + "}").encode()
+    assert not isinstance(prepare_embeddings(objects(127), CAT, pick), ApiError)
+    e = prepare_embeddings(objects(128), CAT, pick)
+    assert isinstance(e, ApiError) and e.code == "invalid_json"
+
+
+def test_many_brackets_nesting_shallow_accepted() -> None:
+    """The limit is on depth, not on how many arrays, objects or bracket characters a body has."""
+    many = [{"role": "user", "content": "[[[[{{{{" * 100}] * 500
+    p = chat({"model": "polish-pro", "messages": many, "tools": [[[{"a": [1]}]]] * 300})
+    assert not isinstance(p, ApiError)
+    assert len(json.loads(p.body)["messages"]) == 500
 
 
 def test_stream_usage_always_requested_upstream_shown_only_when_asked() -> None:
