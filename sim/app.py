@@ -85,7 +85,10 @@ class Simulator:
 
     def _begin(self, request: web.Request, endpoint: str) -> Record:
         rid = request.headers.get("X-Request-Id") or _hex()
-        rec = Record(request_id=rid, deployment=self.name, model="", endpoint=endpoint)
+        h = request.headers
+        rec = Record(request_id=rid, deployment=self.name, model="", endpoint=endpoint,
+                     content_type=h.get("Content-Type", ""), content_length=h.get("Content-Length"),
+                     transfer_encoding=h.get("Transfer-Encoding"))
         self.records.add(rec)
         return rec
 
@@ -119,8 +122,12 @@ class Simulator:
         return model
 
     @staticmethod
-    async def _read_json(request: web.Request) -> dict[str, Any]:
+    async def _read_json(request: web.Request, rec: Record) -> dict[str, Any]:
         raw = await request.read()
+        rec.body_bytes = len(raw)
+        # vLLM's validate_json_request: any other media type is refused before the body is read as JSON
+        if rec.content_type.split(";", 1)[0].strip().lower() != "application/json":
+            raise SimError(400, "Unsupported Media Type: Only 'application/json' is allowed")
         try:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -400,7 +407,7 @@ class Simulator:
         knobs = Knobs()
         quote: str | None = None
         try:
-            body = await self._read_json(request)
+            body = await self._read_json(request, rec)
             if isinstance(body.get("model"), str):
                 rec.model = body["model"]
             rec.stream = body.get("stream") is True
@@ -537,7 +544,7 @@ class Simulator:
         knobs = Knobs()
         quote: str | None = None
         try:
-            body = await self._read_json(request)
+            body = await self._read_json(request, rec)
             if isinstance(body.get("model"), str):
                 rec.model = body["model"]
             if self._wants_quote(body):
