@@ -64,6 +64,36 @@ class ChoicePlan:
         return TOOL_CALL_TOKENS if self.tool_call is not None else sum(self.weights)
 
 
+_EOL = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
+
+
+def frame_event(data: bytes, knobs: Knobs) -> bytes:
+    """One LF-framed ``data:`` event written as the framing knobs say (SSE allows all of them)."""
+    if knobs.framing == "lf" and not knobs.comments and not knobs.multiline:
+        return data
+    eol = _EOL[knobs.framing]
+    payload = data.rstrip(b"\n")[len(b"data: "):]
+    lines = [b"data: " + payload]
+    if knobs.multiline and payload != b"[DONE]":
+        # cut after commas outside strings: the data lines joined by LF are the same JSON document
+        pieces, start, in_str, esc = [], 0, False, False
+        for i, c in enumerate(payload):
+            if esc:
+                esc = False
+            elif c == 0x5C:
+                esc = in_str
+            elif c == 0x22:
+                in_str = not in_str
+            elif c == 0x2C and not in_str:
+                pieces.append(payload[start:i + 1])
+                start = i + 1
+        pieces.append(payload[start:])
+        lines = [b"data:" + (b" " if k % 2 == 0 else b"") + p for k, p in enumerate(pieces)]
+    if knobs.comments:
+        return b": keep-alive" + eol + eol + eol.join([b": event", *lines]) + eol + eol
+    return eol.join(lines) + eol + eol
+
+
 @dataclass
 class StreamEvent:
     data: bytes
@@ -511,7 +541,10 @@ class Simulator:
                     await asyncio.sleep(knobs.itl_ms / 1000)
                 if k == half and knobs.stall_ms:
                     await asyncio.sleep(knobs.stall_ms / 1000)
-                await resp.write(ev.data)
+                data = frame_event(ev.data, knobs)
+                step = knobs.write_bytes or len(data)
+                for at in range(0, len(data), step):
+                    await resp.write(data[at:at + step])
                 rec.completion_tokens += ev.tokens
                 if ev.usage:
                     rec.usage_reported = True

@@ -1,6 +1,9 @@
 """Unit tests of the sans-I/O stream relay: fed bytes cut anywhere."""
 import json
 
+import pytest
+from hypothesis import given, settings, strategies as st
+
 from extproc.sse import StreamRelay
 
 
@@ -69,3 +72,103 @@ def test_spaced_json_from_another_server_is_handled_too() -> None:
     assert all(e["model"] == "polish-pro" for e in events[:-1])  # type: ignore[index]
     assert all("usage" not in e for e in events[:-1])  # type: ignore[operator]
     assert relay.usage == (11, 2) and relay.content_events == 2
+
+
+# ---- framing (issue 18 part 6): any SSE line ending, comments, multi-line data, any cut ------------
+
+def sse_data(out: bytes) -> list[str]:
+    """The data of each event as an SSE client reads it (the HTML standard's parser): lines end with
+    CRLF, LF or CR; a blank line dispatches; comment lines are ignored; data lines are joined by LF."""
+    text = out.decode().replace("\r\n", "\n").replace("\r", "\n")
+    events, data = [], []
+    for line in text.split("\n"):
+        if not line:
+            if data:
+                events.append("\n".join(data))
+            data = []
+        elif line.startswith(":"):
+            continue
+        else:
+            name, _, value = line.partition(":")
+            if name == "data":
+                data.append(value[1:] if value.startswith(" ") else value)
+    return events
+
+
+def _frame(stream: bytes, eol: bytes, *, comments: bool = False, multiline: bool = False) -> bytes:
+    """The LF-framed stream written with another line ending, keep-alive comments between events and a
+    comment inside each, and each JSON document cut over several data lines (at its commas)."""
+    out = []
+    for event in stream.split(b"\n\n"):
+        if not event:
+            continue
+        lines = [event]
+        if multiline and event != b"data: [DONE]":
+            lines = [b"data: " + piece for piece in event[len(b"data: "):].replace(b',"', b'\n"').split(b"\n")]
+            lines = [ln.replace(b'\n"', b',"') for ln in lines]
+            lines = [ln + b"," if i < len(lines) - 1 else ln for i, ln in enumerate(lines)]
+        if comments:
+            lines = [b": ping"] + lines
+            out.append(b": keep-alive" + eol + eol)
+        out.append(eol.join(lines) + eol + eol)
+    return b"".join(out)
+
+
+def _docs(events: list[str]) -> list[object]:
+    return [json.loads(e) if e != "[DONE]" else e for e in events]
+
+
+FRAMINGS = [(b"\n", False, False), (b"\r\n", False, False), (b"\r", False, False),
+            (b"\n", True, True), (b"\r\n", True, True), (b"\r", True, True)]
+
+
+def _expected(show_usage: bool) -> list[str]:
+    return sse_data(_relay_all(StreamRelay("up-pro", "polish-pro", show_usage), _stream(), 1 << 20))
+
+
+@pytest.mark.parametrize("show_usage", [True, False])
+@pytest.mark.parametrize("eol,comments,multiline", FRAMINGS)
+def test_every_framing_cut_at_every_byte(eol: bytes, comments: bool, multiline: bool, show_usage: bool) -> None:
+    """Cut in two at every byte boundary (a CR and its LF apart included): the same events, the alias
+    put in, the usage read, the usage chunk where (and only where) it was asked for."""
+    data = _frame(_stream(), eol, comments=comments, multiline=multiline)
+    assert _docs(sse_data(data)) == _docs(sse_data(_stream())), "the framing helper keeps the events"
+    want = _docs(_expected(show_usage))
+    assert want[-1] == "[DONE]" and any("usage" in e for e in want[:-1]) is show_usage
+    for cut in range(len(data) + 1):
+        relay = StreamRelay("up-pro", "polish-pro", show_usage)
+        out = relay.feed(data[:cut]) + relay.feed(data[cut:]) + relay.end()
+        assert _docs(sse_data(out)) == want, (eol, cut)
+        assert relay.usage == (11, 2) and relay.content_events == 2, (eol, cut)
+
+
+@pytest.mark.parametrize("eol,comments,multiline", FRAMINGS)
+def test_events_are_relayed_as_they_come(eol: bytes, comments: bool, multiline: bool) -> None:
+    """Each whole event goes out when its blank line has come, not at the end of the stream."""
+    data = _frame(_stream(), eol, comments=comments, multiline=multiline)
+    relay = StreamRelay("up-pro", "polish-pro", False)
+    seen: list[str] = []
+    first_end = data.index(eol + eol, data.index(b"data:")) + 2 * len(eol)
+    for i in range(len(data)):
+        seen += sse_data(relay.feed(data[i:i + 1]))
+        if i == first_end:  # (a CR may be the first half of a CRLF: it is known one byte later)
+            assert len(seen) == 1, "the first event was held back"
+    seen += sse_data(relay.end())  # (a CR at the very end may still have been waiting for its LF)
+    assert len(seen) == 5 and seen[-1] == "[DONE]"
+    assert relay.usage == (11, 2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(FRAMINGS), st.lists(st.integers(min_value=0, max_value=2000), max_size=12),
+       st.booleans())
+def test_any_cuts_property(framing: tuple[bytes, bool, bool], cuts: list[int], show_usage: bool) -> None:
+    data = _frame(_stream(), framing[0], comments=framing[1], multiline=framing[2])
+    bounds = sorted({c % (len(data) + 1) for c in cuts})
+    relay = StreamRelay("up-pro", "polish-pro", show_usage)
+    out, last = b"", 0
+    for b in bounds + [len(data)]:
+        out += relay.feed(data[last:b])
+        last = b
+    out += relay.end()
+    assert _docs(sse_data(out)) == _docs(_expected(show_usage))
+    assert relay.usage == (11, 2)

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import Gateway
+from conftest import Gateway, wait_for
 
 MSGS = [{"role": "user", "content": "Dzień dobry"}]
 
@@ -71,3 +71,54 @@ def test_only_what_the_model_server_needs_is_forwarded(client: httpx.Client, org
     dump = json.dumps(seen)
     for value in [org[2], *sent.values()]:
         assert value not in dump, value
+
+
+# ---- SSE framings through the stack (issue 18 part 6) ------------------------------------------------
+
+def _usage_row(gateway: Gateway, rid: str) -> dict[str, Any]:
+    return dict(wait_for(lambda: gateway.sql("SELECT * FROM usage_records WHERE request_id = $1", rid), 10)[0])
+
+
+def _sse(text: str) -> list[Any]:
+    """Each event's data as an SSE client reads it (any line ending, comments ignored, data lines joined)."""
+    events, data = [], []
+    for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"):
+        if not line:
+            if data:
+                joined = "\n".join(data)
+                events.append(joined if joined == "[DONE]" else json.loads(joined))
+            data = []
+        elif line.startswith("data:"):
+            data.append(line[6:] if line.startswith("data: ") else line[5:])
+    return events
+
+
+FRAMING_KNOBS = [{"framing": "crlf"}, {"framing": "cr"}, {"framing": "lf", "comments": True, "multiline": True},
+                 {"framing": "crlf", "comments": True, "multiline": True, "write_bytes": 7},
+                 {"framing": "cr", "write_bytes": 1}]
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+@pytest.mark.parametrize("knobs", FRAMING_KNOBS, ids=lambda k: "-".join(f"{a}={b}" for a, b in k.items()))
+def test_stream_framings(gateway: Gateway, client: httpx.Client, knobs: dict[str, Any], include_usage: bool) -> None:
+    """Whatever SSE line ending, comments, multi-line data or write size the model server uses: the
+    client gets every event with the alias, the usage chunk only when asked, and the usage is read
+    (billed as reported, not estimated)."""
+    body = {"model": "polish-pro", "messages": MSGS, "stream": True, "max_tokens": 50,
+            "stream_options": {"include_usage": include_usage}, "sim": {"output_tokens": 6, **knobs}}
+    r = client.post("/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    events = _sse(r.text)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all(c["model"] == "polish-pro" for c in chunks)
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    with_usage = [c for c in chunks if c.get("usage")]
+    if include_usage:
+        assert len(with_usage) == 1 and chunks[-1] is with_usage[0] and chunks[-1]["choices"] == []
+    else:
+        assert with_usage == [] and all(c["choices"] for c in chunks)
+    row = _usage_row(gateway, r.headers["x-request-id"])
+    assert row["estimated"] is False and row["completion_tokens"] == 6
+    if include_usage:
+        assert row["prompt_tokens"] == with_usage[0]["usage"]["prompt_tokens"]
