@@ -20,6 +20,7 @@ from .cost import usage_json_tokens
 _SEP = b"\n\n"
 _CR = 13  # an int: ``in`` is then one memchr (~50 ns for an event; b"\r" in ... takes ~300)
 _USAGE = re.compile(rb'"usage":\s*\{')
+_DONE = re.compile(rb"^data: ?\[DONE\]$", re.M)
 _CONTENT = re.compile(rb'"content":\s*"(?!")')
 # vLLM writes compact JSON: then plain byte searches do (several times cheaper than the regexes,
 # which stay for servers that put spaces after the colons).  Each search is a pass over the block
@@ -40,7 +41,7 @@ def event_data(event: bytes) -> bytes | None:
 
 class StreamRelay:
     __slots__ = ("_buf", "_model", "_compact_model", "_alias", "_show_usage", "usage", "content_events",
-                 "_compact", "_cr")
+                 "_compact", "_cr", "_held")
 
     def __init__(self, upstream_model: str, alias: str, show_usage: bool) -> None:
         quoted = json.dumps(upstream_model).encode()
@@ -51,6 +52,7 @@ class StreamRelay:
         self._show_usage = show_usage
         self._buf = b""
         self._cr = False  # the last chunk ended with a CR (the next byte says if it was a CRLF)
+        self._held: bytes | None = None  # a usage chunk of our own, to go out before [DONE]
         self.usage: tuple[int, int] | None = None  # (prompt, completion) as reported upstream
         self.content_events = 0  # events carrying a content piece: the output estimate
 
@@ -72,7 +74,14 @@ class StreamRelay:
         """The stream ended: whatever is left (an unterminated event) goes out as it is."""
         rest, self._buf = self._buf + (b"\n" if self._cr else b""), b""
         self._cr = False
-        return self._events(rest) if rest else b""
+        out = self._events(rest) if rest else b""
+        held, self._held = self._held, None
+        return out + self._rename(held) if held is not None else out
+
+    def _rename(self, block: bytes) -> bytes:
+        if self._compact:
+            return block.replace(self._compact_model, self._alias)
+        return self._model.sub(self._alias, block)
 
     def _events(self, block: bytes) -> bytes:
         if self._compact is None and b'"model"' in block:
@@ -84,26 +93,67 @@ class StreamRelay:
             self.content_events += len(_CONTENT.findall(block))
             m = _USAGE.search(block)
             at = -1 if m is None else m.start()
-        if at >= 0:
+        if at >= 0 or self._held is not None:
             block = self._take_usage(block, at)
-        if self._compact:
-            return block.replace(self._compact_model, self._alias)
-        return self._model.sub(self._alias, block)
+        return self._rename(block)
 
     def _take_usage(self, block: bytes, at: int) -> bytes:
-        start = block.rfind(_SEP, 0, at)
-        start = 0 if start < 0 else start + 2
-        end = block.find(_SEP, at)
-        end = len(block) if end < 0 else end + 2
-        data = event_data(block[start:end])
+        """Each event of the block that carries a usage object, whatever else it holds (issue 22):
+        read for billing, and the usage moved where SPEC streaming rule 3 wants it or taken out."""
+        out: list[bytes] = []
+        pos = 0
+        while at >= 0:
+            start = block.rfind(_SEP, pos, at)
+            start = pos if start < 0 else start + 2
+            end = block.find(_SEP, at)
+            end = len(block) if end < 0 else end + 2
+            out += (block[pos:start], self._usage_event(block[start:end]))
+            pos = end
+            if self._compact:
+                at = block.find(_C_USAGE, pos)
+            else:
+                m = _USAGE.search(block, pos)
+                at = -1 if m is None else m.start()
+        if self._held is not None:
+            done = _DONE.search(block, pos)
+            if done is not None:  # the usage chunk goes out last before [DONE]
+                out += (block[pos:done.start()], self._held)
+                pos, self._held = done.start(), None
+        out.append(block[pos:])
+        return b"".join(out)
+
+    def _usage_event(self, event: bytes) -> bytes:
+        data = event_data(event)
         try:
             doc = json.loads(data) if data is not None else None
         except ValueError:
             doc = None
-        if isinstance(doc, dict):
-            tokens = usage_json_tokens(doc.get("usage"))
-            if tokens is not None:
-                self.usage = tokens
-                if not doc.get("choices") and not self._show_usage:
-                    return block[:start] + block[end:]
-        return block
+        if not isinstance(doc, dict):
+            return event
+        tokens = usage_json_tokens(doc.get("usage"))
+        if tokens is None:
+            return event
+        self.usage = tokens
+        choices = doc.get("choices")
+        if not choices:  # vLLM's and SGLang's own usage chunk, choices: []
+            self._held = None  # the final report: any earlier one is stale
+            return event if self._show_usage else b""
+        # llama.cpp's and TGI's usage on the finish chunk, LiteLLM's on a chunk with an empty choice,
+        # running usage on every chunk: the chunk goes on without it, the usage (when asked) on a chunk
+        # of its own before [DONE], and a chunk left with nothing to say is dropped.
+        usage = doc.pop("usage")
+        if self._show_usage:
+            self._held = b"data: " + _dumps({"id": doc.get("id"), "object": doc.get("object", "chat.completion.chunk"),
+                                             "created": doc.get("created"), "model": doc.get("model"),
+                                             "choices": [], "usage": usage}) + _SEP
+        if isinstance(choices, list) and all(_says_nothing(c) for c in choices):
+            return b""
+        return b"data: " + _dumps(doc) + _SEP
+
+
+def _says_nothing(choice: object) -> bool:
+    return isinstance(choice, dict) and not any(v for k, v in choice.items() if k != "index")
+
+
+def _dumps(doc: object) -> bytes:
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()

@@ -478,18 +478,21 @@ class Simulator:
             return await self._send_json(request, rec, doc, knobs, usage=not knobs.no_usage)
 
         events = self._stream_events(cid, created, model, choices,
-                                     usage if include_usage and not knobs.no_usage else None)
+                                     usage if include_usage and not knobs.no_usage else None, knobs.usage_shape)
         return await self._send_stream(request, rec, events, knobs)
 
     @staticmethod
     def _stream_events(
-        cid: str, created: int, model: str, choices: list[ChoicePlan], usage: dict[str, int] | None
+        cid: str, created: int, model: str, choices: list[ChoicePlan], usage: dict[str, int] | None,
+        shape: str = "vllm",
     ) -> list[StreamEvent]:
         def chunk(chs: list[dict[str, Any]], u: dict[str, int] | None = None) -> bytes:
             doc: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created,
                                    "model": model, "choices": chs}
             if u is not None:
                 doc["usage"] = u
+            elif shape == "sglang":
+                doc["usage"] = None
             return b"data: " + _dumps(doc) + b"\n\n"
 
         def ch(i: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -516,7 +519,24 @@ class Simulator:
             for evs in per_choice:
                 if step < len(evs):
                     events.append(evs[step])
-        if usage is not None:
+        if usage is not None and shape in ("llamacpp", "tgi"):
+            # on the last chunk that carries a finish_reason (llama.cpp adds its timings there)
+            last = max(k for k, ev in enumerate(events) if b'"finish_reason":"' in ev.data)
+            doc = json.loads(events[last].data[len(b"data: "):])
+            if shape == "llamacpp":
+                doc = {"choices": [{"finish_reason": c["finish_reason"], "index": c["index"], "delta": {}}
+                                   for c in doc["choices"]],
+                       "created": created, "id": cid, "model": model, "system_fingerprint": "b6097-sim",
+                       "object": "chat.completion.chunk", "usage": usage,
+                       "timings": {"prompt_n": usage["prompt_tokens"], "predicted_n": usage["completion_tokens"]}}
+            else:
+                doc["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+                doc["system_fingerprint"] = "3.3.4-sim"
+                doc["usage"] = usage
+            events[last] = StreamEvent(b"data: " + _dumps(doc) + b"\n\n", tokens=events[last].tokens, usage=True)
+        elif usage is not None and shape == "litellm":
+            events.append(StreamEvent(chunk([{"index": 0, "delta": {}}], usage), usage=True))
+        elif usage is not None:
             events.append(StreamEvent(chunk([], usage), usage=True))
         events.append(StreamEvent(b"data: [DONE]\n\n"))
         return events

@@ -23,6 +23,13 @@ knob                   type        effect
 ``multiline``          bool        stream: each JSON document over several
                                    ``data:`` lines (cut after its commas)
 ``write_bytes``        int>=1      stream: write each event in pieces of this size
+``usage_shape``        string      stream: how the usage is sent, as ``vllm`` does
+                                   (default: its own chunk, ``choices: []``),
+                                   ``sglang`` (the same, ``"usage":null`` on every
+                                   other chunk), ``llamacpp`` (usage and timings on
+                                   the finish chunk), ``tgi`` (usage on the finish
+                                   chunk) or ``litellm`` (its own chunk after the
+                                   finish chunk, ``choices: [{index, delta: {}}]``)
 =====================  ==========  ==============================================
 
 Unknown knob names and values of the wrong type are rejected (HTTP 400).
@@ -55,12 +62,13 @@ class Knobs:
     comments: bool = False
     multiline: bool = False
     write_bytes: int | None = None
+    usage_shape: str = "vllm"
 
 
 _NUMBER = ("ttft_ms", "itl_ms", "stall_ms")
 _INT = ("output_tokens", "fail_after_chunks", "reply_bytes")
 _BOOL = ("quote_prompt", "no_usage", "echo", "comments", "multiline")
-_CHOICES = {"framing": ("lf", "crlf", "cr")}
+_CHOICES = {"framing": ("lf", "crlf", "cr"), "usage_shape": ("vllm", "sglang", "llamacpp", "tgi", "litellm")}
 
 
 def _bad(name: str, what: str, value: Any) -> SimError:

@@ -296,7 +296,7 @@ def test_validation_errors(client: httpx.Client) -> None:
     for bad in ({"messages": []}, {"max_tokens": 0}, {"max_tokens": "5"}, {"n": 0}, {"top_p": 0},
                 {"top_p": 1.5}, {"sim": {"ttft_ms": "slow"}}, {"sim": {"status": "500"}}, {"sim": 3},
                 {"stream_options": {"include_usage": True}}, {"sim": {"framing": "crcr"}},
-                {"sim": {"write_bytes": 0}}):
+                {"sim": {"write_bytes": 0}}, {"sim": {"usage_shape": "openai"}}):
         _assert_error(_chat(client, **bad), 400, "BadRequestError")
     r = client.post("/v1/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"})
     _assert_error(r, 400, "BadRequestError")

@@ -172,3 +172,95 @@ def test_any_cuts_property(framing: tuple[bytes, bool, bool], cuts: list[int], s
     out += relay.end()
     assert _docs(sse_data(out)) == _docs(_expected(show_usage))
     assert relay.usage == (11, 2)
+
+
+# ---- usage recognised by content, not shape (issue 22 part 2) ---------------------------------------
+
+SHAPES = ["vllm", "sglang", "llamacpp", "tgi", "litellm"]
+USAGE = {"prompt_tokens": 11, "total_tokens": 14, "completion_tokens": 3}
+
+
+def _shaped(shape: str, n: int = 1) -> bytes:
+    """A stream as the simulator's usage_shape knob writes it (the shapes of those servers)."""
+    from sim.app import ChoicePlan, Simulator
+    plans = [ChoicePlan(pieces=["Dzień", " dobry", "!"], weights=[1, 1, 1]) for _ in range(n)]
+    return b"".join(e.data for e in Simulator._stream_events("c1", 1, "up-pro", plans, USAGE, shape))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("n", [1, 2])
+def test_usage_read_whatever_the_chunk_holds(shape: str, n: int) -> None:
+    for show_usage in (False, True):
+        data = _shaped(shape, n)
+        for step in (1, 13, len(data)):
+            relay = StreamRelay("up-pro", "polish-pro", show_usage)
+            out = _docs(sse_data(_relay_all(relay, data, step)))
+            assert relay.usage == (11, 3), (shape, show_usage, step)
+            assert out[-1] == "[DONE]"
+            chunks: list[dict] = out[:-1]  # type: ignore[assignment]
+            assert all(c["model"] == "polish-pro" for c in chunks)
+            # every choice's text and its finish_reason reach the client, whatever carried the usage
+            for i in range(n):
+                text = "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"]
+                               if ch["index"] == i)
+                assert text == "Dzień dobry!", (shape, text)
+                assert [ch["finish_reason"] for c in chunks for ch in c["choices"]
+                        if ch["index"] == i and ch.get("finish_reason")] == ["stop"]
+            carrying = [c for c in chunks if c.get("usage")]
+            if show_usage:  # SPEC streaming rule 3: the last chunk before [DONE], with empty choices
+                assert len(carrying) == 1 and carrying[0] is chunks[-1], (shape, chunks[-2:])
+                assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == USAGE
+                assert chunks[-1]["id"] == "c1" and chunks[-1]["object"] == "chat.completion.chunk"
+            else:  # no usage object, and no chunk left with nothing to say
+                assert carrying == [], (shape, step)
+                assert all(any(ch.get("delta") or ch.get("finish_reason") for ch in c["choices"])
+                           for c in chunks), (shape, chunks)
+
+
+def test_llamacpp_timings_stay_on_the_finish_chunk() -> None:
+    relay = StreamRelay("up-pro", "polish-pro", False)
+    chunks = _docs(sse_data(_relay_all(relay, _shaped("llamacpp"), 1 << 20)))[:-1]
+    last: dict = chunks[-1]  # type: ignore[assignment]
+    assert last["choices"][0]["finish_reason"] == "stop" and "usage" not in last
+    assert last["timings"] == {"prompt_n": 11, "predicted_n": 3}
+
+
+def test_usage_on_every_chunk_keeps_the_last_one() -> None:
+    """A server reporting running usage on each chunk (vLLM's continuous_usage_stats): billed the last
+    report; the client sees one usage chunk, the final one."""
+    base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "up-pro"}
+    parts = [_event({**base, "choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}],
+                     "usage": {"prompt_tokens": 11, "completion_tokens": k + 1, "total_tokens": 12 + k}})
+             for k, w in enumerate(["a", "b"])]
+    parts.append(_event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                         "usage": {"prompt_tokens": 11, "completion_tokens": 2, "total_tokens": 13}}))
+    parts.append(_event({**base, "choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 2,
+                                                          "total_tokens": 13}}))
+    data = b"".join(parts) + b"data: [DONE]\n\n"
+    for show_usage in (False, True):
+        relay = StreamRelay("up-pro", "polish-pro", show_usage)
+        chunks = _docs(sse_data(_relay_all(relay, data, 17)))[:-1]
+        assert relay.usage == (11, 2)
+        carrying = [c for c in chunks if c.get("usage")]  # type: ignore[union-attr]
+        assert carrying == ([chunks[-1]] if show_usage else [])
+        assert len(chunks) == 3 + show_usage
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(SHAPES), st.sampled_from(FRAMINGS), st.lists(st.integers(min_value=0, max_value=3000),
+       max_size=10), st.booleans())
+def test_shapes_framings_and_cuts_property(shape: str, framing: tuple[bytes, bool, bool], cuts: list[int],
+                                           show_usage: bool) -> None:
+    plain = _shaped(shape, 2).replace(b"\"content\":\"!\"", b"\"content\":\"data: [DONE]\"")
+    data = _frame(plain, framing[0], comments=framing[1], multiline=framing[2])
+    relay = StreamRelay("up-pro", "polish-pro", show_usage)
+    out, last = b"", 0
+    for b in sorted({c % (len(data) + 1) for c in cuts}) + [len(data)]:
+        out += relay.feed(data[last:b])
+        last = b
+    out += relay.end()
+    whole = StreamRelay("up-pro", "polish-pro", show_usage)
+    assert _docs(sse_data(out)) == _docs(sse_data(whole.feed(plain) + whole.end()))
+    assert relay.usage == whole.usage == (11, 3)
+    chunks = _docs(sse_data(out))[:-1]
+    assert [c for c in chunks if c.get("usage")] == (chunks[-1:] if show_usage else [])  # type: ignore[union-attr]

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from conftest import Gateway, wait_for
@@ -122,3 +123,43 @@ def test_stream_framings(gateway: Gateway, client: httpx.Client, knobs: dict[str
     assert row["estimated"] is False and row["completion_tokens"] == 6
     if include_usage:
         assert row["prompt_tokens"] == with_usage[0]["usage"]["prompt_tokens"]
+
+
+# ---- usage by content (issue 22 part 2) ----------------------------------------------------------------
+
+SHAPES = ["vllm", "sglang", "llamacpp", "tgi", "litellm"]
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_usage_chunk_shapes_with_the_sdk(gateway: Gateway, org: tuple[str, str, str], shape: str,
+                                         include_usage: bool) -> None:
+    """The usage of vLLM, SGLang, llama.cpp's server, TGI and LiteLLM, each in its own place: billed as
+    reported; the openai SDK gets it on the last chunk (empty choices) only when it asked, and every
+    choice's text and finish_reason either way."""
+    sdk = openai.OpenAI(base_url=gateway.v1, api_key=org[2], max_retries=0, timeout=30)
+    raw = sdk.chat.completions.with_raw_response.create(
+        model="polish-pro", messages=MSGS, stream=True, n=2,  # type: ignore[arg-type]
+        stream_options={"include_usage": include_usage},
+        extra_body={"sim": {"usage_shape": shape, "output_tokens": 4}})
+    rid = raw.headers["x-request-id"]
+    chunks = list(raw.parse())
+    texts = ["", ""]
+    finishes: list[tuple[int, str]] = []
+    for c in chunks:
+        assert c.model == "polish-pro"
+        for ch in c.choices:
+            texts[ch.index] += ch.delta.content or ""
+            if ch.finish_reason:
+                finishes.append((ch.index, ch.finish_reason))
+    assert all(len(t) > 0 for t in texts) and sorted(finishes) == [(0, "stop"), (1, "stop")]
+    carrying = [c for c in chunks if c.usage is not None]
+    if include_usage:
+        assert carrying == [chunks[-1]] and chunks[-1].choices == []
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
+    else:
+        assert carrying == [] and all(c.choices for c in chunks)
+    row = _usage_row(gateway, rid)
+    assert row["estimated"] is False and row["completion_tokens"] == 8
+    served = gateway.sim_record(rid)
+    assert served is not None and served["prompt_tokens"] == row["prompt_tokens"]
