@@ -163,3 +163,21 @@ def test_usage_chunk_shapes_with_the_sdk(gateway: Gateway, org: tuple[str, str, 
     assert row["estimated"] is False and row["completion_tokens"] == 8
     served = gateway.sim_record(rid)
     assert served is not None and served["prompt_tokens"] == row["prompt_tokens"]
+
+
+# ---- null stream_options (issue 18 part 3) ------------------------------------------------------------
+
+def test_null_stream_options_gets_the_usage_chunk(gateway: Gateway, client: httpx.Client) -> None:
+    """SPEC section 4 rule 4 replaces a null stream_options by include_usage true: the client gets the
+    usage chunk, last before [DONE], and the request is billed that usage."""
+    r = client.post("/chat/completions", json={"model": "polish-pro", "messages": MSGS, "stream": True,
+                                               "stream_options": None, "sim": {"output_tokens": 5}})
+    assert r.status_code == 200, r.text
+    events = _sse(r.text)
+    assert events[-1] == "[DONE]"
+    last = events[-2]
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 5
+    assert [e for e in events[:-1] if e.get("usage")] == [last]
+    row = _usage_row(gateway, r.headers["x-request-id"])
+    assert (row["estimated"], row["prompt_tokens"], row["completion_tokens"]) == (
+        False, last["usage"]["prompt_tokens"], 5)
