@@ -8,6 +8,7 @@ and for every ``data:`` event of a stream.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
@@ -645,10 +646,26 @@ class Simulator:
 SIMULATOR_KEY: web.AppKey[Simulator] = web.AppKey("simulator", Simulator)
 
 
-def make_app(name: str, chat_models: dict[str, int], embed_models: dict[str, int]) -> web.Application:
+def _require_key(api_key: str) -> Any:
+    """vLLM's ``--api-key``: every ``/v1`` request needs ``Authorization: Bearer <key>``, else 401."""
+    expected = f"Bearer {api_key}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path.startswith("/v1") and not hmac.compare_digest(
+                request.headers.get("Authorization", "").encode(), expected):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        response: web.StreamResponse = await handler(request)
+        return response
+    return check
+
+
+def make_app(name: str, chat_models: dict[str, int], embed_models: dict[str, int],
+             api_key: str | None = None) -> web.Application:
     """Build the aiohttp application of one simulated deployment."""
     sim = Simulator(name, chat_models, embed_models)
-    app = web.Application(client_max_size=CLIENT_MAX_SIZE)
+    app = web.Application(client_max_size=CLIENT_MAX_SIZE,
+                          middlewares=[_require_key(api_key)] if api_key else [])
     app[SIMULATOR_KEY] = sim
     app.router.add_get("/health", sim.health)
     app.router.add_get("/v1/models", sim.models)

@@ -3,13 +3,22 @@ content whatever shape the model server gives its usage chunk; SSE framings; dep
 from __future__ import annotations
 
 import json
-from typing import Any
+import os
+import secrets
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
 
 import httpx
 import openai
 import pytest
+import trustme
 
-from conftest import Gateway, wait_for
+from conftest import Gateway, assert_error, make_catalog, running_stack, wait_for
 
 MSGS = [{"role": "user", "content": "Dzień dobry"}]
 
@@ -181,3 +190,133 @@ def test_null_stream_options_gets_the_usage_chunk(gateway: Gateway, client: http
     row = _usage_row(gateway, r.headers["x-request-id"])
     assert (row["estimated"], row["prompt_tokens"], row["completion_tokens"]) == (
         False, last["usage"]["prompt_tokens"], 5)
+
+
+# ---- deployment credentials and TLS (issue 22 part 3) -------------------------------------------------
+
+KEY_ENV = "GW_TEST_UPSTREAM_KEY"
+SIM_HOST = "127.0.0.3"  # the launcher starts simulators on 127.0.0.1 only: these are the test's own
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _start_sim(port: int, name: str, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "sim", "--host", SIM_HOST, "--port", str(port), "--name", name,
+                             "--chat-model", "up-keyed", "--chat-model", "up-unkeyed", "--chat-model", "up-secure",
+                             "--chat-model", "up-untrusted", "--api-key-env", KEY_ENV, *extra],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def remote() -> Iterator[tuple[Gateway, str, str]]:
+    """A stack whose model servers want a bearer key (like vLLM's --api-key), one over plain HTTP and one
+    over TLS with a certificate from a test CA; (gateway, deployment key, CA file)."""
+    tmp = Path(tempfile.mkdtemp(prefix="gw-remote-"))
+    ca = trustme.CA()
+    cert = ca.issue_cert("sim.test")
+    ca_file, chain, key_file = tmp / "ca.pem", tmp / "chain.pem", tmp / "key.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    chain.write_bytes(b"".join(blob.bytes() for blob in cert.cert_chain_pems))
+    deployment_key = "dk-" + secrets.token_hex(16)
+    saved = dict(os.environ)
+    os.environ[KEY_ENV] = deployment_key
+    plain_port, tls_port = _free_port(SIM_HOST), _free_port(SIM_HOST)
+    sims = [_start_sim(plain_port, "plain"),
+            _start_sim(tls_port, "tls", "--tls-cert", str(chain), "--tls-key", str(key_file))]
+    with httpx.Client(verify=ssl.create_default_context(cafile=str(ca_file))) as c:
+        wait_for(lambda: _up(c, f"http://{SIM_HOST}:{plain_port}") and _up(c, f"https://sim.test:{tls_port}",
+                                                                             tls_port), 20)
+
+    def catalog(base: int) -> dict[str, Any]:
+        doc = make_catalog(base)
+        price = doc["aliases"]["polish-pro"]["prices"]
+
+        def alias(model: str) -> dict[str, Any]:
+            return {"capabilities": ["chat"], "context_length": 8192, "max_output_tokens": 2048,
+                    "prices": price, "upstreams": [{"model": model}]}
+        doc["aliases"].update({"keyed": alias("up-keyed"), "unkeyed": alias("up-unkeyed"),
+                               "secure": alias("up-secure"), "untrusted": alias("up-untrusted")})
+        plain = {"name": "plain", "host": SIM_HOST, "port": plain_port}
+        tls = {"name": "tls", "host": SIM_HOST, "port": tls_port, "tls": True, "sni": "sim.test"}
+        doc["upstream_models"].update({
+            "up-keyed": {"deployments": [{**plain, "api_key_env": KEY_ENV}]},
+            "up-unkeyed": {"deployments": [plain]},
+            "up-secure": {"deployments": [{**tls, "api_key_env": KEY_ENV, "ca_file": str(ca_file)}]},
+            # the system's CAs do not know the test CA: the certificate is verified, so this one fails
+            "up-untrusted": {"deployments": [{**tls, "api_key_env": KEY_ENV}]}})
+        return doc
+    try:
+        with running_stack("gw-remote-", catalog, default_rpm=100000, default_concurrency=1000) as gw:
+            yield gw, deployment_key, str(ca_file)
+    finally:
+        for p in sims:
+            p.terminate()
+            p.wait(10)
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _up(c: httpx.Client, url: str, tls_port: int | None = None) -> bool:
+    try:
+        if tls_port is not None:  # sim.test is the test CA's name for 127.0.0.3
+            ext = {"sni_hostname": "sim.test"}
+            return c.get(f"https://{SIM_HOST}:{tls_port}/health", extensions=ext).status_code == 200
+        return c.get(url + "/health").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _remote_chat(gw: Gateway, key: str, alias: str, **extra: Any) -> httpx.Response:
+    return httpx.post(gw.v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                      json={"model": alias, "messages": MSGS, "sim": {"echo": True}, **extra})
+
+
+def test_deployment_key_replaces_the_clients(remote: tuple[Gateway, str, str]) -> None:
+    gw, deployment_key, _ = remote
+    _, _, client_key = gw.new_org(10_000_000)
+    for alias in ("keyed", "secure"):
+        r = _remote_chat(gw, client_key, alias)
+        assert r.status_code == 200, (alias, r.text)
+        assert r.json()["model"] == alias
+        seen = json.loads(r.json()["choices"][0]["message"]["content"])["headers"]
+        assert seen["authorization"] == f"Bearer {deployment_key}", alias
+        assert client_key not in json.dumps(seen), "the client's key reached the model server"
+        # streaming too
+        r = _remote_chat(gw, client_key, alias, stream=True, sim={"output_tokens": 3})
+        assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]"), r.text[-200:]
+
+
+def test_deployment_without_key_is_refused_by_a_server_that_wants_one(remote: tuple[Gateway, str, str]) -> None:
+    """The same server as 'keyed', catalogued without api_key_env: nothing of the client's reaches it as a
+    key, so it answers 401 (and the client gets 502 upstream_unavailable, nothing billed)."""
+    gw, _, _ = remote
+    _, _, client_key = gw.new_org(10_000_000)
+    r = _remote_chat(gw, client_key, "unkeyed")
+    assert_error(r, 502, "upstream_unavailable", "upstream_error")
+
+
+def test_tls_certificate_is_verified(remote: tuple[Gateway, str, str]) -> None:
+    """Without the test CA (the system's CAs by default) the model server's certificate is refused."""
+    gw, _, _ = remote
+    _, _, client_key = gw.new_org(10_000_000)
+    r = _remote_chat(gw, client_key, "untrusted")
+    assert_error(r, 502, "upstream_unavailable", "upstream_error")
+
+
+def test_the_key_is_in_no_file_of_the_gateway(remote: tuple[Gateway, str, str]) -> None:
+    """Envoy reads the key from its environment: the configuration it was given (and its dump) names the
+    variable only; nor is the key in any log or state file."""
+    gw, deployment_key, _ = remote
+    _, _, client_key = gw.new_org(10_000_000)
+    assert _remote_chat(gw, client_key, "keyed").status_code == 200
+    state = Path(gw.stack.s.state_dir)
+    for path in state.rglob("*"):
+        if path.is_file() and path.stat().st_size < 50_000_000:
+            assert deployment_key.encode() not in path.read_bytes(), path
+    dump = httpx.get(f"http://127.0.0.1:{gw.stack.s.envoy_admin_port}/config_dump").text
+    assert deployment_key not in dump and f"%ENVIRONMENT({KEY_ENV})%" in dump
