@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from extproc.catalog import Catalog, Deployment
+from extproc.catalog import Catalog, CatalogError, Deployment
 from extproc.settings import Settings
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "envoy" / "envoy.yaml"
@@ -137,7 +137,7 @@ def system_ca_file() -> str:
         return str(certifi.where())
     except ImportError:
         pass
-    raise ValueError("no system CA bundle found (looked in " + ", ".join(SYSTEM_CA_FILES) +
+    raise CatalogError("no system CA bundle found (looked in " + ", ".join(SYSTEM_CA_FILES) +
                      "): give the TLS deployment a ca_file")
 
 
@@ -165,7 +165,7 @@ def _with_key(key_env: str) -> dict[str, Any]:
     client's own Authorization was removed (envoy.yaml): Envoy reads it from its environment, so the key
     is in no file, no configuration dump and no log, only in the variable named by the catalog."""
     if not os.environ.get(key_env):
-        raise ValueError(f"api_key_env: the environment variable {key_env} is not set (or empty)")
+        raise CatalogError(f"api_key_env: the environment variable {key_env} is not set (or empty)")
     return {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
         "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
         "explicit_http_config": {"http_protocol_options": {}},
