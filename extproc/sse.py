@@ -95,7 +95,9 @@ class StreamRelay:
             at = -1 if m is None else m.start()
         if at >= 0 or self._held is not None:
             block = self._take_usage(block, at)
-        return self._rename(block)
+        if self._compact:  # (_rename, inlined: this runs for every chunk)
+            return block.replace(self._compact_model, self._alias)
+        return self._model.sub(self._alias, block)
 
     def _take_usage(self, block: bytes, at: int) -> bytes:
         """Each event of the block that carries a usage object, whatever else it holds (issue 22):
