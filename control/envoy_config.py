@@ -191,8 +191,8 @@ def clusters(cat: Catalog, s: Settings) -> list[dict[str, Any]]:
             ep: dict[str, Any] = {"endpoint": {
                 "address": {"socket_address": {"address": d.host, "port_value": d.port}},
                 # the Host header the model server gets (the route rewrites it: a hosted endpoint
-                # behind a shared address routes by it)
-                "hostname": d.host}}
+                # behind a shared address routes by it), the TLS server name where there is one
+                "hostname": d.sni or d.host}}
             if d.tls:
                 k = profiles.setdefault(_tls_profile(d), len(profiles))
                 ep["metadata"] = {"filter_metadata": {"envoy.transport_socket_match": {"gateway_tls": str(k)}}}

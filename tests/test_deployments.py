@@ -89,4 +89,5 @@ def test_tls_per_deployment_verified(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     assert hosted["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"] == [
         {"san_type": "DNS", "matcher": {"exact": "api.example.com"}}]
     assert own["sni"] == "gpu.internal"
+    assert [e["endpoint"]["hostname"] for e in eps] == ["10.0.0.1", "api.example.com", "gpu.internal"]
     assert own["common_tls_context"]["validation_context"]["trusted_ca"]["filename"] == str(ca.resolve())

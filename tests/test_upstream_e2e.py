@@ -285,6 +285,8 @@ def test_deployment_key_replaces_the_clients(remote: tuple[Gateway, str, str]) -
         assert r.json()["model"] == alias
         seen = json.loads(r.json()["choices"][0]["message"]["content"])["headers"]
         assert seen["authorization"] == f"Bearer {deployment_key}", alias
+        # Host is the deployment's name (its TLS server name where it has one), not the gateway's
+        assert seen["host"] == {"keyed": SIM_HOST, "secure": "sim.test"}[alias], seen["host"]
         assert client_key not in json.dumps(seen), "the client's key reached the model server"
         # streaming too
         r = _remote_chat(gw, client_key, alias, stream=True, sim={"output_tokens": 3})
