@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from extproc.catalog import Catalog
+from extproc.catalog import Catalog, CatalogError, Deployment
 from extproc.settings import Settings
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "envoy" / "envoy.yaml"
@@ -134,11 +134,81 @@ def _is_ip(host: str) -> bool:
         return False
 
 
+# Where the system's CA bundle is, on the usual distributions (Debian/Ubuntu/Alpine, Fedora/RHEL, others).
+SYSTEM_CA_FILES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
+                   "/etc/ssl/ca-bundle.pem", "/etc/ssl/cert.pem")
+
+
+def system_ca_file() -> str:
+    for path in SYSTEM_CA_FILES:
+        if os.path.isfile(path):
+            return path
+    try:  # Mozilla's bundle, where pip installed it (it comes with requests and httpx)
+        import certifi  # type: ignore[import-not-found,unused-ignore]
+        return str(certifi.where())
+    except ImportError:
+        pass
+    raise CatalogError("no system CA bundle found (looked in " + ", ".join(SYSTEM_CA_FILES) +
+                     "): give the TLS deployment a ca_file")
+
+
+def _tls_profile(d: Deployment) -> tuple[str | None, str | None]:
+    """(CA file, server name): ``sni`` defaults to the host unless the host is an address."""
+    return d.ca_file, d.sni or (None if _is_ip(d.host) else d.host)
+
+
+def _tls_socket(ca_file: str | None, sni: str | None) -> dict[str, Any]:
+    """Envoy's upstream TLS context: the server's certificate verified against ``ca_file`` (default: the
+    system's bundle) and, when there is one, its name against ``sni``."""
+    ctx: dict[str, Any] = {"@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                           "common_tls_context": {"validation_context": {
+                               "trusted_ca": {"filename": str(Path(ca_file).resolve()) if ca_file
+                                              else system_ca_file()}}}}
+    if sni is not None:
+        ctx["sni"] = sni
+        ctx["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"] = [
+            {"san_type": "DNS", "matcher": {"exact": sni}}]
+    return {"name": "envoy.transport_sockets.tls", "typed_config": ctx}
+
+
+def _with_key(key_env: str) -> dict[str, Any]:
+    """The model server's bearer key, set on the way out by an upstream filter of the cluster, after the
+    client's own Authorization was removed (envoy.yaml): Envoy reads it from its environment, so the key
+    is in no file, no configuration dump and no log, only in the variable named by the catalog."""
+    if not os.environ.get(key_env):
+        raise CatalogError(f"api_key_env: the environment variable {key_env} is not set (or empty)")
+    return {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+        "explicit_http_config": {"http_protocol_options": {}},
+        "http_filters": [
+            {"name": "envoy.filters.http.header_mutation", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+                "mutations": {"request_mutations": [{"append": {
+                    "header": {"key": "authorization", "value": f"Bearer %ENVIRONMENT({key_env})%"},
+                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}}]}}},
+            {"name": "envoy.filters.http.upstream_codec", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec"}}]}}
+
+
 def clusters(cat: Catalog, s: Settings) -> list[dict[str, Any]]:
     out = []
     for model, deps in sorted(cat.deployments.items()):
         name = Catalog.cluster_name(model)
-        out.append({
+        # TLS per deployment: each distinct TLS setting is a transport socket that the deployments having
+        # it select by their metadata; a deployment without TLS gets the cluster's plain socket.
+        profiles: dict[tuple[str | None, str | None], int] = {}
+        endpoints = []
+        for d in deps:
+            ep: dict[str, Any] = {"endpoint": {
+                "address": {"socket_address": {"address": d.host, "port_value": d.port}},
+                # the Host header the model server gets (the route rewrites it: a hosted endpoint
+                # behind a shared address routes by it), the TLS server name where there is one
+                "hostname": d.sni or d.host}}
+            if d.tls:
+                k = profiles.setdefault(_tls_profile(d), len(profiles))
+                ep["metadata"] = {"filter_metadata": {"envoy.transport_socket_match": {"gateway_tls": str(k)}}}
+            endpoints.append(ep)
+        cluster: dict[str, Any] = {
             "@type": "type.googleapis.com/envoy.config.cluster.v3.Cluster",
             "name": name,
             "type": "STATIC" if all(_is_ip(d.host) for d in deps) else "STRICT_DNS",
@@ -149,10 +219,16 @@ def clusters(cat: Catalog, s: Settings) -> list[dict[str, Any]]:
             "outlier_detection": {"consecutive_5xx": 5, "consecutive_local_origin_failure": 2,
                                   "split_external_local_origin_errors": True,
                                   "base_ejection_time": "10s", "max_ejection_percent": 100},
-            "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
-                {"endpoint": {"address": {"socket_address": {"address": d.host, "port_value": d.port}}}}
-                for d in deps]}]},
-        })
+            "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": endpoints}]},
+        }
+        if profiles:
+            cluster["transport_socket_matches"] = [
+                {"name": f"tls-{k}", "match": {"gateway_tls": str(k)}, "transport_socket": _tls_socket(*p)}
+                for p, k in profiles.items()]
+        key_env = deps[0].api_key_env if deps else None
+        if key_env is not None:
+            cluster["typed_extension_protocol_options"] = _with_key(key_env)
+        out.append(cluster)
     return out
 
 

@@ -37,6 +37,12 @@ class Deployment:
     name: str
     host: str
     port: int
+    # The name of an environment variable holding the bearer key the gateway sends this model server
+    # (the key itself is never in the catalog); Envoy reads it from its own environment.
+    api_key_env: str | None = None
+    tls: bool = False  # TLS to the model server, its certificate verified
+    ca_file: str | None = None  # the CAs to verify it with (default: the system's bundle)
+    sni: str | None = None  # the server name to ask for and verify (default: host, unless an address)
 
 
 @dataclass(slots=True)
@@ -104,6 +110,27 @@ class Catalog:
 
 
 _CAPS = {"chat", "embeddings", "vision"}
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _deployment(d: Any, name: str, i: int, w: str) -> Deployment:
+    if not isinstance(d, dict) or not isinstance(d.get("host"), str):
+        raise CatalogError(f"{w}.host: must be a string")
+    key_env = d.get("api_key_env")
+    if key_env is not None and not (isinstance(key_env, str) and _ENV_NAME.fullmatch(key_env)):
+        raise CatalogError(f"{w}.api_key_env: must be the name of an environment variable (the key itself "
+                           "never goes in the catalog)")
+    tls = d.get("tls", False)
+    if not isinstance(tls, bool):
+        raise CatalogError(f"{w}.tls: must be true or false")
+    for opt in ("ca_file", "sni"):
+        v = d.get(opt)
+        if v is not None and (not isinstance(v, str) or not v):
+            raise CatalogError(f"{w}.{opt}: must be a non-empty string")
+        if v is not None and not tls:
+            raise CatalogError(f"{w}.{opt}: applies to a TLS deployment only (tls: true)")
+    return Deployment(str(d.get("name", f"{name}-{i}")), d["host"], _int(d, "port", w, 1), key_env, tls,
+                      d.get("ca_file"), d.get("sni"))
 
 
 def _ts(value: Any, where: str) -> int:
@@ -137,12 +164,15 @@ def parse(doc: Any, source: str = "<catalog>") -> Catalog:
     deployments: dict[str, tuple[Deployment, ...]] = {}
     for name, m in models_doc.items():
         where = f"{source}: upstream_models.{name}"
-        deps = []
+        deps: list[Deployment] = []
         for i, d in enumerate((m or {}).get("deployments") or []):
             w = f"{where}.deployments[{i}]"
-            if not isinstance(d, dict) or not isinstance(d.get("host"), str):
-                raise CatalogError(f"{w}.host: must be a string")
-            deps.append(Deployment(str(d.get("name", f"{name}-{i}")), d["host"], _int(d, "port", w, 1)))
+            deps.append(_deployment(d, str(name), i, w))
+            # Envoy picks the deployment after the upstream model's headers are set: one key per model,
+            # so that no deployment is ever sent another's key.
+            if deps[-1].api_key_env != deps[0].api_key_env:
+                raise CatalogError(f"{w}.api_key_env: every deployment of an upstream model must name the "
+                                   "same api_key_env (or none)")
         deployments[str(name)] = tuple(deps)
     aliases: dict[str, Alias] = {}
     for name, a in (doc.get("aliases") or {}).items():

@@ -135,8 +135,8 @@ def prepare_chat(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | Non
     wants_usage = False
     if stream:
         opts = doc.get("stream_options")
-        if opts is None:
-            opts = {}
+        if opts is None:  # SPEC rule 4: a null one is replaced by include_usage true (absent: not asked)
+            opts = {"include_usage": True} if "stream_options" in doc else {}
         elif not isinstance(opts, dict):
             return _bad("'stream_options' must be an object.", "stream_options")
         wants_usage = opts.get("include_usage") is True

@@ -8,6 +8,7 @@ and for every ``data:`` event of a stream.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
@@ -64,6 +65,36 @@ class ChoicePlan:
         return TOOL_CALL_TOKENS if self.tool_call is not None else sum(self.weights)
 
 
+_EOL = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
+
+
+def frame_event(data: bytes, knobs: Knobs) -> bytes:
+    """One LF-framed ``data:`` event written as the framing knobs say (SSE allows all of them)."""
+    if knobs.framing == "lf" and not knobs.comments and not knobs.multiline:
+        return data
+    eol = _EOL[knobs.framing]
+    payload = data.rstrip(b"\n")[len(b"data: "):]
+    lines = [b"data: " + payload]
+    if knobs.multiline and payload != b"[DONE]":
+        # cut after commas outside strings: the data lines joined by LF are the same JSON document
+        pieces, start, in_str, esc = [], 0, False, False
+        for i, c in enumerate(payload):
+            if esc:
+                esc = False
+            elif c == 0x5C:
+                esc = in_str
+            elif c == 0x22:
+                in_str = not in_str
+            elif c == 0x2C and not in_str:
+                pieces.append(payload[start:i + 1])
+                start = i + 1
+        pieces.append(payload[start:])
+        lines = [b"data:" + (b" " if k % 2 == 0 else b"") + p for k, p in enumerate(pieces)]
+    if knobs.comments:
+        return b": keep-alive" + eol + eol + eol.join([b": event", *lines]) + eol + eol
+    return eol.join(lines) + eol + eol
+
+
 @dataclass
 class StreamEvent:
     data: bytes
@@ -85,7 +116,10 @@ class Simulator:
 
     def _begin(self, request: web.Request, endpoint: str) -> Record:
         rid = request.headers.get("X-Request-Id") or _hex()
-        rec = Record(request_id=rid, deployment=self.name, model="", endpoint=endpoint)
+        h = request.headers
+        rec = Record(request_id=rid, deployment=self.name, model="", endpoint=endpoint,
+                     content_type=h.get("Content-Type", ""), content_length=h.get("Content-Length"),
+                     transfer_encoding=h.get("Transfer-Encoding"))
         self.records.add(rec)
         return rec
 
@@ -119,8 +153,12 @@ class Simulator:
         return model
 
     @staticmethod
-    async def _read_json(request: web.Request) -> dict[str, Any]:
+    async def _read_json(request: web.Request, rec: Record) -> dict[str, Any]:
         raw = await request.read()
+        rec.body_bytes = len(raw)
+        # vLLM's validate_json_request: any other media type is refused before the body is read as JSON
+        if rec.content_type.split(";", 1)[0].strip().lower() != "application/json":
+            raise SimError(400, "Unsupported Media Type: Only 'application/json' is allowed")
         try:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -400,7 +438,7 @@ class Simulator:
         knobs = Knobs()
         quote: str | None = None
         try:
-            body = await self._read_json(request)
+            body = await self._read_json(request, rec)
             if isinstance(body.get("model"), str):
                 rec.model = body["model"]
             rec.stream = body.get("stream") is True
@@ -441,18 +479,21 @@ class Simulator:
             return await self._send_json(request, rec, doc, knobs, usage=not knobs.no_usage)
 
         events = self._stream_events(cid, created, model, choices,
-                                     usage if include_usage and not knobs.no_usage else None)
+                                     usage if include_usage and not knobs.no_usage else None, knobs.usage_shape)
         return await self._send_stream(request, rec, events, knobs)
 
     @staticmethod
     def _stream_events(
-        cid: str, created: int, model: str, choices: list[ChoicePlan], usage: dict[str, int] | None
+        cid: str, created: int, model: str, choices: list[ChoicePlan], usage: dict[str, int] | None,
+        shape: str = "vllm",
     ) -> list[StreamEvent]:
         def chunk(chs: list[dict[str, Any]], u: dict[str, int] | None = None) -> bytes:
             doc: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created,
                                    "model": model, "choices": chs}
             if u is not None:
                 doc["usage"] = u
+            elif shape == "sglang":
+                doc["usage"] = None
             return b"data: " + _dumps(doc) + b"\n\n"
 
         def ch(i: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -479,7 +520,24 @@ class Simulator:
             for evs in per_choice:
                 if step < len(evs):
                     events.append(evs[step])
-        if usage is not None:
+        if usage is not None and shape in ("llamacpp", "tgi"):
+            # on the last chunk that carries a finish_reason (llama.cpp adds its timings there)
+            last = max(k for k, ev in enumerate(events) if b'"finish_reason":"' in ev.data)
+            doc = json.loads(events[last].data[len(b"data: "):])
+            if shape == "llamacpp":
+                doc = {"choices": [{"finish_reason": c["finish_reason"], "index": c["index"], "delta": {}}
+                                   for c in doc["choices"]],
+                       "created": created, "id": cid, "model": model, "system_fingerprint": "b6097-sim",
+                       "object": "chat.completion.chunk", "usage": usage,
+                       "timings": {"prompt_n": usage["prompt_tokens"], "predicted_n": usage["completion_tokens"]}}
+            else:
+                doc["choices"][0]["delta"] = {"role": "assistant", "content": ""}
+                doc["system_fingerprint"] = "3.3.4-sim"
+                doc["usage"] = usage
+            events[last] = StreamEvent(b"data: " + _dumps(doc) + b"\n\n", tokens=events[last].tokens, usage=True)
+        elif usage is not None and shape == "litellm":
+            events.append(StreamEvent(chunk([{"index": 0, "delta": {}}], usage), usage=True))
+        elif usage is not None:
             events.append(StreamEvent(chunk([], usage), usage=True))
         events.append(StreamEvent(b"data: [DONE]\n\n"))
         return events
@@ -504,7 +562,10 @@ class Simulator:
                     await asyncio.sleep(knobs.itl_ms / 1000)
                 if k == half and knobs.stall_ms:
                     await asyncio.sleep(knobs.stall_ms / 1000)
-                await resp.write(ev.data)
+                data = frame_event(ev.data, knobs)
+                step = knobs.write_bytes or len(data)
+                for at in range(0, len(data), step):
+                    await resp.write(data[at:at + step])
                 rec.completion_tokens += ev.tokens
                 if ev.usage:
                     rec.usage_reported = True
@@ -537,7 +598,7 @@ class Simulator:
         knobs = Knobs()
         quote: str | None = None
         try:
-            body = await self._read_json(request)
+            body = await self._read_json(request, rec)
             if isinstance(body.get("model"), str):
                 rec.model = body["model"]
             if self._wants_quote(body):
@@ -585,10 +646,26 @@ class Simulator:
 SIMULATOR_KEY: web.AppKey[Simulator] = web.AppKey("simulator", Simulator)
 
 
-def make_app(name: str, chat_models: dict[str, int], embed_models: dict[str, int]) -> web.Application:
+def _require_key(api_key: str) -> Any:
+    """vLLM's ``--api-key``: every ``/v1`` request needs ``Authorization: Bearer <key>``, else 401."""
+    expected = f"Bearer {api_key}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path.startswith("/v1") and not hmac.compare_digest(
+                request.headers.get("Authorization", "").encode(), expected):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        response: web.StreamResponse = await handler(request)
+        return response
+    return check
+
+
+def make_app(name: str, chat_models: dict[str, int], embed_models: dict[str, int],
+             api_key: str | None = None) -> web.Application:
     """Build the aiohttp application of one simulated deployment."""
     sim = Simulator(name, chat_models, embed_models)
-    app = web.Application(client_max_size=CLIENT_MAX_SIZE)
+    app = web.Application(client_max_size=CLIENT_MAX_SIZE,
+                          middlewares=[_require_key(api_key)] if api_key else [])
     app[SIMULATOR_KEY] = sim
     app.router.add_get("/health", sim.health)
     app.router.add_get("/v1/models", sim.models)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import os
+import ssl
 
 from aiohttp import web
 
@@ -29,6 +31,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="sim", help="deployment name reported in the records")
     p.add_argument("--chat-model", action="append", default=[], type=parse_model_spec, metavar="NAME[@CTX]")
     p.add_argument("--embed-model", action="append", default=[], type=parse_model_spec, metavar="NAME[@CTX]")
+    p.add_argument("--api-key-env", metavar="VAR",
+                   help="like vLLM's --api-key: /v1 requests need 'Authorization: Bearer' the value of VAR")
+    p.add_argument("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate chain (PEM)")
+    p.add_argument("--tls-key", metavar="FILE", help="the private key of --tls-cert (PEM)")
     return p
 
 
@@ -43,9 +49,20 @@ def main(argv: list[str] | None = None) -> None:
     both = set(chat) & set(embed)
     if both:
         parser.error(f"model(s) both chat and embed: {', '.join(sorted(both))}")
-    app = make_app(args.name, chat, embed)
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            parser.error(f"--api-key-env: {args.api_key_env} is not set")
+    ssl_context = None
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            parser.error("--tls-cert and --tls-key go together")
+        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ssl_context.load_cert_chain(args.tls_cert, args.tls_key)
+    app = make_app(args.name, chat, embed, api_key)
 
     def say(msg: str) -> None:
         builtins.print(msg, flush=True)
 
-    web.run_app(app, host=args.host, port=args.port, print=say, access_log=None)
+    web.run_app(app, host=args.host, port=args.port, print=say, access_log=None, ssl_context=ssl_context)

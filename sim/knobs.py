@@ -17,6 +17,19 @@ knob                   type        effect
 ``reply_bytes``        int>=0      pad a non-streaming JSON reply with spaces
 ``no_usage``           bool        never report usage
 ``echo``               bool        completion content = JSON of request body + headers
+``framing``            string      stream line ends: ``lf`` (default), ``crlf``, ``cr``
+``comments``           bool        stream: a keep-alive comment event before each
+                                   event and a comment line inside it
+``multiline``          bool        stream: each JSON document over several
+                                   ``data:`` lines (cut after its commas)
+``write_bytes``        int>=1      stream: write each event in pieces of this size
+``usage_shape``        string      stream: how the usage is sent, as ``vllm`` does
+                                   (default: its own chunk, ``choices: []``),
+                                   ``sglang`` (the same, ``"usage":null`` on every
+                                   other chunk), ``llamacpp`` (usage and timings on
+                                   the finish chunk), ``tgi`` (usage on the finish
+                                   chunk) or ``litellm`` (its own chunk after the
+                                   finish chunk, ``choices: [{index, delta: {}}]``)
 =====================  ==========  ==============================================
 
 Unknown knob names and values of the wrong type are rejected (HTTP 400).
@@ -45,11 +58,17 @@ class Knobs:
     reply_bytes: int = 0
     no_usage: bool = False
     echo: bool = False
+    framing: str = "lf"
+    comments: bool = False
+    multiline: bool = False
+    write_bytes: int | None = None
+    usage_shape: str = "vllm"
 
 
 _NUMBER = ("ttft_ms", "itl_ms", "stall_ms")
 _INT = ("output_tokens", "fail_after_chunks", "reply_bytes")
-_BOOL = ("quote_prompt", "no_usage", "echo")
+_BOOL = ("quote_prompt", "no_usage", "echo", "comments", "multiline")
+_CHOICES = {"framing": ("lf", "crlf", "cr"), "usage_shape": ("vllm", "sglang", "llamacpp", "tgi", "litellm")}
 
 
 def _bad(name: str, what: str, value: Any) -> SimError:
@@ -79,6 +98,14 @@ def parse_knobs(raw: Any) -> Knobs:
         elif name == "status":
             if isinstance(value, bool) or not isinstance(value, int) or not 400 <= value <= 599:
                 raise _bad(name, "an integer HTTP status in 400..599", value)
+            values[name] = value
+        elif name in _CHOICES:
+            if value not in _CHOICES[name]:
+                raise _bad(name, "one of " + ", ".join(_CHOICES[name]), value)
+            values[name] = value
+        elif name == "write_bytes":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise _bad(name, "a positive integer", value)
             values[name] = value
         elif name == "message":
             if not isinstance(value, str):

@@ -21,6 +21,11 @@ class Record:
     completion_tokens: int = 0
     usage_reported: bool = False
     completed: bool = False
+    # how the request came (headers only, never a value that could be a key or text)
+    content_type: str = ""
+    content_length: str | None = None
+    transfer_encoding: str | None = None
+    body_bytes: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

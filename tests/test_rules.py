@@ -143,6 +143,18 @@ def test_stream_usage_always_requested_upstream_shown_only_when_asked() -> None:
         assert p.client_wants_usage is shown
 
 
+def test_null_stream_options_on_a_stream_means_include_usage() -> None:
+    """SPEC section 4 rule 4: a null stream_options on a streaming request is replaced by include_usage
+    true, so the client asked for the usage chunk (absent stream_options: it did not)."""
+    p = chat({"model": "polish-pro", "messages": MSG, "stream": True, "stream_options": None})
+    assert not isinstance(p, ApiError)
+    assert json.loads(p.body)["stream_options"] == {"include_usage": True}
+    assert p.client_wants_usage is True
+    p = chat({"model": "polish-pro", "messages": MSG, "stream_options": None})
+    assert not isinstance(p, ApiError)
+    assert json.loads(p.body)["stream_options"] is None and p.client_wants_usage is False
+
+
 def test_no_capacity_when_no_upstream() -> None:
     e = prepare_chat(json.dumps({"model": "polish-pro", "messages": MSG}).encode(), CAT, lambda a: None)
     assert isinstance(e, ApiError) and (e.code, e.status) == ("no_capacity", 503)

@@ -150,7 +150,10 @@ def test_chat_non_stream(client: httpx.Client) -> None:
     rec = _record(client, rid)
     assert rec == {"request_id": rid, "deployment": "dep-a", "model": CHAT, "endpoint": "chat", "stream": False,
                    "status": 200, "prompt_tokens": prompt, "completion_tokens": 16, "usage_reported": True,
-                   "completed": True}
+                   "completed": True, "content_type": "application/json",
+                   "content_length": str(rec["body_bytes"]), "transfer_encoding": None,
+                   "body_bytes": rec["body_bytes"]}
+    assert rec["body_bytes"] > 0
 
 
 def test_chat_stream_format(client: httpx.Client) -> None:
@@ -292,10 +295,18 @@ def test_validation_errors(client: httpx.Client) -> None:
     assert "is not a multimodal model" in _assert_error(_chat(client, messages=image), 400, "BadRequestError")
     for bad in ({"messages": []}, {"max_tokens": 0}, {"max_tokens": "5"}, {"n": 0}, {"top_p": 0},
                 {"top_p": 1.5}, {"sim": {"ttft_ms": "slow"}}, {"sim": {"status": "500"}}, {"sim": 3},
-                {"stream_options": {"include_usage": True}}):
+                {"stream_options": {"include_usage": True}}, {"sim": {"framing": "crcr"}},
+                {"sim": {"write_bytes": 0}}, {"sim": {"usage_shape": "openai"}}):
         _assert_error(_chat(client, **bad), 400, "BadRequestError")
     r = client.post("/v1/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"})
     _assert_error(r, 400, "BadRequestError")
+    # like vLLM (validate_json_request): a JSON body under another media type is refused
+    ok = json.dumps({"model": CHAT, "messages": [{"role": "user", "content": "hej"}]}).encode()
+    for media in ("application/x-www-form-urlencoded", "text/plain"):
+        r = client.post("/v1/chat/completions", content=ok, headers={"Content-Type": media})
+        assert "Only 'application/json'" in _assert_error(r, 400, "BadRequestError")
+    r = client.post("/v1/chat/completions", content=ok, headers={"Content-Type": "application/json; charset=utf-8"})
+    assert r.status_code == 200
 
 
 def test_status_knob_and_quote_prompt(client: httpx.Client) -> None:
@@ -429,7 +440,8 @@ def test_records_endpoints(client: httpx.Client) -> None:
     data = client.get("/sim/requests").json()["data"]
     assert any(r["request_id"] == rid for r in data)
     assert all(set(r) == {"request_id", "deployment", "model", "endpoint", "stream", "status", "prompt_tokens",
-                          "completion_tokens", "usage_reported", "completed"} for r in data)
+                          "completion_tokens", "usage_reported", "completed", "content_type",
+                          "content_length", "transfer_encoding", "body_bytes"} for r in data)
     assert client.delete("/sim/requests").status_code == 200
     assert client.get("/sim/requests").json() == {"data": []}
     assert client.get(f"/sim/requests/{rid}").status_code == 404

@@ -1,6 +1,9 @@
 """Unit tests of the sans-I/O stream relay: fed bytes cut anywhere."""
 import json
 
+import pytest
+from hypothesis import given, settings, strategies as st
+
 from extproc.sse import StreamRelay
 
 
@@ -69,3 +72,195 @@ def test_spaced_json_from_another_server_is_handled_too() -> None:
     assert all(e["model"] == "polish-pro" for e in events[:-1])  # type: ignore[index]
     assert all("usage" not in e for e in events[:-1])  # type: ignore[operator]
     assert relay.usage == (11, 2) and relay.content_events == 2
+
+
+# ---- framing (issue 18 part 6): any SSE line ending, comments, multi-line data, any cut ------------
+
+def sse_data(out: bytes) -> list[str]:
+    """The data of each event as an SSE client reads it (the HTML standard's parser): lines end with
+    CRLF, LF or CR; a blank line dispatches; comment lines are ignored; data lines are joined by LF."""
+    text = out.decode().replace("\r\n", "\n").replace("\r", "\n")
+    events, data = [], []
+    for line in text.split("\n"):
+        if not line:
+            if data:
+                events.append("\n".join(data))
+            data = []
+        elif line.startswith(":"):
+            continue
+        else:
+            name, _, value = line.partition(":")
+            if name == "data":
+                data.append(value[1:] if value.startswith(" ") else value)
+    return events
+
+
+def _frame(stream: bytes, eol: bytes, *, comments: bool = False, multiline: bool = False) -> bytes:
+    """The LF-framed stream written with another line ending, keep-alive comments between events and a
+    comment inside each, and each JSON document cut over several data lines (at its commas)."""
+    out = []
+    for event in stream.split(b"\n\n"):
+        if not event:
+            continue
+        lines = [event]
+        if multiline and event != b"data: [DONE]":
+            lines = [b"data: " + piece for piece in event[len(b"data: "):].replace(b',"', b'\n"').split(b"\n")]
+            lines = [ln.replace(b'\n"', b',"') for ln in lines]
+            lines = [ln + b"," if i < len(lines) - 1 else ln for i, ln in enumerate(lines)]
+        if comments:
+            lines = [b": ping"] + lines
+            out.append(b": keep-alive" + eol + eol)
+        out.append(eol.join(lines) + eol + eol)
+    return b"".join(out)
+
+
+def _docs(events: list[str]) -> list[object]:
+    return [json.loads(e) if e != "[DONE]" else e for e in events]
+
+
+FRAMINGS = [(b"\n", False, False), (b"\r\n", False, False), (b"\r", False, False),
+            (b"\n", True, True), (b"\r\n", True, True), (b"\r", True, True)]
+
+
+def _expected(show_usage: bool) -> list[str]:
+    return sse_data(_relay_all(StreamRelay("up-pro", "polish-pro", show_usage), _stream(), 1 << 20))
+
+
+@pytest.mark.parametrize("show_usage", [True, False])
+@pytest.mark.parametrize("eol,comments,multiline", FRAMINGS)
+def test_every_framing_cut_at_every_byte(eol: bytes, comments: bool, multiline: bool, show_usage: bool) -> None:
+    """Cut in two at every byte boundary (a CR and its LF apart included): the same events, the alias
+    put in, the usage read, the usage chunk where (and only where) it was asked for."""
+    data = _frame(_stream(), eol, comments=comments, multiline=multiline)
+    assert _docs(sse_data(data)) == _docs(sse_data(_stream())), "the framing helper keeps the events"
+    want = _docs(_expected(show_usage))
+    assert want[-1] == "[DONE]" and any("usage" in e for e in want[:-1]) is show_usage
+    for cut in range(len(data) + 1):
+        relay = StreamRelay("up-pro", "polish-pro", show_usage)
+        out = relay.feed(data[:cut]) + relay.feed(data[cut:]) + relay.end()
+        assert _docs(sse_data(out)) == want, (eol, cut)
+        assert relay.usage == (11, 2) and relay.content_events == 2, (eol, cut)
+
+
+@pytest.mark.parametrize("eol,comments,multiline", FRAMINGS)
+def test_events_are_relayed_as_they_come(eol: bytes, comments: bool, multiline: bool) -> None:
+    """Each whole event goes out when its blank line has come, not at the end of the stream."""
+    data = _frame(_stream(), eol, comments=comments, multiline=multiline)
+    relay = StreamRelay("up-pro", "polish-pro", False)
+    seen: list[str] = []
+    first_end = data.index(eol + eol, data.index(b"data:")) + 2 * len(eol)
+    for i in range(len(data)):
+        seen += sse_data(relay.feed(data[i:i + 1]))
+        if i == first_end:  # (a CR may be the first half of a CRLF: it is known one byte later)
+            assert len(seen) == 1, "the first event was held back"
+    seen += sse_data(relay.end())  # (a CR at the very end may still have been waiting for its LF)
+    assert len(seen) == 5 and seen[-1] == "[DONE]"
+    assert relay.usage == (11, 2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(FRAMINGS), st.lists(st.integers(min_value=0, max_value=2000), max_size=12),
+       st.booleans())
+def test_any_cuts_property(framing: tuple[bytes, bool, bool], cuts: list[int], show_usage: bool) -> None:
+    data = _frame(_stream(), framing[0], comments=framing[1], multiline=framing[2])
+    bounds = sorted({c % (len(data) + 1) for c in cuts})
+    relay = StreamRelay("up-pro", "polish-pro", show_usage)
+    out, last = b"", 0
+    for b in bounds + [len(data)]:
+        out += relay.feed(data[last:b])
+        last = b
+    out += relay.end()
+    assert _docs(sse_data(out)) == _docs(_expected(show_usage))
+    assert relay.usage == (11, 2)
+
+
+# ---- usage recognised by content, not shape (issue 22 part 2) ---------------------------------------
+
+SHAPES = ["vllm", "sglang", "llamacpp", "tgi", "litellm"]
+USAGE = {"prompt_tokens": 11, "total_tokens": 14, "completion_tokens": 3}
+
+
+def _shaped(shape: str, n: int = 1) -> bytes:
+    """A stream as the simulator's usage_shape knob writes it (the shapes of those servers)."""
+    from sim.app import ChoicePlan, Simulator
+    plans = [ChoicePlan(pieces=["Dzień", " dobry", "!"], weights=[1, 1, 1]) for _ in range(n)]
+    return b"".join(e.data for e in Simulator._stream_events("c1", 1, "up-pro", plans, USAGE, shape))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("n", [1, 2])
+def test_usage_read_whatever_the_chunk_holds(shape: str, n: int) -> None:
+    for show_usage in (False, True):
+        data = _shaped(shape, n)
+        for step in (1, 13, len(data)):
+            relay = StreamRelay("up-pro", "polish-pro", show_usage)
+            out = _docs(sse_data(_relay_all(relay, data, step)))
+            assert relay.usage == (11, 3), (shape, show_usage, step)
+            assert out[-1] == "[DONE]"
+            chunks: list[dict] = out[:-1]  # type: ignore[assignment]
+            assert all(c["model"] == "polish-pro" for c in chunks)
+            # every choice's text and its finish_reason reach the client, whatever carried the usage
+            for i in range(n):
+                text = "".join(ch["delta"].get("content") or "" for c in chunks for ch in c["choices"]
+                               if ch["index"] == i)
+                assert text == "Dzień dobry!", (shape, text)
+                assert [ch["finish_reason"] for c in chunks for ch in c["choices"]
+                        if ch["index"] == i and ch.get("finish_reason")] == ["stop"]
+            carrying = [c for c in chunks if c.get("usage")]
+            if show_usage:  # SPEC streaming rule 3: the last chunk before [DONE], with empty choices
+                assert len(carrying) == 1 and carrying[0] is chunks[-1], (shape, chunks[-2:])
+                assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == USAGE
+                assert chunks[-1]["id"] == "c1" and chunks[-1]["object"] == "chat.completion.chunk"
+            else:  # no usage object, and no chunk left with nothing to say
+                assert carrying == [], (shape, step)
+                assert all(any(ch.get("delta") or ch.get("finish_reason") for ch in c["choices"])
+                           for c in chunks), (shape, chunks)
+
+
+def test_llamacpp_timings_stay_on_the_finish_chunk() -> None:
+    relay = StreamRelay("up-pro", "polish-pro", False)
+    chunks = _docs(sse_data(_relay_all(relay, _shaped("llamacpp"), 1 << 20)))[:-1]
+    last: dict = chunks[-1]  # type: ignore[assignment]
+    assert last["choices"][0]["finish_reason"] == "stop" and "usage" not in last
+    assert last["timings"] == {"prompt_n": 11, "predicted_n": 3}
+
+
+def test_usage_on_every_chunk_keeps_the_last_one() -> None:
+    """A server reporting running usage on each chunk (vLLM's continuous_usage_stats): billed the last
+    report; the client sees one usage chunk, the final one."""
+    base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "up-pro"}
+    parts = [_event({**base, "choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}],
+                     "usage": {"prompt_tokens": 11, "completion_tokens": k + 1, "total_tokens": 12 + k}})
+             for k, w in enumerate(["a", "b"])]
+    parts.append(_event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                         "usage": {"prompt_tokens": 11, "completion_tokens": 2, "total_tokens": 13}}))
+    parts.append(_event({**base, "choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 2,
+                                                          "total_tokens": 13}}))
+    data = b"".join(parts) + b"data: [DONE]\n\n"
+    for show_usage in (False, True):
+        relay = StreamRelay("up-pro", "polish-pro", show_usage)
+        chunks = _docs(sse_data(_relay_all(relay, data, 17)))[:-1]
+        assert relay.usage == (11, 2)
+        carrying = [c for c in chunks if c.get("usage")]  # type: ignore[union-attr]
+        assert carrying == ([chunks[-1]] if show_usage else [])
+        assert len(chunks) == 3 + show_usage
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(SHAPES), st.sampled_from(FRAMINGS), st.lists(st.integers(min_value=0, max_value=3000),
+       max_size=10), st.booleans())
+def test_shapes_framings_and_cuts_property(shape: str, framing: tuple[bytes, bool, bool], cuts: list[int],
+                                           show_usage: bool) -> None:
+    plain = _shaped(shape, 2).replace(b"\"content\":\"!\"", b"\"content\":\"data: [DONE]\"")
+    data = _frame(plain, framing[0], comments=framing[1], multiline=framing[2])
+    relay = StreamRelay("up-pro", "polish-pro", show_usage)
+    out, last = b"", 0
+    for b in sorted({c % (len(data) + 1) for c in cuts}) + [len(data)]:
+        out += relay.feed(data[last:b])
+        last = b
+    out += relay.end()
+    whole = StreamRelay("up-pro", "polish-pro", show_usage)
+    assert _docs(sse_data(out)) == _docs(sse_data(whole.feed(plain) + whole.end()))
+    assert relay.usage == whole.usage == (11, 3)
+    chunks = _docs(sse_data(out))[:-1]
+    assert [c for c in chunks if c.get("usage")] == (chunks[-1:] if show_usage else [])  # type: ignore[union-attr]
