@@ -139,6 +139,10 @@ def make_app(settings: Settings) -> web.Application:
 
 
 def run(settings: Settings) -> None:
+    from .launch import refusal
+    why = refusal(settings)
+    if why:
+        raise SystemExit(f"console: {why}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.INFO)
     web.run_app(make_app(settings), host=settings.gateway_host, port=settings.console_http_port,

@@ -147,5 +147,25 @@ def see_other(location: str) -> NoReturn:
     raise web.HTTPSeeOther(location)
 
 
+def peer_ip(request: web.Request) -> str:
+    """The socket's peer (never a header)."""
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    return str(peer[0]) if isinstance(peer, (tuple, list)) and peer else "?"
+
+
 def client_ip(request: web.Request) -> str:
     return request.remote or "?"
+
+
+def dev_only(request: web.Request) -> None:
+    """Development conveniences (mail capture, sandbox payments): only in development mode, and only
+    to a loopback peer that no proxy forwarded; 404 (absent) for everyone else."""
+    import ipaddress
+    c = console(request)
+    try:
+        loopback = ipaddress.ip_address(peer_ip(request)).is_loopback
+    except ValueError:
+        loopback = False
+    forwarded = any(h in request.headers for h in ("X-Forwarded-For", "Forwarded", "X-Real-IP"))
+    if not (c.settings.dev and loopback) or forwarded:
+        raise web.HTTPNotFound()

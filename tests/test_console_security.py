@@ -1,0 +1,132 @@
+"""The console under attack (issue 17), each test reproducing the attack against the real stack:
+development conveniences outside development mode or off loopback, open redirects, parallel login
+guessing, reset timing, header injection and mail abuse, CSV formulas, stale reset links, key
+ownership, and the limiter's client address behind proxies.  docs/security.md lists them."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import ipaddress
+import os
+import socket
+import subprocess
+import sys
+from typing import Iterator
+
+import httpx
+import pytest
+
+from conftest import Gateway, free_base, wait_for
+from control.console.launch import ConfigError, console_proc
+from control.launcher import Stack
+from extproc.settings import Settings
+
+
+# ---- 1. development mode ------------------------------------------------------------------------
+
+def _console_env(gateway: Gateway, **overrides: str) -> dict[str, str]:
+    env = gateway.stack._child_env()
+    env.update({"GATEWAY_DEV": "0", "GATEWAY_SMTP_HOST": "", "GATEWAY_PAYMENT_PROVIDER": "",
+                "GATEWAY_HOST": "0.0.0.0", "GATEWAY_CONSOLE_PORT": str(free_base(span=1))})
+    env.update(overrides)
+    return env
+
+
+def _start_refused(env: dict[str, str]) -> str:
+    """The console's process, started with ``env``: it must exit at once with one line (never serve)."""
+    port = env["GATEWAY_CONSOLE_PORT"]
+    p = subprocess.Popen([sys.executable, "-m", "control.console"], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        def settled() -> bool:
+            if p.poll() is not None:
+                return True
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+            return False
+        wait_for(settled, timeout=30)
+        assert p.poll() is not None, "the console started and serves"
+        _, err = p.communicate(timeout=10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode != 0
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert "GATEWAY_DEV=1" in lines[0]
+    return lines[0]
+
+
+def test_no_smtp_server_outside_development_mode_refuses_to_start(gateway: Gateway) -> None:
+    """The takeover: GATEWAY_HOST=0.0.0.0 and no SMTP server used to serve /dev/mail to anyone."""
+    line = _start_refused(_console_env(gateway, GATEWAY_PAYMENT_PROVIDER="p24", GATEWAY_P24_MERCHANT_ID="1"))
+    assert "GATEWAY_SMTP_HOST" in line and "payment provider" not in line
+
+
+def test_sandbox_payments_outside_development_mode_refuse_to_start(gateway: Gateway) -> None:
+    """Free money: the sandbox provider used to be the default anywhere."""
+    for provider in ("", "sandbox"):
+        line = _start_refused(_console_env(gateway, GATEWAY_SMTP_HOST="127.0.0.1",
+                                           GATEWAY_PAYMENT_PROVIDER=provider))
+        assert "GATEWAY_PAYMENT_PROVIDER=p24" in line and "SMTP server" not in line
+
+
+def test_stack_refuses_before_starting_anything(tmp_path: os.PathLike[str]) -> None:
+    state = os.path.join(str(tmp_path), "state")
+    stack = Stack(Settings.from_env(gateway_port=free_base(), state_dir=state, dev=False, smtp_host="",
+                                    payment_provider=""))
+    with pytest.raises(ConfigError, match="GATEWAY_DEV=1"):
+        stack.start()
+    assert stack.procs == {} and not os.path.exists(state)
+    r = subprocess.run([sys.executable, "-m", "control.cli", "up"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "GATEWAY_DEV": "0", "GATEWAY_SMTP_HOST": "",
+                            "GATEWAY_PAYMENT_PROVIDER": "", "GATEWAY_STATE_DIR": state,
+                            "GATEWAY_PORT": str(free_base())})
+    assert r.returncode == 2 and not os.path.exists(state)
+    assert [ln for ln in r.stderr.splitlines() if ln.strip()] == [
+        "gateway: the console needs an SMTP server (GATEWAY_SMTP_HOST) and a payment provider"
+        " (GATEWAY_PAYMENT_PROVIDER=p24 and GATEWAY_P24_*); the local mail capture and the sandbox payments"
+        " exist only in development mode (GATEWAY_DEV=1)"]
+
+
+def _non_loopback_address() -> str | None:
+    for probe in ("10.255.255.255", "192.0.2.1", "172.31.255.255"):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                s.connect((probe, 9))
+            except OSError:
+                continue
+            addr = str(s.getsockname()[0])
+        if not ipaddress.ip_address(addr).is_loopback and addr != "0.0.0.0":
+            return addr
+    return None
+
+
+@pytest.fixture
+def public_dev_console(gateway: Gateway) -> Iterator[int]:
+    """A development-mode console listening on every address (GATEWAY_HOST=0.0.0.0)."""
+    port = free_base(span=1)
+    s = dataclasses.replace(gateway.stack.s, console_port=port, gateway_host="0.0.0.0", dev=True)
+    gateway.stack.start_proc(console_proc(gateway.stack, s, name="console-public"))
+    try:
+        yield port
+    finally:
+        gateway.stack.stop_proc("console-public")
+        gateway.stack.procs.pop("console-public", None)
+
+
+def test_development_pages_answer_loopback_only(gateway: Gateway, public_dev_console: int) -> None:
+    addr = _non_loopback_address()
+    if addr is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to reach the console from")
+    port = public_dev_console
+    local, remote = f"http://127.0.0.1:{port}", f"http://{addr}:{port}"
+    assert httpx.get(local + "/dev/mail.json").status_code == 200
+    assert httpx.get(local + "/dev/mail").status_code == 200
+    assert httpx.get(remote + "/login").status_code == 200  # the console itself is served there
+    for path in ("/dev/mail", "/dev/mail.json?to=someone@example.com", "/sandbox/pay/pay_0123456789abcdef0123"):
+        assert httpx.get(remote + path).status_code == 404, path
+        # a proxy on the same machine forwarding outside clients: not local either
+        assert httpx.get(local + path, headers={"X-Forwarded-For": "203.0.113.9"}).status_code == 404, path
+    assert httpx.post(remote + "/sandbox/pay/pay_0123456789abcdef0123", data={"action": "pay"}).status_code in (403, 404)
