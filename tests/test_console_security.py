@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from conftest import Gateway, free_base, wait_for
+from test_console_support import PASSWORD, ConsoleClient, mail_link, mails, new_email, signed_up
 from control.console.launch import ConfigError, console_proc
 from control.launcher import Stack
 from extproc.settings import Settings
@@ -130,3 +131,24 @@ def test_development_pages_answer_loopback_only(gateway: Gateway, public_dev_con
         # a proxy on the same machine forwarding outside clients: not local either
         assert httpx.get(local + path, headers={"X-Forwarded-For": "203.0.113.9"}).status_code == 404, path
     assert httpx.post(remote + "/sandbox/pay/pay_0123456789abcdef0123", data={"action": "pay"}).status_code in (403, 404)
+
+
+# ---- 2. open redirect after login ----------------------------------------------------------------
+
+OPEN_REDIRECTS = ["/\t/evil.example/", "/\r/evil.example/", "/\n/evil.example/", "\t//evil.example/",
+                  "/\\evil.example/", "\\\\evil.example/", "/\\/evil.example/", "//evil.example/",
+                  "https://evil.example/", "javascript:alert(1)", "/\x00/evil.example/", "/\x0b/evil.example/",
+                  "/\x7f/evil.example/", "https:/evil.example/", " //evil.example/"]
+
+
+def test_next_after_login_never_leaves_the_site(gateway: Gateway) -> None:
+    c, email, _ = signed_up(gateway)
+    c.post("/logout")
+    for nxt in OPEN_REDIRECTS:
+        page = c.get("/login", params={"next": nxt}).text
+        assert 'name="next" value="/"' in page, repr(nxt)
+        r = c.post("/login", {"email": email, "password": PASSWORD, "next": nxt})
+        assert r.status_code == 303 and r.headers["location"] == "/", (repr(nxt), r.status_code, r.headers.get("location"))
+        c.post("/logout")
+    r = c.post("/login", {"email": email, "password": PASSWORD, "next": "/usage?from=2026-01-01&key=k#x"})
+    assert r.headers["location"] == "/usage?from=2026-01-01&key=k#x"  # a path of the site still works

@@ -101,9 +101,18 @@ def _quote(s: str) -> str:
 
 
 def safe_next(value: str | None) -> str:
-    if value and value.startswith("/") and not value.startswith("//") and "\\" not in value:
-        return value
-    return "/"
+    r"""A path on this site to go to after logging in, else "/".  Browsers drop tab, CR and LF from a
+    URL and read a backslash as a slash, so "/\t/evil", "/\\evil" and "\\\\evil" all mean //evil: any
+    control character, backslash, a second leading slash or a scheme is refused."""
+    if not value or not value.startswith("/") or value.startswith("//") or len(value) > 2000:
+        return "/"
+    if "\\" in value or any(ord(ch) < 0x20 or 0x7f <= ord(ch) <= 0x9f for ch in value):
+        return "/"
+    from urllib.parse import urlsplit
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc:
+        return "/"
+    return value
 
 
 def csrf_basis(request: web.Request) -> str:
