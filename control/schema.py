@@ -121,6 +121,10 @@ MIGRATIONS: list[str] = [
     CREATE INDEX login_attempts_ip ON login_attempts (ip, at);
     CREATE INDEX usage_org_key ON usage_records (org_id, key_id, started_at DESC);
     """,
+    # 3: the console's attempt limits moved to Redis (counted atomically before the work they guard)
+    """
+    DROP TABLE login_attempts;
+    """,
 ]
 
 

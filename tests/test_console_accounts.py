@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from conftest import Gateway
-from test_console_support import PASSWORD, ConsoleClient, mail_link, mails, new_email, signed_up
+from control.console.limits import LOGIN_EMAIL
+from test_console_support import PASSWORD, ConsoleClient, clear_limit, mail_link, mails, new_email, signed_up
 
 TRIAL_MICRO = 5_000_000  # GATEWAY_TRIAL_BALANCE_PLN default: 5 PLN
 
@@ -85,7 +86,7 @@ def test_login_attempts_are_rate_limited(gateway: Gateway) -> None:
         assert c.post("/login", {"email": email, "password": "wrong password!"}).status_code == 401
     r = c.post("/login", {"email": email, "password": PASSWORD})
     assert r.status_code == 429 and "Too many failed attempts" in r.text and not c.logged_in
-    gateway.sql("DELETE FROM login_attempts WHERE email = $1", email)
+    clear_limit(gateway, LOGIN_EMAIL, email)
     assert c.post("/login", {"email": email, "password": PASSWORD}).status_code == 303
 
 

@@ -4,6 +4,7 @@ guessing, reset timing, header injection and mail abuse, CSV formulas, stale res
 ownership, and the limiter's client address behind proxies.  docs/security.md lists them."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import ipaddress
@@ -152,3 +153,56 @@ def test_next_after_login_never_leaves_the_site(gateway: Gateway) -> None:
         c.post("/logout")
     r = c.post("/login", {"email": email, "password": PASSWORD, "next": "/usage?from=2026-01-01&key=k#x"})
     assert r.headers["location"] == "/usage?from=2026-01-01&key=k#x"  # a path of the site still works
+
+
+# ---- 3. the login limiter under concurrency ------------------------------------------------------
+
+def parallel_logins(c: ConsoleClient, attempts: list[tuple[str, str]]) -> list[httpx.Response]:
+    """Every (e-mail, password) posted at once, from the client's address with its cookies and token."""
+    c.get("/login")
+    headers = {"Cookie": "; ".join(f"{k}={v}" for k, v in c.jar.items())}
+
+    async def go() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=c.base, timeout=120, headers=headers,
+                                     limits=httpx.Limits(max_connections=len(attempts)),
+                                     transport=httpx.AsyncHTTPTransport(local_address=c.address)) as h:
+            return list(await asyncio.gather(*(
+                h.post("/login", data={"email": e, "password": p, "csrf": c.csrf}) for e, p in attempts)))
+    return asyncio.run(go())
+
+
+def statuses(rs: list[httpx.Response]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for r in rs:
+        out[r.status_code] = out.get(r.status_code, 0) + 1
+    return out
+
+
+def test_parallel_wrong_passwords_hit_the_per_address_limit(gateway: Gateway) -> None:
+    _, email, _ = signed_up(gateway)
+    got = statuses(parallel_logins(ConsoleClient(gateway.console), [(email, f"wrong password {i}") for i in range(100)]))
+    assert got.get(401, 0) <= 5 and got.get(429, 0) >= 95 and set(got) <= {401, 429}, got
+    # and the right password is refused too, from anywhere, for the rest of the window
+    other = ConsoleClient(gateway.console)
+    other.get("/login")
+    assert other.post("/login", {"email": email, "password": PASSWORD}).status_code == 429
+
+
+def test_the_right_password_among_parallel_guesses_logs_in_only_within_the_limit(gateway: Gateway) -> None:
+    _, email, _ = signed_up(gateway)
+    attempts = [(email, f"wrong password {i}") for i in range(39)] + [(email, PASSWORD)]
+    got = statuses(parallel_logins(ConsoleClient(gateway.console), attempts))
+    assert got.get(429, 0) >= 35 and got.get(401, 0) + got.get(303, 0) <= 5, got
+    assert gateway.sql("SELECT count(*) AS n FROM console_sessions s JOIN users u ON u.id = s.user_id"
+                       " WHERE u.email = $1", email)[0]["n"] <= got.get(303, 0) + 1  # + the sign-up's session
+
+
+def test_parallel_wrong_passwords_from_one_address_hit_the_per_client_limit(gateway: Gateway) -> None:
+    c = ConsoleClient(gateway.console)
+    got = statuses(parallel_logins(c, [(new_email(), "wrong password") for _ in range(100)]))
+    assert got.get(401, 0) <= 30 and got.get(429, 0) >= 70 and set(got) <= {401, 429}, got
+    # another client's address is not locked out
+    _, email, _ = signed_up(gateway)
+    other = ConsoleClient(gateway.console)
+    other.get("/login")
+    assert other.post("/login", {"email": email, "password": PASSWORD}).status_code == 303

@@ -1,5 +1,5 @@
-"""The console's PostgreSQL records: users, memberships, sessions, e-mail tokens, invitations and
-login attempts.  Every query that reads an organisation's data takes the organisation's id."""
+"""The console's PostgreSQL records: users, memberships, sessions, e-mail tokens and invitations
+(attempt limits are in Redis: ``limits``).  Every query that reads an organisation's data takes the organisation's id."""
 from __future__ import annotations
 
 import secrets
@@ -189,18 +189,3 @@ class Store:
         r = await self.pool.execute("DELETE FROM invites WHERE id = $1 AND org_id = $2 AND accepted_at IS NULL",
                                     invite_id, org_id)
         return str(r).endswith(" 1")
-
-    # ---- rate limiting -------------------------------------------------------------------
-    async def attempts(self, kind: str, email: str, ip: str, minutes: int) -> tuple[int, int]:
-        r = await self.pool.fetchrow(
-            "SELECT count(*) FILTER (WHERE email = $2) AS by_email, count(*) FILTER (WHERE ip = $3) AS by_ip"
-            f" FROM login_attempts WHERE kind = $1 AND at > now() - interval '{int(minutes)} minutes'"
-            " AND (email = $2 OR ip = $3)", kind, normal_email(email), ip)
-        return int(r["by_email"]), int(r["by_ip"])
-
-    async def record_attempt(self, kind: str, email: str, ip: str) -> None:
-        await self.pool.execute("INSERT INTO login_attempts (email, ip, kind) VALUES ($1, $2, $3)",
-                                normal_email(email), ip, kind)
-
-    async def clear_attempts(self, kind: str, email: str) -> None:
-        await self.pool.execute("DELETE FROM login_attempts WHERE kind = $1 AND email = $2", kind, normal_email(email))
