@@ -126,6 +126,7 @@ def make_app(settings: Settings) -> web.Application:
         app[CONSOLE] = Console(settings, pool, r, Admin(pool, r), Store(pool), Mailer(settings),
                                make_provider(settings, secret), secret, templates())
         yield
+        await app[CONSOLE].background.drain()
         await pool.close()
         await r.aclose()
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -14,6 +14,7 @@ from aiohttp import web
 from control.admin import Admin, micro_to_pln
 from extproc.settings import Settings
 
+from .background import Background
 from .mail import Mailer
 from .payments import Provider
 from .security import csrf_token
@@ -51,6 +52,7 @@ class Console:
     provider: Provider
     secret: bytes
     templates: jinja2.Environment
+    background: Background = field(default_factory=Background)
 
     @property
     def base_url(self) -> str:

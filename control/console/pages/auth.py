@@ -12,7 +12,7 @@ from .. import limits, mail
 from ..app import cookie
 from ..security import check_password, hash_password, new_token, password_problem
 from ..store import SESSION_DAYS, normal_email, valid_email
-from ..web import SESSION_COOKIE, client_ip, console, need_viewer, raise_page, render, safe_next, see_other, viewer
+from ..web import SESSION_COOKIE, Console, client_ip, console, need_viewer, raise_page, render, safe_next, see_other, viewer
 
 routes = web.RouteTableDef()
 
@@ -36,7 +36,7 @@ async def send_confirmation(request: web.Request, user_id: str, email: str) -> N
     c = console(request)
     token = new_token()
     await c.store.new_email_token(token, user_id, "confirm")
-    await c.mailer.send(email, *mail.confirm(f"{c.base_url}/confirm/{token}"))
+    c.background.run(c.mailer.send(email, *mail.confirm(f"{c.base_url}/confirm/{token}")), "confirmation mail")
 
 
 @routes.get("/")
@@ -78,7 +78,7 @@ async def signup(request: web.Request) -> web.Response:
     pw_hash = await asyncio.to_thread(hash_password, password)
     existing = await c.store.user_by_email(email)
     if existing is not None:  # same answer as a new sign-up: the page does not tell who has an account
-        await c.mailer.send(email, *mail.already_registered(f"{c.base_url}/login"))
+        c.background.run(c.mailer.send(email, *mail.already_registered(f"{c.base_url}/login")), "sign-up mail")
         see_other("/login?msg=signed_up")
     org_id = await c.admin.create_org(org)
     async with c.pool.acquire() as conn, conn.transaction():
@@ -168,12 +168,17 @@ async def reset(request: web.Request) -> web.Response:
     if not valid_email(email):
         return render(request, "reset.html", status=400, error="Enter a valid e-mail address.")
     if await limits.hit(c.redis, (limits.RESET_EMAIL, email), (limits.RESET_IP, client_ip(request))):
-        user = await c.store.user_by_email(email)
-        if user is not None:
-            token = new_token()
-            await c.store.new_email_token(token, user["id"], "reset")
-            await c.mailer.send(email, *mail.reset(f"{c.base_url}/reset/{token}"))
+        # Off the request path: the answer takes as long for an unknown address as for a known one.
+        c.background.run(_send_reset(c, email), "reset mail")
     see_other("/login?msg=reset_sent")
+
+
+async def _send_reset(c: Console, email: str) -> None:
+    user = await c.store.user_by_email(email)
+    if user is not None:
+        token = new_token()
+        await c.store.new_email_token(token, user["id"], "reset")
+        await c.mailer.send(email, *mail.reset(f"{c.base_url}/reset/{token}"))
 
 
 @routes.get("/reset/{token}")

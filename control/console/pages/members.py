@@ -40,7 +40,8 @@ async def invite(request: web.Request) -> web.Response:
         return await _page(request, 400, "That person is already a member.")
     token = new_token()
     await c.store.create_invite(token, v.org_id, email, role, v.user_id)
-    await c.mailer.send(email, *mail.invite(v.org_name, v.email, f"{c.base_url}/invite/{token}"))
+    c.background.run(c.mailer.send(email, *mail.invite(v.org_name, v.email, f"{c.base_url}/invite/{token}")),
+                     "invitation mail")
     see_other("/members?msg=invited")
 
 
