@@ -235,3 +235,78 @@ def test_reset_answers_as_fast_for_unknown_and_existing_addresses(gateway: Gatew
     known_ms, unknown_ms = (statistics.median(times[k]) * 1000 for k in ("known", "unknown"))
     assert abs(known_ms - unknown_ms) <= 3 + 0.25 * unknown_ms, (known_ms, unknown_ms)
     assert all(mails(gateway, u) == [] for u in unknown)
+
+
+# ---- 5. mail abuse: header injection, angle addresses, sign-up and invitation limits ---------------
+
+BAD_EMAILS = ["target@corp.example<x@y.example>", "x@y.example <target@corp.example>", "<target@corp.example>",
+              "Target <target@corp.example>", "target@corp.example\r\nBcc: x@y.example",
+              "target@corp.example\nBcc:x@y.example", "target@corp.example\rBcc:x@y.example",
+              "target@corp.example\r\n", "target@corp.example\t", "target@corp.example,x@y.example",
+              "target@corp.example;x@y.example", '"target@corp.example"@y.example', "target@corp.example (x)"]
+BAD_NAMES = ["Acme\r\nBcc: x@y.example", "Acme\nBcc: x@y.example", "Acme\rX", "Acme <x@y.example>",
+             "Acme\x00", "Acme\u2028X", "Acme\u202eX", "Acme\x1b[31m"]
+
+
+def counts(gw: Gateway) -> dict[str, int]:
+    return {t: int(gw.sql(f"SELECT count(*) AS n FROM {t}")[0]["n"])
+            for t in ("users", "orgs", "memberships", "invites", "api_keys", "email_tokens")}
+
+
+def test_injected_addresses_and_names_are_refused_before_anything_is_written(gateway: Gateway) -> None:
+    owner, _, _ = signed_up(gateway)
+    before = counts(gateway)
+    anon = ConsoleClient(gateway.console)
+    for bad in BAD_EMAILS:
+        anon.get("/signup")
+        r = anon.post("/signup", {"email": bad, "password": PASSWORD, "org": "Acme"})
+        assert r.status_code == 400 and "valid e-mail address" in r.text, repr(bad)
+        anon.get("/reset")
+        r = anon.post("/reset", {"email": bad})
+        assert r.status_code == 400 and "valid e-mail address" in r.text, repr(bad)
+        owner.get("/members")
+        r = owner.post("/members/invite", {"email": bad, "role": "member"})
+        assert r.status_code == 400 and "valid e-mail address" in r.text, repr(bad)
+    for bad in BAD_NAMES:
+        anon.get("/signup")
+        r = anon.post("/signup", {"email": new_email(), "password": PASSWORD, "org": bad})
+        assert r.status_code == 400 and "line breaks" in r.text, repr(bad)
+        owner.get("/keys")
+        r = owner.post("/keys", {"name": bad})
+        assert r.status_code == 400 and "line breaks" in r.text, repr(bad)
+    assert counts(gateway) == before
+    # and nothing went out to the target (the mails that are sent, are sent off the request path:
+    # a sign-up with a clean address is mailed, and by then the bad ones would have been too)
+    clean = new_email()
+    anon.get("/signup")
+    assert anon.post("/signup", {"email": clean, "password": PASSWORD, "org": "Acme"}).status_code == 303
+    mail_link(gateway, clean, "/confirm/")
+    assert mails(gateway, "target@corp.example") == [] and mails(gateway, "x@y.example") == []
+
+
+def test_sign_ups_from_one_client_address_are_limited(gateway: Gateway) -> None:
+    c = ConsoleClient(gateway.console)
+    c.get("/signup")
+    for _ in range(10):
+        assert c.post("/signup", {"email": new_email(), "password": PASSWORD, "org": "Acme"}).status_code == 303
+    email = new_email()
+    r = c.post("/signup", {"email": email, "password": PASSWORD, "org": "Acme"})
+    assert r.status_code == 429 and "Too many sign-ups" in r.text
+    assert gateway.sql("SELECT count(*) AS n FROM users WHERE email = $1", email)[0]["n"] == 0
+    other = ConsoleClient(gateway.console)  # another client is not limited
+    other.get("/signup")
+    assert other.post("/signup", {"email": email, "password": PASSWORD, "org": "Acme"}).status_code == 303
+
+
+def test_invitations_are_limited_per_address_and_per_organisation(gateway: Gateway) -> None:
+    owner, _, org = signed_up(gateway)
+    target = new_email()
+    owner.get("/members")
+    for _ in range(3):
+        assert owner.post("/members/invite", {"email": target, "role": "member"}).status_code == 303
+    r = owner.post("/members/invite", {"email": target, "role": "member"})
+    assert r.status_code == 429 and "Too many invitations" in r.text
+    # 20 attempts per organisation and hour (the refused one above counted too)
+    got = [owner.post("/members/invite", {"email": new_email(), "role": "member"}).status_code for _ in range(20)]
+    assert got == [303] * 16 + [429] * 4, got
+    assert gateway.sql("SELECT count(*) AS n FROM invites WHERE org_id = $1", org)[0]["n"] == 19

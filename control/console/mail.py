@@ -38,9 +38,13 @@ class Mailer:
             smtp.send_message(msg)
 
     async def send(self, to: str, subject: str, text: str) -> bool:
-        msg = EmailMessage()
-        msg["From"], msg["To"], msg["Subject"] = self.sender, to, subject
-        msg.set_content(text)
+        try:
+            msg = EmailMessage()
+            msg["From"], msg["To"], msg["Subject"] = self.sender, to, subject
+            msg.set_content(text)
+        except ValueError:  # a header that would carry a line break: never sent (the forms refuse it first)
+            log.warning("refused to send %r: invalid header", subject.split(" ", 1)[0])
+            return False
         try:
             await asyncio.to_thread(self._send, msg)
             return True

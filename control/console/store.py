@@ -2,7 +2,9 @@
 (attempt limits are in Redis: ``limits``).  Every query that reads an organisation's data takes the organisation's id."""
 from __future__ import annotations
 
+import re
 import secrets
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,13 +38,28 @@ def _opt_str(v: Any) -> str | None:
 
 
 def normal_email(email: str) -> str:
-    return email.strip().lower()
+    return email.strip(" ").lower()  # spaces only: a CR, LF or tab anywhere makes the address invalid
+
+
+# One mailbox, nothing else: no display name, no angle brackets, no list, no quoting, no comment,
+# no whitespace or control character (a CR/LF would write headers of its own).  Letters beyond
+# ASCII are allowed (\w is Unicode-aware; it never matches a control character or punctuation).
+_ATOM = r"[\w!#$%&'*+/=?^`{|}~-]+"
+_EMAIL = re.compile(rf"{_ATOM}(?:\.{_ATOM})*@(?:[^\W_](?:(?:[^\W_]|-)*[^\W_])?\.)+[^\W\d_]{{2,63}}")
 
 
 def valid_email(email: str) -> bool:
-    local, at, domain = email.partition("@")
-    return bool(at and local and "." in domain and len(email) <= 254 and " " not in email
-                and not domain.startswith(".") and not domain.endswith("."))
+    return len(email) <= 254 and _EMAIL.fullmatch(email) is not None
+
+
+def name_problem(name: str, what: str) -> str | None:
+    """Why a name (an organisation's, a key's) cannot be used, or None: 1 to 100 characters, no
+    control or format character (CR/LF above all: names go into e-mail headers), no angle brackets."""
+    if not name or len(name) > 100:
+        return f"Enter the {what} (up to 100 characters)."
+    if any(unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn") or ch in "<>" for ch in name):
+        return f"The {what} cannot contain line breaks, control characters or angle brackets."
+    return None
 
 
 class Store:

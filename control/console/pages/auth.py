@@ -11,7 +11,7 @@ from control.admin import pln_to_micro
 from .. import limits, mail
 from ..app import cookie
 from ..security import check_password, hash_password, new_token, password_problem
-from ..store import SESSION_DAYS, normal_email, valid_email
+from ..store import SESSION_DAYS, name_problem, normal_email, valid_email
 from ..web import SESSION_COOKIE, Console, client_ip, console, need_viewer, raise_page, render, safe_next, see_other, viewer
 
 routes = web.RouteTableDef()
@@ -62,14 +62,13 @@ async def signup_form(request: web.Request) -> web.Response:
 async def signup(request: web.Request) -> web.Response:
     c = console(request)
     f = await request.post()
-    email, password, org = normal_email(str(f.get("email", ""))), str(f.get("password", "")), str(f.get("org", "")).strip()
+    email, password, org = normal_email(str(f.get("email", ""))), str(f.get("password", "")), str(f.get("org", "")).strip(" ")
+    # Everything is checked before anything is written (or counted).
     error = None
     if not valid_email(email):
-        error = "Enter a valid e-mail address."
-    elif not org or len(org) > 100:
-        error = "Enter the organisation's name (up to 100 characters)."
+        error = "Enter a valid e-mail address (one address, nothing else)."
     else:
-        error = password_problem(password)
+        error = name_problem(org, "organisation's name") or password_problem(password)
     if error:
         return render(request, "signup.html", status=400, error=error, email=email, org=org)
     if not await limits.hit(c.redis, (limits.SIGNUP_EMAIL, email), (limits.SIGNUP_IP, client_ip(request))):
@@ -166,7 +165,7 @@ async def reset(request: web.Request) -> web.Response:
     c = console(request)
     email = normal_email(str((await request.post()).get("email", "")))
     if not valid_email(email):
-        return render(request, "reset.html", status=400, error="Enter a valid e-mail address.")
+        return render(request, "reset.html", status=400, error="Enter a valid e-mail address (one address, nothing else).")
     if await limits.hit(c.redis, (limits.RESET_EMAIL, email), (limits.RESET_IP, client_ip(request))):
         # Off the request path: the answer takes as long for an unknown address as for a known one.
         c.background.run(_send_reset(c, email), "reset mail")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from ..store import name_problem
 from ..web import console, need_viewer, raise_page, render, see_other
 
 routes = web.RouteTableDef()
@@ -25,10 +26,11 @@ async def keys_page(request: web.Request) -> web.Response:
 @routes.post("/keys")
 async def create_key(request: web.Request) -> web.Response:
     v = need_viewer(request)
-    name = str((await request.post()).get("name", "")).strip()
-    if not name or len(name) > 100:
+    name = str((await request.post()).get("name", "")).strip(" ")
+    problem = name_problem(name, "key's name")
+    if problem:
         return render(request, "keys.html", status=400, keys=await _keys(request, v.org_id), new_key=None,
-                      error="Give the key a name (up to 100 characters).")
+                      error=problem)
     kid, key = await console(request).admin.create_key(v.org_id, name)
     # Shown in this answer only (not a redirect target, not cached): only its hash is stored.
     return render(request, "keys.html", keys=await _keys(request, v.org_id),

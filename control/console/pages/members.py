@@ -5,7 +5,7 @@ import asyncio
 
 from aiohttp import web
 
-from .. import mail
+from .. import limits, mail
 from ..security import hash_password, new_token, password_problem
 from ..store import normal_email, valid_email
 from ..web import console, need_owner, raise_page, render, see_other, viewer
@@ -33,11 +33,13 @@ async def invite(request: web.Request) -> web.Response:
     f = await request.post()
     email, role = normal_email(str(f.get("email", ""))), str(f.get("role", "member"))
     if not valid_email(email):
-        return await _page(request, 400, "Enter a valid e-mail address.")
+        return await _page(request, 400, "Enter a valid e-mail address (one address, nothing else).")
     if role not in ("owner", "member"):
         return await _page(request, 400, "The role is owner or member.")
     if any(m["email"] == email for m in await c.store.members(v.org_id)):
         return await _page(request, 400, "That person is already a member.")
+    if not await limits.hit(c.redis, (limits.INVITE_ORG, v.org_id), (limits.INVITE_EMAIL, email)):
+        return await _page(request, 429, "Too many invitations; try again later.")
     token = new_token()
     await c.store.create_invite(token, v.org_id, email, role, v.user_id)
     c.background.run(c.mailer.send(email, *mail.invite(v.org_name, v.email, f"{c.base_url}/invite/{token}")),
