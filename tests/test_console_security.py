@@ -23,6 +23,7 @@ import pytest
 
 from conftest import Gateway, free_base, wait_for
 from test_console_keys_usage import create_key
+from test_console_members import invite
 from test_console_support import PASSWORD, ConsoleClient, mail_link, mails, new_email, signed_up
 from control.console.launch import ConfigError, console_proc
 from control.launcher import Stack
@@ -337,3 +338,80 @@ def test_usage_csv_cells_never_start_a_formula(gateway: Gateway) -> None:
         assert got[rid]["key_name"] == want, (got[rid]["key_name"], name)
     for row in csv.reader(io.StringIO(text)):
         assert not any(cell.startswith(("=", "+", "-", "@", "\t", "\r")) for cell in row), row
+
+
+# ---- 7. sessions and members ---------------------------------------------------------------------
+
+def test_a_reset_spends_every_reset_link_of_the_account(gateway: Gateway) -> None:
+    _, email, _ = signed_up(gateway)
+    c = ConsoleClient(gateway.console)
+    c.get("/reset")
+    assert c.post("/reset", {"email": email}).status_code == 303
+    older = mail_link(gateway, email, "/reset/")
+    assert c.post("/reset", {"email": email}).status_code == 303
+    newer = mail_link(gateway, email, "/reset/", count=2)
+    assert older != newer
+    c.get(newer)
+    assert c.post(newer, {"password": "a brand new password"}).status_code == 303
+    assert c.get(older).status_code == 400
+    assert c.post(older, {"password": "the attacker's password"}).status_code == 400
+    c.get("/login")
+    assert c.post("/login", {"email": email, "password": "a brand new password"}).status_code == 303
+
+
+def joined_member(gw: Gateway, owner: ConsoleClient) -> tuple[ConsoleClient, str]:
+    email = new_email()
+    link = invite(gw, owner, email)
+    m = ConsoleClient(gw.console)
+    m.get(link)
+    assert m.post(link, {"password": PASSWORD}, follow=True).status_code == 200 and m.logged_in
+    return m, gw.sql("SELECT id FROM users WHERE email = $1", email)[0]["id"]
+
+
+def key_works(gw: Gateway, key: str) -> bool:
+    r = httpx.post(gw.v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                   json={"model": "polish-fast", "messages": [{"role": "user", "content": "x"}]}, timeout=30)
+    assert r.status_code in (200, 401), r.text
+    return r.status_code == 200
+
+
+def test_members_revoke_only_their_own_keys_owners_any(gateway: Gateway) -> None:
+    owner, owner_email, org = signed_up(gateway)
+    member, member_id = joined_member(gateway, owner)
+    owner_kid, owner_key = create_key(owner, "owner's")
+    mine_kid, _ = create_key(member, "member's")
+    other_kid, _ = create_key(member, "member's other")
+    owner_id = gateway.sql("SELECT id FROM users WHERE email = $1", owner_email)[0]["id"]
+    assert {r["id"]: r["created_by"] for r in gateway.sql("SELECT id, created_by FROM api_keys WHERE org_id = $1", org)} == {
+        owner_kid: owner_id, mine_kid: member_id, other_kid: member_id}
+    page = member.get("/keys").text
+    assert f"/keys/{owner_kid}/revoke" not in page and f"/keys/{mine_kid}/revoke" in page
+    assert owner_email in page  # the creator is shown
+    assert member.post(f"/keys/{owner_kid}/revoke").status_code == 403
+    assert gateway.sql("SELECT revoked_at FROM api_keys WHERE id = $1", owner_kid) == [{"revoked_at": None}]
+    assert key_works(gateway, owner_key)
+    member.get("/keys")
+    assert member.post(f"/keys/{mine_kid}/revoke").status_code == 303
+    owner.get("/keys")
+    assert owner.post(f"/keys/{other_kid}/revoke").status_code == 303
+    assert all(r["revoked_at"] is not None for r in gateway.sql(
+        "SELECT revoked_at FROM api_keys WHERE id = ANY($1::text[])", [mine_kid, other_kid]))
+
+
+def test_removing_a_member_revokes_their_keys_unless_the_owner_keeps_them(gateway: Gateway) -> None:
+    owner, _, org = signed_up(gateway)
+    gone, gone_id = joined_member(gateway, owner)
+    kept, kept_id = joined_member(gateway, owner)
+    _, gone_key = create_key(gone, "leaver's")
+    _, kept_key = create_key(kept, "stayer's")
+    assert key_works(gateway, gone_key) and key_works(gateway, kept_key)
+    page = owner.get("/members").text
+    assert 'name="keep_keys"' in page and "checked" not in page.split('name="keep_keys"')[1].split(">")[0]
+    r = owner.post(f"/members/{gone_id}/remove", follow=True)
+    assert "keys they created are revoked" in r.text
+    wait_for(lambda: not key_works(gateway, gone_key), timeout=5)
+    owner.get("/members")
+    r = owner.post(f"/members/{kept_id}/remove", {"keep_keys": "1"}, follow=True)
+    assert "still work" in r.text
+    assert key_works(gateway, kept_key)
+    assert gateway.sql("SELECT count(*) AS n FROM memberships WHERE org_id = $1", org) == [{"n": 1}]

@@ -79,9 +79,12 @@ class Store:
         return uid
 
     async def set_password(self, user_id: str, password_hash: str) -> None:
+        """The new password ends every session of the account and spends every reset link it has."""
         async with self.pool.acquire() as c, c.transaction():
             await c.execute("UPDATE users SET password_hash = $2 WHERE id = $1", user_id, password_hash)
             await c.execute("DELETE FROM console_sessions WHERE user_id = $1", user_id)
+            await c.execute("UPDATE email_tokens SET used_at = now() WHERE user_id = $1 AND purpose = 'reset'"
+                            " AND used_at IS NULL", user_id)
 
     async def mark_verified(self, user_id: str) -> bool:
         """True the first time."""

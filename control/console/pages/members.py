@@ -58,12 +58,21 @@ async def revoke_invite(request: web.Request) -> web.Response:
 @routes.post("/members/{user_id}/remove")
 async def remove(request: web.Request) -> web.Response:
     v = need_owner(request)
-    why = await console(request).store.remove_member(v.org_id, request.match_info["user_id"])
+    c = console(request)
+    uid = request.match_info["user_id"]
+    # The secure default: the keys the member created stop working with their membership, unless
+    # the owner ticks "keep the keys they created working".
+    keep = (await request.post()).get("keep_keys") == "1"
+    why = await c.store.remove_member(v.org_id, uid)
     if why == "not_found":
         raise_page(request, 404, "There is no such member in this organisation.")
     if why == "last_owner":
         return await _page(request, 400, "The organisation's last owner cannot be removed.")
-    see_other("/members?msg=member_removed")
+    if not keep:
+        for kid in await c.pool.fetch("SELECT id FROM api_keys WHERE org_id = $1 AND created_by = $2"
+                                      " AND revoked_at IS NULL", v.org_id, uid):
+            await c.admin.revoke_key(kid["id"])
+    see_other("/members?msg=member_removed" + ("" if keep else "_keys_revoked"))
 
 
 @routes.get("/invite/{token}")
