@@ -415,3 +415,66 @@ def test_removing_a_member_revokes_their_keys_unless_the_owner_keeps_them(gatewa
     assert "still work" in r.text
     assert key_works(gateway, kept_key)
     assert gateway.sql("SELECT count(*) AS n FROM memberships WHERE org_id = $1", org) == [{"n": 1}]
+
+
+# ---- 8. the limiters' client address behind proxies ------------------------------------------------
+
+def parallel_posts(base: str, address: str, c: ConsoleClient, path: str,
+                   calls: list[tuple[dict[str, str], dict[str, str]]]) -> list[httpx.Response]:
+    """(form, headers) posted at once from ``address`` with ``c``'s cookies and CSRF token."""
+    cookie = "; ".join(f"{k}={v}" for k, v in c.jar.items())
+
+    async def go() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=base, timeout=120, limits=httpx.Limits(max_connections=len(calls)),
+                                     transport=httpx.AsyncHTTPTransport(local_address=address)) as h:
+            return list(await asyncio.gather(*(
+                h.post(path, data={**form, "csrf": c.csrf}, headers={**hdrs, "Cookie": cookie}) for form, hdrs in calls)))
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def console_behind_one_proxy(gateway: Gateway) -> Iterator[str]:
+    """A console told that one proxy (appending X-Forwarded-For) stands in front of it."""
+    port = free_base(span=1)
+    s = dataclasses.replace(gateway.stack.s, console_port=port, trusted_hops=1)
+    gateway.stack.start_proc(console_proc(gateway.stack, s, name="console-hops"))
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        gateway.stack.stop_proc("console-hops")
+        gateway.stack.procs.pop("console-hops", None)
+
+
+def test_behind_a_proxy_one_client_locked_out_does_not_lock_out_the_others(
+        gateway: Gateway, console_behind_one_proxy: str) -> None:
+    url = console_behind_one_proxy
+    _, email, _ = signed_up(gateway)
+    proxy = "127.0.0.1"  # every request comes from the proxy's one address
+    c = ConsoleClient(url, address=proxy)
+    c.get("/login")
+    attacker = {"X-Forwarded-For": "198.51.100.7"}
+    got = statuses(parallel_posts(url, proxy, c, "/login",
+                                  [({"email": new_email(), "password": "wrong password"}, attacker)] * 40))
+    assert got.get(401, 0) <= 30 and got.get(429, 0) >= 10, got
+    # the attacker stays locked out, whatever it writes left of what the proxy appended
+    for spoof in ("203.0.113.5", "203.0.113.5, 192.0.2.44", "unknown"):
+        r = parallel_posts(url, proxy, c, "/login", [({"email": email, "password": PASSWORD},
+                                                      {"X-Forwarded-For": f"{spoof}, 198.51.100.7"})])[0]
+        assert r.status_code == 429, spoof
+    # another client behind the same proxy logs in
+    r = parallel_posts(url, proxy, c, "/login", [({"email": email, "password": PASSWORD},
+                                                  {"X-Forwarded-For": "198.51.100.8"})])[0]
+    assert r.status_code == 303
+
+
+def test_without_trusted_hops_the_forwarded_header_is_ignored(gateway: Gateway) -> None:
+    c = ConsoleClient(gateway.console)
+    c.get("/login")
+    got = statuses(parallel_posts(gateway.console, c.address, c, "/login",
+                                  [({"email": new_email(), "password": "wrong password"},
+                                    {"X-Forwarded-For": f"198.51.100.{i}"}) for i in range(40)]))
+    assert got.get(401, 0) <= 30 and got.get(429, 0) >= 10, got
+    _, email, _ = signed_up(gateway)
+    r = parallel_posts(gateway.console, c.address, c, "/login", [({"email": email, "password": PASSWORD},
+                                                                  {"X-Forwarded-For": "198.51.100.99"})])[0]
+    assert r.status_code == 429

@@ -166,7 +166,24 @@ def peer_ip(request: web.Request) -> str:
 
 
 def client_ip(request: web.Request) -> str:
-    return request.remote or "?"
+    """The client's address for the limiters.  GATEWAY_TRUSTED_HOPS = 0: the socket's peer (headers
+    are the client's to invent).  N > 0: N proxies in front, each appending the address it received
+    the request from to X-Forwarded-For, so the Nth entry from the right is the one the outermost
+    trusted proxy saw; what is left of it, the client may have written.  Too few entries (a request
+    that did not come through the proxies) or a malformed one: the socket's peer."""
+    import ipaddress
+    peer = peer_ip(request)
+    hops = console(request).settings.trusted_hops
+    if hops <= 0:
+        return peer
+    entries = [e.strip() for h in request.headers.getall("X-Forwarded-For", []) for e in h.split(",")]
+    entries = [e for e in entries if e]
+    if len(entries) < hops:
+        return peer
+    try:
+        return str(ipaddress.ip_address(entries[-hops]))
+    except ValueError:
+        return peer
 
 
 def dev_only(request: web.Request) -> None:
