@@ -132,7 +132,9 @@ def test_development_pages_answer_loopback_only(gateway: Gateway, public_dev_con
     local, remote = f"http://127.0.0.1:{port}", f"http://{addr}:{port}"
     assert httpx.get(local + "/dev/mail.json").status_code == 200
     assert httpx.get(local + "/dev/mail").status_code == 200
-    assert httpx.get(remote + "/login").status_code == 200  # the console itself is served there
+    assert "/dev/mail" in httpx.get(local + "/login").text
+    page = httpx.get(remote + "/login")
+    assert page.status_code == 200 and "/dev/mail" not in page.text  # the console is served there, not the link
     for path in ("/dev/mail", "/dev/mail.json?to=someone@example.com", "/sandbox/pay/pay_0123456789abcdef0123"):
         assert httpx.get(remote + path).status_code == 404, path
         # a proxy on the same machine forwarding outside clients: not local either

@@ -137,7 +137,7 @@ def render(request: web.Request, name: str, status: int = 200, **ctx: Any) -> we
     c = console(request)
     msg = MESSAGES.get(request.query.get("msg", ""))
     html = c.templates.get_template(name).render(
-        viewer=viewer(request), csrf=csrf_for(request), message=msg, dev_mail=c.dev_mail,
+        viewer=viewer(request), csrf=csrf_for(request), message=msg, dev_mail=c.dev_mail and dev_local(request),
         orgs=request.get("orgs", []), path=request.path, **ctx)
     return web.Response(text=html, status=status, content_type="text/html")
 
@@ -186,15 +186,20 @@ def client_ip(request: web.Request) -> str:
         return peer
 
 
-def dev_only(request: web.Request) -> None:
-    """Development conveniences (mail capture, sandbox payments): only in development mode, and only
-    to a loopback peer that no proxy forwarded; 404 (absent) for everyone else."""
+def dev_local(request: web.Request) -> bool:
+    """Development mode, and a loopback peer that no proxy forwarded."""
     import ipaddress
-    c = console(request)
+    if not console(request).settings.dev:
+        return False
     try:
         loopback = ipaddress.ip_address(peer_ip(request)).is_loopback
     except ValueError:
-        loopback = False
-    forwarded = any(h in request.headers for h in ("X-Forwarded-For", "Forwarded", "X-Real-IP"))
-    if not (c.settings.dev and loopback) or forwarded:
+        return False
+    return loopback and not any(h in request.headers for h in ("X-Forwarded-For", "Forwarded", "X-Real-IP"))
+
+
+def dev_only(request: web.Request) -> None:
+    """Development conveniences (mail capture, sandbox payments): only in development mode, and only
+    to a loopback peer that no proxy forwarded; 404 (absent) for everyone else."""
+    if not dev_local(request):
         raise web.HTTPNotFound()
