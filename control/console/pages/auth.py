@@ -17,7 +17,6 @@ from ..web import SESSION_COOKIE, Console, client_ip, console, need_viewer, rais
 routes = web.RouteTableDef()
 
 
-
 async def start_session(request: web.Request, user_id: str, org_id: str | None, location: str) -> web.Response:
     c = console(request)
     if org_id is None:
