@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import secrets
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
@@ -31,6 +31,13 @@ class Viewer:
     @property
     def owner(self) -> bool:
         return self.role == "owner"
+
+
+@dataclass(frozen=True)
+class Removal:
+    """A member's removal: why not (``not_found``, ``last_owner``), or done with these keys revoked."""
+    problem: str | None
+    revoked_keys: list[str] = field(default_factory=list)
 
 
 def _opt_str(v: Any) -> str | None:
@@ -113,22 +120,27 @@ class Store:
             "SELECT u.id, u.email, m.role, m.created_at FROM memberships m JOIN users u ON u.id = m.user_id"
             " WHERE m.org_id = $1 ORDER BY m.created_at", org_id))
 
-    async def remove_member(self, org_id: str, user_id: str) -> str | None:
-        """None when done, else why not."""
+    async def remove_member(self, org_id: str, user_id: str, revoke_keys: bool) -> Removal:
+        """The membership and its sessions end; with ``revoke_keys`` the keys the member created in the
+        organisation are revoked in the same transaction (the caller then drops them from the gateway's
+        cache: ``Admin.revoke_key``, which is idempotent)."""
         async with self.pool.acquire() as c, c.transaction():
             await c.execute("SELECT 1 FROM orgs WHERE id = $1 FOR UPDATE", org_id)
             role = await c.fetchval("SELECT role FROM memberships WHERE org_id = $1 AND user_id = $2",
                                     org_id, user_id)
             if role is None:
-                return "not_found"
+                return Removal("not_found")
             if role == "owner":
                 owners = await c.fetchval("SELECT count(*) FROM memberships WHERE org_id = $1 AND role = 'owner'",
                                           org_id)
                 if owners <= 1:
-                    return "last_owner"
+                    return Removal("last_owner")
             await c.execute("DELETE FROM memberships WHERE org_id = $1 AND user_id = $2", org_id, user_id)
             await c.execute("DELETE FROM console_sessions WHERE org_id = $1 AND user_id = $2", org_id, user_id)
-        return None
+            revoked = [] if not revoke_keys else [r["id"] for r in await c.fetch(
+                "UPDATE api_keys SET revoked_at = now() WHERE org_id = $1 AND created_by = $2 AND revoked_at IS NULL"
+                " RETURNING id", org_id, user_id)]
+        return Removal(None, revoked)
 
     # ---- sessions ------------------------------------------------------------------------
     async def create_session(self, token: str, user_id: str, org_id: str) -> None:

@@ -63,15 +63,13 @@ async def remove(request: web.Request) -> web.Response:
     # The secure default: the keys the member created stop working with their membership, unless
     # the owner ticks "keep the keys they created working".
     keep = (await request.post()).get("keep_keys") == "1"
-    why = await c.store.remove_member(v.org_id, uid)
-    if why == "not_found":
+    done = await c.store.remove_member(v.org_id, uid, revoke_keys=not keep)
+    if done.problem == "not_found":
         raise_page(request, 404, "There is no such member in this organisation.")
-    if why == "last_owner":
+    if done.problem == "last_owner":
         return await _page(request, 400, "The organisation's last owner cannot be removed.")
-    if not keep:
-        for kid in await c.pool.fetch("SELECT id FROM api_keys WHERE org_id = $1 AND created_by = $2"
-                                      " AND revoked_at IS NULL", v.org_id, uid):
-            await c.admin.revoke_key(kid["id"])
+    for kid in done.revoked_keys:
+        await c.admin.revoke_key(kid)  # revoked already; this drops the gateway's cached entry at once
     see_other("/members?msg=member_removed" + ("" if keep else "_keys_revoked"))
 
 
