@@ -16,8 +16,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Development mode: the console's mail capture page and sandbox payments (loopback only).
 run: $(STAMP)
-	$(VENV)/bin/gateway up
+	GATEWAY_DEV=1 $(VENV)/bin/gateway up
 
 # The console's browser tests drive Debian's chromium: installed here when missing and apt-get can
 # (as root, or with password-less sudo); otherwise those tests are skipped and say why.

@@ -118,7 +118,7 @@ def start_gateway(tmp: Path, up: tuple[int, int], workers: int = 1) -> tuple[Sys
     settings = Settings.from_env(gateway_port=base, gateway_host="127.0.0.1", state_dir=str(tmp / "gateway"),
                                  extproc_workers=workers,
                                  catalog=str(cat), database_url="", redis_url="", extproc_port=0,
-                                 admin_port=0, pg_port=0, redis_port=0, run_sim=False,
+                                 admin_port=0, pg_port=0, redis_port=0, run_sim=False, dev=True,
                                  default_rpm=1_000_000_000, default_concurrency=1_000_000)
     # The ext_proc child reads its limits from the environment; earlier launchers passed it only
     # ports, state, catalog and URLs, so the overrides are put in the environment too (same values).

@@ -59,14 +59,15 @@ class Admin:
         if await self.pool.fetchval("SELECT 1 FROM orgs WHERE id = $1", org_id) is None:
             raise AdminError(f"no such organisation: {org_id}")
 
-    async def create_key(self, org_id: str, name: str | None = None) -> tuple[str, str]:
-        """(key id, the key itself): the key is returned once and only its hash is stored."""
+    async def create_key(self, org_id: str, name: str | None = None, created_by: str | None = None) -> tuple[str, str]:
+        """(key id, the key itself): the key is returned once and only its hash is stored; ``created_by``
+        is the console user who created it (None from the CLI)."""
         await self._org_exists(org_id)
         key = new_key()
         kid = "key_" + secrets.token_hex(8)
         h = key_hash(key)
-        await self.pool.execute("INSERT INTO api_keys (id, org_id, key_hash, prefix, name) VALUES ($1,$2,$3,$4,$5)",
-                                kid, org_id, h, key[:15], name)
+        await self.pool.execute("INSERT INTO api_keys (id, org_id, key_hash, prefix, name, created_by)"
+                                " VALUES ($1,$2,$3,$4,$5,$6)", kid, org_id, h, key[:15], name, created_by)
         await self.r.delete("gw:k:" + h)  # drop a cached "unknown key"
         return kid, key
 

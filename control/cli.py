@@ -20,6 +20,7 @@ from extproc.settings import Settings
 from extproc.urls import RedisUrlError
 
 from .admin import Admin, AdminError, micro_to_pln, pln_to_micro
+from .console.launch import ConfigError
 
 
 def _urls(s: Settings) -> tuple[str, str]:
@@ -86,9 +87,11 @@ def cmd_up(args: argparse.Namespace, s: Settings) -> int:
                                redis_url=stack.redis_url)
         demo = asyncio.run(_with_admin(s2, lambda a: ensure_demo(a, s2)))
         base = f"http://{s.gateway_host}:{s.gateway_port}/v1"
+        dev = ("\n  DEVELOPMENT MODE (GATEWAY_DEV=1): e-mails captured at /dev/mail, sandbox payments;"
+               " both on loopback only. Never in a deployment.") if s.dev else ""
         print(f"""
 Gateway ready on {base}
-  console:           http://{s.gateway_host}:{s.console_http_port}/
+  console:           http://{s.gateway_host}:{s.console_http_port}/{dev}
   demo organisation: {demo['org']}
   API key:           {demo['key']}
 
@@ -228,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "status":
             return cmd_status(args, s)
         return int(asyncio.run(_with_admin(s, lambda a: _admin_cmd(args, a))))
-    except (AdminError, CatalogError, RedisUrlError) as e:
+    except (AdminError, CatalogError, RedisUrlError, ConfigError) as e:
         print(f"gateway: {e}", file=sys.stderr)
         return 2
     except Exception as e:

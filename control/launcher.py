@@ -260,6 +260,8 @@ class Stack:
             time.sleep(0.05)
 
     def start(self) -> None:
+        from .console.launch import check
+        check(self.s)  # no development convenience outside development mode: refuse before starting anything
         self.state.mkdir(parents=True, exist_ok=True)
         if not self.s.database_url:
             self.start_proc(self._pg_proc())
@@ -276,7 +278,7 @@ class Stack:
         self.start_proc(self._writer_proc())
         self.start_procs(self._extproc_procs())
         self.start_proc(self._envoy_proc())
-        if not self.s.smtp_host:
+        if self.s.dev and not self.s.smtp_host:
             self.start_proc(self._smtp_proc())
         self.start_proc(self._console_proc())
 

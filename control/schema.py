@@ -121,6 +121,13 @@ MIGRATIONS: list[str] = [
     CREATE INDEX login_attempts_ip ON login_attempts (ip, at);
     CREATE INDEX usage_org_key ON usage_records (org_id, key_id, started_at DESC);
     """,
+    # 3: the console's attempt limits moved to Redis (counted atomically before the work they guard);
+    # keys record who created them (members revoke only their own; NULL: the CLI, or before this)
+    """
+    DROP TABLE login_attempts;
+    ALTER TABLE api_keys ADD COLUMN created_by text REFERENCES users(id) ON DELETE SET NULL;
+    CREATE INDEX api_keys_creator ON api_keys (org_id, created_by) WHERE revoked_at IS NULL;
+    """,
 ]
 
 

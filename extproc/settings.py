@@ -47,13 +47,14 @@ class Settings:
     console_port: int = 0                    # GATEWAY_CONSOLE_PORT: console web app; 0 = gateway_port + 1 (8081)
     console_url: str = ""                    # GATEWAY_CONSOLE_URL: public address of the console (links, payments)
     console_secret: str = ""                 # GATEWAY_CONSOLE_SECRET: CSRF/signing secret; empty = generated in state dir
-    smtp_host: str = ""                      # GATEWAY_SMTP_HOST: mail server; empty = the local capture server
+    dev: bool = False                        # GATEWAY_DEV: development mode: mail capture page and sandbox payments (loopback only)
+    smtp_host: str = ""                      # GATEWAY_SMTP_HOST: mail server; empty = the local capture server (development mode only)
     smtp_port: int = 0                       # GATEWAY_SMTP_PORT: 0 = 587 (or the capture server: gateway_port + 18)
     smtp_user: str = ""                      # GATEWAY_SMTP_USER
     smtp_password: str = ""                  # GATEWAY_SMTP_PASSWORD
     smtp_tls: str = "starttls"               # GATEWAY_SMTP_TLS: starttls | tls | none
     mail_from: str = "console@localhost"     # GATEWAY_MAIL_FROM: sender of the console's e-mails
-    payment_provider: str = "sandbox"        # GATEWAY_PAYMENT_PROVIDER: sandbox | p24
+    payment_provider: str = ""               # GATEWAY_PAYMENT_PROVIDER: p24 | sandbox (development mode only); empty = sandbox in development mode
     p24_merchant_id: int = 0                 # GATEWAY_P24_MERCHANT_ID
     p24_pos_id: int = 0                      # GATEWAY_P24_POS_ID: 0 = the merchant id
     p24_crc: str = ""                        # GATEWAY_P24_CRC: CRC key (signatures)
@@ -130,7 +131,7 @@ _ENV = {
     "metrics_envoy": "GATEWAY_METRICS_ENVOY", "writer_metrics_port": "GATEWAY_WRITER_METRICS_PORT",
     "pg_port": "GATEWAY_PG_PORT", "redis_port": "GATEWAY_REDIS_PORT",
     "console_port": "GATEWAY_CONSOLE_PORT", "console_url": "GATEWAY_CONSOLE_URL",
-    "console_secret": "GATEWAY_CONSOLE_SECRET", "smtp_host": "GATEWAY_SMTP_HOST", "smtp_port": "GATEWAY_SMTP_PORT",
+    "console_secret": "GATEWAY_CONSOLE_SECRET", "dev": "GATEWAY_DEV", "smtp_host": "GATEWAY_SMTP_HOST", "smtp_port": "GATEWAY_SMTP_PORT",
     "smtp_user": "GATEWAY_SMTP_USER", "smtp_password": "GATEWAY_SMTP_PASSWORD", "smtp_tls": "GATEWAY_SMTP_TLS",
     "mail_from": "GATEWAY_MAIL_FROM", "payment_provider": "GATEWAY_PAYMENT_PROVIDER",
     "p24_merchant_id": "GATEWAY_P24_MERCHANT_ID", "p24_pos_id": "GATEWAY_P24_POS_ID", "p24_crc": "GATEWAY_P24_CRC",

@@ -117,7 +117,8 @@ def running_stack(prefix: str, catalog: Callable[[int], dict[str, Any]] = make_c
     cat = tmp / "catalog.yaml"
     cat.write_text(yaml.safe_dump(catalog(base)))
     env = dict(os.environ)
-    stack = Stack(Settings.from_env(**{"gateway_port": base, "metrics_port": base + 19,
+    # development mode: the console's tests read mail at /dev/mail and pay with the sandbox provider
+    stack = Stack(Settings.from_env(**{"gateway_port": base, "metrics_port": base + 19, "dev": True,
                                        "state_dir": str(tmp / "state"), "catalog": str(cat), **overrides}))
     try:
         stack.start()

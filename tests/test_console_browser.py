@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import openai
 import pytest
 
-from conftest import Gateway
+from conftest import Gateway, wait_for
 from test_console_support import PASSWORD, new_email
 
 CHROMIUM = "/usr/bin/chromium"
@@ -47,9 +47,14 @@ def shot(page: Any, name: str) -> None:
 
 
 def captured_link(page: Any, console: str, to: str, path: str) -> str:
-    page.goto(f"{console}/dev/mail?to={to}")
+    """The link from the capture page, reloaded until the message is there (mail is sent off the
+    request path)."""
     link = page.locator(f"a[href^='{console}{path}']").first
-    link.wait_for(timeout=10_000)
+
+    def arrived() -> bool:
+        page.goto(f"{console}/dev/mail?to={to}")
+        return bool(link.count())
+    wait_for(arrived, timeout=10, interval=0.2)
     return str(link.get_attribute("href"))
 
 

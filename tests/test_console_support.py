@@ -9,8 +9,10 @@ from typing import Any
 from urllib.parse import urljoin, urlparse
 
 import httpx
+import redis
 
 from conftest import Gateway, wait_for
+from control.console.limits import Limit
 
 PASSWORD = "correct horse battery"
 _CSRF = re.compile(r'name="csrf" value="([0-9a-f]+)"')
@@ -20,9 +22,13 @@ class ConsoleClient:
     """A browser-like client: keeps the console's cookies itself (they are ``Secure``, which
     http.cookiejar never sends over plain http to 127.0.0.1) and the last page's CSRF token."""
 
-    def __init__(self, base: str) -> None:
+    def __init__(self, base: str, address: str | None = None) -> None:
         self.base = base
-        self.http = httpx.Client(base_url=base, follow_redirects=False, timeout=30)
+        # Each client comes from an address of its own (all of 127.0.0.0/8 is loopback): the
+        # console's per-address limits then count each test's client apart, as for real clients.
+        self.address = address or loopback_address()
+        self.http = httpx.Client(base_url=base, follow_redirects=False, timeout=30,
+                                 transport=httpx.HTTPTransport(local_address=self.address))
         self.jar: dict[str, str] = {}
         self.raw_cookies: list[str] = []
         self.csrf = ""
@@ -78,6 +84,10 @@ class ConsoleClient:
         return "gw_session" in self.jar
 
 
+def loopback_address() -> str:
+    return f"127.{secrets.randbelow(256)}.{secrets.randbelow(256)}.{secrets.randbelow(253) + 2}"
+
+
 def mails(gw: Gateway, to: str) -> list[dict[str, Any]]:
     return list(httpx.get(gw.console + "/dev/mail.json", params={"to": to}).json())
 
@@ -91,6 +101,14 @@ def mail_link(gw: Gateway, to: str, path: str, count: int = 1) -> str:
         m = re.search(re.escape(gw.console) + r"(" + re.escape(path) + r"[A-Za-z0-9_\-]+)", msgs[0]["body"])
         return m.group(1) if m else None
     return str(wait_for(find, timeout=10))
+
+
+def clear_limit(gw: Gateway, limit: Limit, subject: str) -> None:
+    r = redis.Redis.from_url(gw.stack.redis_url)
+    try:
+        r.delete(limit.key(subject))
+    finally:
+        r.close()
 
 
 def new_email() -> str:

@@ -45,7 +45,7 @@ def test_sigterm_to_gateway_up_drains_streams(gateway: Gateway) -> None:
     env = dict(os.environ, GATEWAY_PORT=str(base), GATEWAY_METRICS_PORT=str(base + 19),
                GATEWAY_STATE_DIR=str(s.state) + "-sigterm", GATEWAY_CATALOG=s.catalog, GATEWAY_RUN_SIM="0",
                DATABASE_URL=gateway.stack.database_url, REDIS_URL=gateway.stack.redis_url,
-               GATEWAY_DRAIN_GRACE_S="20")
+               GATEWAY_DRAIN_GRACE_S="20", GATEWAY_DEV="1")  # as `make run` (no SMTP server, no Przelewy24)
     up = subprocess.Popen([sys.executable, "-m", "control.cli", "up"], env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:

@@ -22,7 +22,7 @@ def second(gateway: Gateway) -> Iterator[str]:
     base = free_base()
     other = Stack(Settings.from_env(gateway_port=base, metrics_port=base + 19, state_dir=str(s.state) + "-second", catalog=s.catalog,
                                     database_url=gateway.stack.database_url, redis_url=gateway.stack.redis_url,
-                                    run_sim=False, default_rpm=s.default_rpm,
+                                    run_sim=False, dev=True, default_rpm=s.default_rpm,
                                     default_concurrency=s.default_concurrency))
     try:
         other.start()

@@ -126,6 +126,7 @@ def make_app(settings: Settings) -> web.Application:
         app[CONSOLE] = Console(settings, pool, r, Admin(pool, r), Store(pool), Mailer(settings),
                                make_provider(settings, secret), secret, templates())
         yield
+        await app[CONSOLE].background.drain()
         await pool.close()
         await r.aclose()
 
@@ -139,6 +140,10 @@ def make_app(settings: Settings) -> web.Application:
 
 
 def run(settings: Settings) -> None:
+    from .launch import refusal
+    why = refusal(settings)
+    if why:
+        raise SystemExit(f"console: {why}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.INFO)
     web.run_app(make_app(settings), host=settings.gateway_host, port=settings.console_http_port,

@@ -1,5 +1,6 @@
-"""The console's processes for ``control.launcher.Stack``: the web app and, when no SMTP server is
-configured, the local capture SMTP server."""
+"""The console's processes for ``control.launcher.Stack``: the web app and, in development mode
+without an SMTP server, the local capture SMTP server; and the check that refuses a start that would
+need a development convenience outside development mode."""
 from __future__ import annotations
 
 import sys
@@ -11,9 +12,41 @@ from extproc.settings import ENV_VARS, Settings
 if TYPE_CHECKING:
     from control.launcher import Proc, Stack
 
-CONSOLE_FIELDS = ("console_port", "console_url", "console_secret", "smtp_host", "smtp_port", "smtp_user",
+CONSOLE_FIELDS = ("dev", "trusted_hops", "console_port", "console_url", "console_secret", "smtp_host", "smtp_port", "smtp_user",
                   "smtp_password", "smtp_tls", "mail_from", "payment_provider", "p24_merchant_id", "p24_pos_id",
                   "p24_crc", "p24_api_key", "p24_sandbox", "p24_api_url", "trial_balance_pln", "gateway_host")
+
+
+class ConfigError(RuntimeError):
+    """A start that cannot go on (one line, for the operator)."""
+
+
+def payment_provider(s: Settings) -> str:
+    """The provider in force: the configured one, or the sandbox in development mode."""
+    return s.payment_provider or ("sandbox" if s.dev else "")
+
+
+def refusal(s: Settings) -> str | None:
+    """Why the console must not start with these settings (one line), or None.  Mail capture and the
+    sandbox payment provider exist only in development mode (GATEWAY_DEV=1)."""
+    provider = payment_provider(s)
+    if provider not in ("", "sandbox", "p24"):
+        return f"GATEWAY_PAYMENT_PROVIDER must be p24 (or sandbox in development mode), not {provider!r}"
+    if s.dev:
+        return None
+    missing = [what for what, absent in (
+        ("an SMTP server (GATEWAY_SMTP_HOST)", not s.smtp_host),
+        ("a payment provider (GATEWAY_PAYMENT_PROVIDER=p24 and GATEWAY_P24_*)", provider != "p24")) if absent]
+    if not missing:
+        return None
+    return ("the console needs " + " and ".join(missing)
+            + "; the local mail capture and the sandbox payments exist only in development mode (GATEWAY_DEV=1)")
+
+
+def check(s: Settings) -> None:
+    why = refusal(s)
+    if why:
+        raise ConfigError(why)
 
 
 def console_env(s: Settings) -> dict[str, str]:

@@ -1,6 +1,7 @@
-"""Outgoing e-mail over SMTP (host, port, credentials, TLS from the settings).  Without
-GATEWAY_SMTP_HOST the messages go to the local capture server that the launcher starts.  Nothing
-here logs a message's body (it holds single-use links)."""
+"""Outgoing e-mail over SMTP (host, port, credentials, TLS from the settings).  In development mode
+(GATEWAY_DEV=1) without GATEWAY_SMTP_HOST the messages go to the local capture server that the
+launcher starts; outside it the console does not start without an SMTP server.  Nothing here logs a
+message's body (it holds single-use links)."""
 from __future__ import annotations
 
 import asyncio
@@ -16,7 +17,7 @@ log = logging.getLogger("console.mail")
 
 class Mailer:
     def __init__(self, s: Settings) -> None:
-        self.capture = not s.smtp_host
+        self.capture = s.dev and not s.smtp_host
         self.host = s.smtp_host or "127.0.0.1"
         self.port = s.smtp_port or (s.smtp_capture_port if self.capture else (465 if s.smtp_tls == "tls" else 587))
         self.tls = "none" if self.capture else s.smtp_tls
@@ -37,9 +38,13 @@ class Mailer:
             smtp.send_message(msg)
 
     async def send(self, to: str, subject: str, text: str) -> bool:
-        msg = EmailMessage()
-        msg["From"], msg["To"], msg["Subject"] = self.sender, to, subject
-        msg.set_content(text)
+        try:
+            msg = EmailMessage()
+            msg["From"], msg["To"], msg["Subject"] = self.sender, to, subject
+            msg.set_content(text)
+        except ValueError:  # a header that would carry a line break: never sent (the forms refuse it first)
+            log.warning("refused to send %r: invalid header", subject.split(" ", 1)[0])
+            return False
         try:
             await asyncio.to_thread(self._send, msg)
             return True

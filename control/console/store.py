@@ -1,9 +1,11 @@
-"""The console's PostgreSQL records: users, memberships, sessions, e-mail tokens, invitations and
-login attempts.  Every query that reads an organisation's data takes the organisation's id."""
+"""The console's PostgreSQL records: users, memberships, sessions, e-mail tokens and invitations
+(attempt limits are in Redis: ``limits``).  Every query that reads an organisation's data takes the organisation's id."""
 from __future__ import annotations
 
+import re
 import secrets
-from dataclasses import dataclass
+import unicodedata
+from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
@@ -31,18 +33,40 @@ class Viewer:
         return self.role == "owner"
 
 
+@dataclass(frozen=True)
+class Removal:
+    """A member's removal: why not (``not_found``, ``last_owner``), or done with these keys revoked."""
+    problem: str | None
+    revoked_keys: list[str] = field(default_factory=list)
+
+
 def _opt_str(v: Any) -> str | None:
     return None if v is None else str(v)
 
 
 def normal_email(email: str) -> str:
-    return email.strip().lower()
+    return email.strip(" ").lower()  # spaces only: a CR, LF or tab anywhere makes the address invalid
+
+
+# One mailbox, nothing else: no display name, no angle brackets, no list, no quoting, no comment,
+# no whitespace or control character (a CR/LF would write headers of its own).  Letters beyond
+# ASCII are allowed (\w is Unicode-aware; it never matches a control character or punctuation).
+_ATOM = r"[\w!#$%&'*+/=?^`{|}~-]+"
+_EMAIL = re.compile(rf"{_ATOM}(?:\.{_ATOM})*@(?:[^\W_](?:(?:[^\W_]|-)*[^\W_])?\.)+[^\W\d_]{{2,63}}")
 
 
 def valid_email(email: str) -> bool:
-    local, at, domain = email.partition("@")
-    return bool(at and local and "." in domain and len(email) <= 254 and " " not in email
-                and not domain.startswith(".") and not domain.endswith("."))
+    return len(email) <= 254 and _EMAIL.fullmatch(email) is not None
+
+
+def name_problem(name: str, what: str) -> str | None:
+    """Why a name (an organisation's, a key's) cannot be used, or None: 1 to 100 characters, no
+    control or format character (CR/LF above all: names go into e-mail headers), no angle brackets."""
+    if not name or len(name) > 100:
+        return f"Enter the {what} (up to 100 characters)."
+    if any(unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn") or ch in "<>" for ch in name):
+        return f"The {what} cannot contain line breaks, control characters or angle brackets."
+    return None
 
 
 class Store:
@@ -62,9 +86,12 @@ class Store:
         return uid
 
     async def set_password(self, user_id: str, password_hash: str) -> None:
+        """The new password ends every session of the account and spends every reset link it has."""
         async with self.pool.acquire() as c, c.transaction():
             await c.execute("UPDATE users SET password_hash = $2 WHERE id = $1", user_id, password_hash)
             await c.execute("DELETE FROM console_sessions WHERE user_id = $1", user_id)
+            await c.execute("UPDATE email_tokens SET used_at = now() WHERE user_id = $1 AND purpose = 'reset'"
+                            " AND used_at IS NULL", user_id)
 
     async def mark_verified(self, user_id: str) -> bool:
         """True the first time."""
@@ -93,22 +120,27 @@ class Store:
             "SELECT u.id, u.email, m.role, m.created_at FROM memberships m JOIN users u ON u.id = m.user_id"
             " WHERE m.org_id = $1 ORDER BY m.created_at", org_id))
 
-    async def remove_member(self, org_id: str, user_id: str) -> str | None:
-        """None when done, else why not."""
+    async def remove_member(self, org_id: str, user_id: str, revoke_keys: bool) -> Removal:
+        """The membership and its sessions end; with ``revoke_keys`` the keys the member created in the
+        organisation are revoked in the same transaction (the caller then drops them from the gateway's
+        cache: ``Admin.revoke_key``, which is idempotent)."""
         async with self.pool.acquire() as c, c.transaction():
             await c.execute("SELECT 1 FROM orgs WHERE id = $1 FOR UPDATE", org_id)
             role = await c.fetchval("SELECT role FROM memberships WHERE org_id = $1 AND user_id = $2",
                                     org_id, user_id)
             if role is None:
-                return "not_found"
+                return Removal("not_found")
             if role == "owner":
                 owners = await c.fetchval("SELECT count(*) FROM memberships WHERE org_id = $1 AND role = 'owner'",
                                           org_id)
                 if owners <= 1:
-                    return "last_owner"
+                    return Removal("last_owner")
             await c.execute("DELETE FROM memberships WHERE org_id = $1 AND user_id = $2", org_id, user_id)
             await c.execute("DELETE FROM console_sessions WHERE org_id = $1 AND user_id = $2", org_id, user_id)
-        return None
+            revoked = [] if not revoke_keys else [r["id"] for r in await c.fetch(
+                "UPDATE api_keys SET revoked_at = now() WHERE org_id = $1 AND created_by = $2 AND revoked_at IS NULL"
+                " RETURNING id", org_id, user_id)]
+        return Removal(None, revoked)
 
     # ---- sessions ------------------------------------------------------------------------
     async def create_session(self, token: str, user_id: str, org_id: str) -> None:
@@ -189,18 +221,3 @@ class Store:
         r = await self.pool.execute("DELETE FROM invites WHERE id = $1 AND org_id = $2 AND accepted_at IS NULL",
                                     invite_id, org_id)
         return str(r).endswith(" 1")
-
-    # ---- rate limiting -------------------------------------------------------------------
-    async def attempts(self, kind: str, email: str, ip: str, minutes: int) -> tuple[int, int]:
-        r = await self.pool.fetchrow(
-            "SELECT count(*) FILTER (WHERE email = $2) AS by_email, count(*) FILTER (WHERE ip = $3) AS by_ip"
-            f" FROM login_attempts WHERE kind = $1 AND at > now() - interval '{int(minutes)} minutes'"
-            " AND (email = $2 OR ip = $3)", kind, normal_email(email), ip)
-        return int(r["by_email"]), int(r["by_ip"])
-
-    async def record_attempt(self, kind: str, email: str, ip: str) -> None:
-        await self.pool.execute("INSERT INTO login_attempts (email, ip, kind) VALUES ($1, $2, $3)",
-                                normal_email(email), ip, kind)
-
-    async def clear_attempts(self, kind: str, email: str) -> None:
-        await self.pool.execute("DELETE FROM login_attempts WHERE kind = $1 AND email = $2", kind, normal_email(email))

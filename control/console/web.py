@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -14,6 +14,7 @@ from aiohttp import web
 from control.admin import Admin, micro_to_pln
 from extproc.settings import Settings
 
+from .background import Background
 from .mail import Mailer
 from .payments import Provider
 from .security import csrf_token
@@ -32,7 +33,8 @@ MESSAGES = {
     "unverified": "Confirm your e-mail address first: we sent you a new link.",
     "key_revoked": "The key is revoked; the gateway refuses it from now on.",
     "invited": "The invitation is sent.",
-    "member_removed": "The member is removed.",
+    "member_removed": "The member is removed; the keys they created still work.",
+    "member_removed_keys_revoked": "The member is removed and the keys they created are revoked.",
     "invite_revoked": "The invitation is withdrawn.",
     "joined": "You joined the organisation.",
     "payment_cancelled": "The payment was cancelled.",
@@ -51,6 +53,7 @@ class Console:
     provider: Provider
     secret: bytes
     templates: jinja2.Environment
+    background: Background = field(default_factory=Background)
 
     @property
     def base_url(self) -> str:
@@ -101,9 +104,18 @@ def _quote(s: str) -> str:
 
 
 def safe_next(value: str | None) -> str:
-    if value and value.startswith("/") and not value.startswith("//") and "\\" not in value:
-        return value
-    return "/"
+    r"""A path on this site to go to after logging in, else "/".  Browsers drop tab, CR and LF from a
+    URL and read a backslash as a slash, so "/\t/evil", "/\\evil" and "\\\\evil" all mean //evil: any
+    control character, backslash, a second leading slash or a scheme is refused."""
+    if not value or not value.startswith("/") or value.startswith("//") or len(value) > 2000:
+        return "/"
+    if "\\" in value or any(ord(ch) < 0x20 or 0x7f <= ord(ch) <= 0x9f for ch in value):
+        return "/"
+    from urllib.parse import urlsplit
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc:
+        return "/"
+    return value
 
 
 def csrf_basis(request: web.Request) -> str:
@@ -125,7 +137,7 @@ def render(request: web.Request, name: str, status: int = 200, **ctx: Any) -> we
     c = console(request)
     msg = MESSAGES.get(request.query.get("msg", ""))
     html = c.templates.get_template(name).render(
-        viewer=viewer(request), csrf=csrf_for(request), message=msg, dev_mail=c.dev_mail,
+        viewer=viewer(request), csrf=csrf_for(request), message=msg, dev_mail=c.dev_mail and dev_local(request),
         orgs=request.get("orgs", []), path=request.path, **ctx)
     return web.Response(text=html, status=status, content_type="text/html")
 
@@ -147,5 +159,47 @@ def see_other(location: str) -> NoReturn:
     raise web.HTTPSeeOther(location)
 
 
+def peer_ip(request: web.Request) -> str:
+    """The socket's peer (never a header)."""
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    return str(peer[0]) if isinstance(peer, (tuple, list)) and peer else "?"
+
+
 def client_ip(request: web.Request) -> str:
-    return request.remote or "?"
+    """The client's address for the limiters.  GATEWAY_TRUSTED_HOPS = 0: the socket's peer (headers
+    are the client's to invent).  N > 0: N proxies in front, each appending the address it received
+    the request from to X-Forwarded-For, so the Nth entry from the right is the one the outermost
+    trusted proxy saw; what is left of it, the client may have written.  Too few entries (a request
+    that did not come through the proxies) or a malformed one: the socket's peer."""
+    import ipaddress
+    peer = peer_ip(request)
+    hops = console(request).settings.trusted_hops
+    if hops <= 0:
+        return peer
+    entries = [e.strip() for h in request.headers.getall("X-Forwarded-For", []) for e in h.split(",")]
+    entries = [e for e in entries if e]
+    if len(entries) < hops:
+        return peer
+    try:
+        return str(ipaddress.ip_address(entries[-hops]))
+    except ValueError:
+        return peer
+
+
+def dev_local(request: web.Request) -> bool:
+    """Development mode, and a loopback peer that no proxy forwarded."""
+    import ipaddress
+    if not console(request).settings.dev:
+        return False
+    try:
+        loopback = ipaddress.ip_address(peer_ip(request)).is_loopback
+    except ValueError:
+        return False
+    return loopback and not any(h in request.headers for h in ("X-Forwarded-For", "Forwarded", "X-Real-IP"))
+
+
+def dev_only(request: web.Request) -> None:
+    """Development conveniences (mail capture, sandbox payments): only in development mode, and only
+    to a loopback peer that no proxy forwarded; 404 (absent) for everyone else."""
+    if not dev_local(request):
+        raise web.HTTPNotFound()

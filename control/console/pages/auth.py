@@ -8,18 +8,13 @@ from aiohttp import web
 
 from control.admin import pln_to_micro
 
-from .. import mail
+from .. import limits, mail
 from ..app import cookie
 from ..security import check_password, hash_password, new_token, password_problem
-from ..store import SESSION_DAYS, normal_email, valid_email
-from ..web import SESSION_COOKIE, client_ip, console, need_viewer, raise_page, render, safe_next, see_other, viewer
+from ..store import SESSION_DAYS, name_problem, normal_email, valid_email
+from ..web import SESSION_COOKIE, Console, client_ip, console, need_viewer, raise_page, render, safe_next, see_other, viewer
 
 routes = web.RouteTableDef()
-
-LOGIN_MAX_PER_EMAIL = 5      # failed attempts per address ...
-LOGIN_MAX_PER_IP = 30        # ... and per client address ...
-LOGIN_WINDOW_MIN = 15        # ... in this many minutes
-RESET_MAX_PER_EMAIL = 3      # reset mails per address per hour
 
 
 async def start_session(request: web.Request, user_id: str, org_id: str | None, location: str) -> web.Response:
@@ -40,7 +35,7 @@ async def send_confirmation(request: web.Request, user_id: str, email: str) -> N
     c = console(request)
     token = new_token()
     await c.store.new_email_token(token, user_id, "confirm")
-    await c.mailer.send(email, *mail.confirm(f"{c.base_url}/confirm/{token}"))
+    c.background.run(c.mailer.send(email, *mail.confirm(f"{c.base_url}/confirm/{token}")), "confirmation mail")
 
 
 @routes.get("/")
@@ -66,25 +61,22 @@ async def signup_form(request: web.Request) -> web.Response:
 async def signup(request: web.Request) -> web.Response:
     c = console(request)
     f = await request.post()
-    email, password, org = normal_email(str(f.get("email", ""))), str(f.get("password", "")), str(f.get("org", "")).strip()
+    email, password, org = normal_email(str(f.get("email", ""))), str(f.get("password", "")), str(f.get("org", "")).strip(" ")
+    # Everything is checked before anything is written (or counted).
     error = None
     if not valid_email(email):
-        error = "Enter a valid e-mail address."
-    elif not org or len(org) > 100:
-        error = "Enter the organisation's name (up to 100 characters)."
+        error = "Enter a valid e-mail address (one address, nothing else)."
     else:
-        error = password_problem(password)
+        error = name_problem(org, "organisation's name") or password_problem(password)
     if error:
         return render(request, "signup.html", status=400, error=error, email=email, org=org)
-    sent, _ = await c.store.attempts("signup", email, client_ip(request), 60)
-    if sent >= RESET_MAX_PER_EMAIL:
-        return render(request, "signup.html", status=429, error="Too many sign-ups for this address; try later.",
+    if not await limits.hit(c.redis, (limits.SIGNUP_EMAIL, email), (limits.SIGNUP_IP, client_ip(request))):
+        return render(request, "signup.html", status=429, error="Too many sign-ups; try again later.",
                       email=email, org=org)
-    await c.store.record_attempt("signup", email, client_ip(request))
     pw_hash = await asyncio.to_thread(hash_password, password)
     existing = await c.store.user_by_email(email)
     if existing is not None:  # same answer as a new sign-up: the page does not tell who has an account
-        await c.mailer.send(email, *mail.already_registered(f"{c.base_url}/login"))
+        c.background.run(c.mailer.send(email, *mail.already_registered(f"{c.base_url}/login")), "sign-up mail")
         see_other("/login?msg=signed_up")
     org_id = await c.admin.create_org(org)
     async with c.pool.acquire() as conn, conn.transaction():
@@ -135,17 +127,17 @@ async def login(request: web.Request) -> web.Response:
     email, password = normal_email(str(f.get("email", ""))), str(f.get("password", ""))
     nxt = safe_next(str(f.get("next", "")))
     ip = client_ip(request)
-    by_email, by_ip = await c.store.attempts("login", email, ip, LOGIN_WINDOW_MIN)
-    if by_email >= LOGIN_MAX_PER_EMAIL or by_ip >= LOGIN_MAX_PER_IP:
+    # Counted before the password is checked, atomically: parallel guesses cannot outrun the limit.
+    if not await limits.hit(c.redis, (limits.LOGIN_EMAIL, email), (limits.LOGIN_IP, ip)):
         return render(request, "login.html", status=429, email=email, next=nxt,
-                      error=f"Too many failed attempts; try again in {LOGIN_WINDOW_MIN} minutes.")
+                      error=f"Too many failed attempts; try again in {limits.LOGIN_EMAIL.window_s // 60} minutes.")
     user = await c.store.user_by_email(email)
     ok = await asyncio.to_thread(check_password, user["password_hash"] if user else None, password)
     if user is None or not ok:
-        await c.store.record_attempt("login", email, ip)
         return render(request, "login.html", status=401, email=email, next=nxt,
                       error="Wrong e-mail address or password.")
-    await c.store.clear_attempts("login", email)
+    await limits.forget(c.redis, limits.LOGIN_EMAIL, email)  # only failures count
+    await limits.undo(c.redis, limits.LOGIN_IP, ip)
     if user["verified_at"] is None:
         await send_confirmation(request, user["id"], email)
         see_other("/login?msg=unverified")
@@ -172,16 +164,19 @@ async def reset(request: web.Request) -> web.Response:
     c = console(request)
     email = normal_email(str((await request.post()).get("email", "")))
     if not valid_email(email):
-        return render(request, "reset.html", status=400, error="Enter a valid e-mail address.")
-    sent, by_ip = await c.store.attempts("reset", email, client_ip(request), 60)
-    if sent < RESET_MAX_PER_EMAIL and by_ip < LOGIN_MAX_PER_IP:
-        await c.store.record_attempt("reset", email, client_ip(request))
-        user = await c.store.user_by_email(email)
-        if user is not None:
-            token = new_token()
-            await c.store.new_email_token(token, user["id"], "reset")
-            await c.mailer.send(email, *mail.reset(f"{c.base_url}/reset/{token}"))
+        return render(request, "reset.html", status=400, error="Enter a valid e-mail address (one address, nothing else).")
+    if await limits.hit(c.redis, (limits.RESET_EMAIL, email), (limits.RESET_IP, client_ip(request))):
+        # Off the request path: the answer takes as long for an unknown address as for a known one.
+        c.background.run(_send_reset(c, email), "reset mail")
     see_other("/login?msg=reset_sent")
+
+
+async def _send_reset(c: Console, email: str) -> None:
+    user = await c.store.user_by_email(email)
+    if user is not None:
+        token = new_token()
+        await c.store.new_email_token(token, user["id"], "reset")
+        await c.mailer.send(email, *mail.reset(f"{c.base_url}/reset/{token}"))
 
 
 @routes.get("/reset/{token}")

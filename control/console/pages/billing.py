@@ -14,7 +14,7 @@ from control.admin import AdminError, pln_to_micro
 
 from .. import billing
 from ..payments import BadNotification, PaymentError
-from ..web import console, need_owner, need_viewer, raise_page, render, see_other
+from ..web import console, dev_only, need_owner, need_viewer, raise_page, render, see_other
 
 routes = web.RouteTableDef()
 log = logging.getLogger("console.billing")
@@ -122,6 +122,7 @@ async def notify(request: web.Request) -> web.Response:
 
 async def _sandbox_payment(request: web.Request) -> tuple[object, Any]:
     c = console(request)
+    dev_only(request)  # free money: development mode, loopback only
     if c.provider.name != "sandbox":
         raise web.HTTPNotFound()
     v = need_viewer(request)

@@ -1,16 +1,18 @@
-"""Development only (no GATEWAY_SMTP_HOST): the messages the local capture SMTP server received."""
+"""Development mode only (GATEWAY_DEV=1 without GATEWAY_SMTP_HOST), to loopback peers only: the
+messages the local capture SMTP server received."""
 from __future__ import annotations
 
 from aiohttp import web
 
 from ..smtp_capture import read_messages
-from ..web import console, render
+from ..web import console, dev_only, render
 
 routes = web.RouteTableDef()
 
 
 def _messages(request: web.Request) -> list[dict[str, object]]:
     c = console(request)
+    dev_only(request)
     if not c.dev_mail:
         raise web.HTTPNotFound()
     return read_messages(c.settings.state / "mail", request.query.get("to") or None)

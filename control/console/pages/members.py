@@ -5,7 +5,7 @@ import asyncio
 
 from aiohttp import web
 
-from .. import mail
+from .. import limits, mail
 from ..security import hash_password, new_token, password_problem
 from ..store import normal_email, valid_email
 from ..web import console, need_owner, raise_page, render, see_other, viewer
@@ -33,14 +33,17 @@ async def invite(request: web.Request) -> web.Response:
     f = await request.post()
     email, role = normal_email(str(f.get("email", ""))), str(f.get("role", "member"))
     if not valid_email(email):
-        return await _page(request, 400, "Enter a valid e-mail address.")
+        return await _page(request, 400, "Enter a valid e-mail address (one address, nothing else).")
     if role not in ("owner", "member"):
         return await _page(request, 400, "The role is owner or member.")
     if any(m["email"] == email for m in await c.store.members(v.org_id)):
         return await _page(request, 400, "That person is already a member.")
+    if not await limits.hit(c.redis, (limits.INVITE_ORG, v.org_id), (limits.INVITE_EMAIL, email)):
+        return await _page(request, 429, "Too many invitations; try again later.")
     token = new_token()
     await c.store.create_invite(token, v.org_id, email, role, v.user_id)
-    await c.mailer.send(email, *mail.invite(v.org_name, v.email, f"{c.base_url}/invite/{token}"))
+    c.background.run(c.mailer.send(email, *mail.invite(v.org_name, v.email, f"{c.base_url}/invite/{token}")),
+                     "invitation mail")
     see_other("/members?msg=invited")
 
 
@@ -55,12 +58,19 @@ async def revoke_invite(request: web.Request) -> web.Response:
 @routes.post("/members/{user_id}/remove")
 async def remove(request: web.Request) -> web.Response:
     v = need_owner(request)
-    why = await console(request).store.remove_member(v.org_id, request.match_info["user_id"])
-    if why == "not_found":
+    c = console(request)
+    uid = request.match_info["user_id"]
+    # The secure default: the keys the member created stop working with their membership, unless
+    # the owner ticks "keep the keys they created working".
+    keep = (await request.post()).get("keep_keys") == "1"
+    done = await c.store.remove_member(v.org_id, uid, revoke_keys=not keep)
+    if done.problem == "not_found":
         raise_page(request, 404, "There is no such member in this organisation.")
-    if why == "last_owner":
+    if done.problem == "last_owner":
         return await _page(request, 400, "The organisation's last owner cannot be removed.")
-    see_other("/members?msg=member_removed")
+    for kid in done.revoked_keys:
+        await c.admin.revoke_key(kid)  # revoked already; this drops the gateway's cached entry at once
+    see_other("/members?msg=member_removed" + ("" if keep else "_keys_revoked"))
 
 
 @routes.get("/invite/{token}")

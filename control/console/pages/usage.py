@@ -129,6 +129,15 @@ async def usage_live(request: web.Request) -> web.Response:
     return render(request, "usage_live.html", f=f, **await _live(request, v.org_id, f))
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n")
+
+
+def cell(text: str) -> str:
+    """A text cell a spreadsheet shows as text: one that starts like a formula (= + - @, tab, CR, LF)
+    gets a leading apostrophe (OWASP's CSV injection advice), so a key named =HYPERLINK(...) stays a name."""
+    return "'" + text if text.startswith(FORMULA_START) else text
+
+
 @routes.get("/usage.csv")
 async def usage_csv(request: web.Request) -> web.Response:
     v = need_viewer(request)
@@ -138,8 +147,8 @@ async def usage_csv(request: web.Request) -> web.Response:
     w.writerow(["started_at", "request_id", "key_id", "key_name", "alias", "endpoint", "status", "prompt_tokens",
                 "completion_tokens", "cost_pln", "cost_micro_pln", "estimated"])
     for r in rows:
-        w.writerow([r["started_at"].isoformat(), r["request_id"], r["key_id"], r["key_name"] or "", r["alias"],
-                    r["endpoint"], r["status"], r["prompt_tokens"], r["completion_tokens"],
+        w.writerow([r["started_at"].isoformat(), cell(r["request_id"]), cell(r["key_id"]), cell(r["key_name"] or ""),
+                    cell(r["alias"]), cell(r["endpoint"]), r["status"], r["prompt_tokens"], r["completion_tokens"],
                     micro_to_pln(r["cost_micro_pln"]), r["cost_micro_pln"], "yes" if r["estimated"] else "no"])
     return web.Response(text=out.getvalue(), content_type="text/csv",
                         headers={"Content-Disposition": 'attachment; filename="usage.csv"'})

@@ -48,10 +48,14 @@ class Provider(Protocol):
 
 
 def make_provider(s: Settings, secret: bytes) -> Provider:
-    if s.payment_provider == "p24":
+    """Przelewy24, or the sandbox provider in development mode only (``launch.refusal`` keeps the
+    console from starting otherwise; this refuses too, should anything call it directly)."""
+    from ..launch import ConfigError, payment_provider, refusal
+    why = refusal(s)
+    if why:
+        raise ConfigError(why)
+    if payment_provider(s) == "p24":
         from .przelewy24 import Przelewy24
         return Przelewy24.from_settings(s)
-    if s.payment_provider == "sandbox":
-        from .sandbox import Sandbox
-        return Sandbox(secret, s.console_base_url)
-    raise ValueError(f"GATEWAY_PAYMENT_PROVIDER must be sandbox or p24, not {s.payment_provider!r}")
+    from .sandbox import Sandbox
+    return Sandbox(secret, s.console_base_url)

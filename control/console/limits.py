@@ -1,0 +1,58 @@
+"""The console's attempt limits: fixed-window counters in Redis, counted BEFORE the work they guard
+with one atomic transaction (SET NX EX + INCR), so parallel requests cannot all slip under a limit
+that was read before any of them was recorded.  Keys hold a hash of the subject (an e-mail address,
+a client address, an organisation), never the subject itself."""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+PREFIX = "gw:console:lim:"
+
+
+@dataclass(frozen=True)
+class Limit:
+    name: str      # what is counted, e.g. "login:email"
+    max: int       # attempts allowed per window
+    window_s: int
+
+    def key(self, subject: str) -> str:
+        return PREFIX + self.name + ":" + hashlib.sha256(subject.encode()).hexdigest()[:32]
+
+
+LOGIN_EMAIL = Limit("login:email", 5, 15 * 60)     # failed log-ins per address ...
+LOGIN_IP = Limit("login:ip", 30, 15 * 60)          # ... and per client address, in 15 minutes
+RESET_EMAIL = Limit("reset:email", 3, 3600)        # reset mails per address per hour
+RESET_IP = Limit("reset:ip", 30, 3600)
+SIGNUP_EMAIL = Limit("signup:email", 3, 3600)      # sign-up mails per address per hour
+SIGNUP_IP = Limit("signup:ip", 10, 3600)           # sign-ups per client address per hour
+INVITE_ORG = Limit("invite:org", 20, 3600)         # invitations per organisation per hour
+INVITE_EMAIL = Limit("invite:email", 3, 3600)      # invitations per invited address per hour
+
+
+async def hit(r: aioredis.Redis, *checks: tuple[Limit, str]) -> bool:
+    """Count one attempt against every (limit, subject); True when all are still within their limit."""
+    async with r.pipeline(transaction=True) as p:
+        for limit, subject in checks:
+            key = limit.key(subject)
+            p.set(key, 0, ex=limit.window_s, nx=True)
+            p.incr(key)
+        res = await p.execute()
+    counts = res[1::2]
+    return all(int(n) <= limit.max for n, (limit, _) in zip(counts, checks))
+
+
+async def forget(r: aioredis.Redis, limit: Limit, subject: str) -> None:
+    """The subject's count starts again (a successful log-in)."""
+    await r.delete(limit.key(subject))
+
+
+_UNDO = "if redis.call('exists', KEYS[1]) == 1 then return redis.call('decr', KEYS[1]) end return 0"
+
+
+async def undo(r: aioredis.Redis, limit: Limit, subject: str) -> None:
+    """Take back one attempt that turned out not to count (a successful log-in from that address);
+    a counter that expired meanwhile is not re-created."""
+    await r.eval(_UNDO, 1, limit.key(subject))
