@@ -407,6 +407,14 @@ class Exchange:
                              self.request_id)
 
     # ---- the end, however it came ----------------------------------------------------------
+    def undelivered(self) -> None:
+        """Envoy ended the call before the answer that lets the request through (this process was late
+        past Envoy's message timeout, or the client left): no model server ever saw the request, so its
+        slot is released and nothing is billed."""
+        if self.prepared is not None:
+            self._bill(None)
+
+
     async def close(self) -> None:
         """The gRPC stream ended.  A forwarded request not billed yet ended abnormally."""
         p = self.prepared

@@ -239,8 +239,9 @@ def test_a_postgresql_hang_under_load_bills_nothing_unserved_and_leaks_no_slot(s
 
 def test_envoys_own_message_timeout_is_a_spec_error(stack: Gateway) -> None:
     """The fallback: should the ext_proc itself stall past Envoy's message timeout, the client still gets
-    SPEC's 500 internal_error with its request id, not Envoy's empty 504."""
-    _, _, key = stack.new_org(1_000_000)
+    SPEC's 500 internal_error with its request id, not Envoy's empty 504; and the request the ext_proc
+    admits when it resumes, whose answer Envoy no longer reads, is released and never billed."""
+    org, _, key = stack.new_org(1_000_000)
     extproc = stack.stack.procs["extproc"].popen.pid  # type: ignore[union-attr]
     got: list[Got] = []
     with httpx.Client(base_url=stack.v1, timeout=30) as c:
@@ -256,3 +257,15 @@ def test_envoys_own_message_timeout_is_a_spec_error(stack: Gateway) -> None:
     assert g.error is not None and (g.status, g.error["code"], g.error["type"]) == (500, "internal_error",
                                                                                     "server_error")
     assert g.seconds >= MESSAGE_TIMEOUT_S - 0.5  # it was the message timeout that answered
+    # a later request as a barrier: once its record is in PostgreSQL, one queued before it would be too
+    with httpx.Client(base_url=stack.v1, timeout=30) as c:
+        later = _send(c, key, 3)
+    assert later.status == 200
+    wait_for(lambda: stack.sql("SELECT 1 FROM usage_records WHERE request_id = $1", later.rid), timeout=15)
+    assert stack.sim_record(g.rid) is None
+    assert stack.sql("SELECT request_id FROM usage_records WHERE org_id = $1", org) == [{"request_id": later.rid}]
+    r = redis.Redis.from_url(stack.stack.redis_url)
+    try:
+        wait_for(lambda: r.zcard("gw:c:" + org) == 0 and r.hget("gw:if", g.rid) is None, timeout=10)
+    finally:
+        r.close()
