@@ -81,6 +81,7 @@ async def serve(settings: Settings) -> None:
         while True:
             try:
                 await heartbeat(r, gw.owner)
+                await store.sync_clock()
             except Exception:  # noqa: BLE001 - Redis down: the next beat tries again
                 pass
             await asyncio.sleep(1.0)

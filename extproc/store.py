@@ -162,6 +162,7 @@ class Store:
         self._defaults = (str(default_rpm), str(default_concurrency), str(lease_s))
         self._key_ttl = key_ttl_s
         self.margin_s = 0.25
+        self.clock_offset_s = 0.0  # Redis's clock minus this host's (``sync_clock``): deadlines are in Redis's time
         self._fill_key = client.register_script(_FILL_KEY)
         self._fill_org = client.register_script(_FILL_ORG)
 
@@ -174,7 +175,8 @@ class Store:
         rpm, conc, lease = self._defaults
         until = ""
         if deadline is not None:
-            until = str(int((min(deadline, time.time() + self.fast.timeout) - self.margin_s) * 1000))
+            until = str(int((min(deadline, time.time() + self.fast.timeout) - self.margin_s + self.clock_offset_s)
+                            * 1000))
         res = await self.fast.evalsha(_ADMIT, [], [key_hash, "1" if limits else "0", request_id, rpm, conc, lease,
                                                     pending, until])
         tag = res[0].decode() if isinstance(res[0], bytes) else res[0]
@@ -205,6 +207,15 @@ class Store:
         payload = "" if record is None else record.to_json()
         await self.fast.evalsha(_FINISH, [USAGE_STREAM],
                                 [org_id, request_id, 0 if record is None else record.cost_micro_pln, payload])
+
+    async def sync_clock(self) -> None:
+        """Measure how far Redis's clock is from this host's (to within half a round trip), so that a
+        managed Redis whose clock differs by seconds neither refuses every admission nor lets late ones in."""
+        before = time.time()
+        secs, micros = await self.r.time()
+        after = time.time()
+        if after - before < 0.5:
+            self.clock_offset_s = secs + micros / 1e6 - (before + after) / 2
 
     async def cancel(self, request_id: str) -> None:
         """The caller gave up on this request's admission: undo it if it ran, refuse it if it is still to run."""

@@ -147,5 +147,14 @@ def test_an_admission_run_after_its_deadline_or_cancel_takes_no_effect(gateway: 
         await store.cancel(undone)
         assert await r.zcard("gw:c:" + org) == 0 and await r.hget("gw:if", undone) is None
         assert await r.ttl("gw:x:" + undone) > 0  # the refusal marker expires
+        # deadlines are in Redis's time: a host whose clock is 30 s behind Redis's (as measured) still
+        # gets an admission whose deadline, by its own clock 29 s ago, is a second away for Redis
+        await store.sync_clock()
+        assert abs(store.clock_offset_s) < 0.5  # the same machine
+        store.clock_offset_s = 30.0
+        skewed = f"{stamp}-skewed"
+        adm = await store.admit(h, skewed, limits=True, pending="test|{}", deadline=time.time() - 29)
+        assert adm.admitted
+        await store.finish(org, skewed, None)
 
     _with_store(gateway, go)
