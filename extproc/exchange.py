@@ -67,7 +67,7 @@ class Gateway:
     # SPEC section 7: the longest gap allowed inside an upstream reply once it has started.  Envoy's
     # idle timers run from the start of the upstream request, so the ext_proc keeps this one.
     idle_timeout_s: float = 60.0
-    # The longest a request's admission may wait on Redis and PostgreSQL before it is answered 500
+    # The longest an admission may wait on Redis and PostgreSQL before the request is answered 500
     # internal_error: well inside Envoy's ext_proc message_timeout (5 s, envoy/envoy.yaml), so that a
     # hung dependency gives the client SPEC's error, never Envoy's empty 504.
     dependency_budget_s: float = 3.5
@@ -289,14 +289,16 @@ class Exchange:
 
     async def _admit_redis(self, limits: bool) -> Admission:
         """One round trip to Redis; on a cache miss, a PostgreSQL read and a fill first.  All of it within
-        ``dependency_budget_s`` of the request's start: past it (a hung or dead Redis or PostgreSQL) the
+        ``dependency_budget_s``: past it (a hung or dead Redis or PostgreSQL) the
         answer is 500 internal_error, and an admission that may have taken effect is undone (``cancel``),
         so the request is never billed and holds no slot."""
         assert self.key_hash is not None
         pending = self._pending() if limits else ""
-        deadline = self.started + self.gw.dependency_budget_s
+        # from now, not the request's start: Envoy's message timeout runs from the message that brought
+        # us here (a chunked body may come seconds after the headers)
+        deadline = self.gw.clock() + self.gw.dependency_budget_s
         try:
-            async with asyncio.timeout(deadline - self.gw.clock()):
+            async with asyncio.timeout(self.gw.dependency_budget_s):
                 for _ in range(3):
                     try:
                         adm = await self.gw.store.admit(self.key_hash, self.request_id, limits=limits,

@@ -5,6 +5,7 @@ usage records, the balance and the concurrency slots in Redis agree: nothing uns
 served is lost, no slot or journal entry is left behind."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -269,3 +270,20 @@ def test_envoys_own_message_timeout_is_a_spec_error(stack: Gateway) -> None:
         wait_for(lambda: r.zcard("gw:c:" + org) == 0 and r.hget("gw:if", g.rid) is None, timeout=10)
     finally:
         r.close()
+
+
+def test_the_budget_runs_from_the_body_not_the_headers(stack: Gateway) -> None:
+    """A chunked body that takes longer than the budget to arrive is not refused: the budget (and
+    Envoy's message timeout) runs from the message that brings the body."""
+    org, _, key = stack.new_org(1_000_000)
+    body = json.dumps(BODIES[0][1]).encode()
+
+    def slowly() -> Iterator[bytes]:
+        yield body[:10]
+        time.sleep(4.5)  # the stimulus: a slow client, longer than the 3.5 s budget
+        yield body[10:]
+
+    r = httpx.post(stack.v1 + "/chat/completions", content=slowly(), timeout=30,
+                   headers={"Authorization": f"Bearer {key}", "content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert stack.sim_record(r.headers["x-request-id"]) is not None
