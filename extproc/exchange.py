@@ -312,7 +312,10 @@ class Exchange:
             if limits and adm.admitted and self.gw.clock() > deadline:
                 raise TimeoutError("admitted after the budget")  # too late for Envoy: undone below
         except Exception as e:  # noqa: BLE001 - Redis or PostgreSQL hung, gone or late
-            log.warning("request %s: admission failed: %s", self.request_id, type(e).__name__)
+            if isinstance(e, (TimeoutError, OSError, Late)):  # ConnectionError is an OSError
+                log.warning("request %s: admission failed: %s", self.request_id, type(e).__name__)
+            else:
+                log.exception("request %s: admission failed", self.request_id)
             if limits:
                 self.gw.cancel(self.request_id)
             self.admission = None
@@ -415,7 +418,6 @@ class Exchange:
         slot is released and nothing is billed."""
         if self.prepared is not None:
             self._bill(None)
-
 
     async def close(self) -> None:
         """The gRPC stream ended.  A forwarded request not billed yet ended abnormally."""
