@@ -19,6 +19,7 @@ from extproc.catalog import CatalogError
 from extproc.settings import Settings
 
 from .admin import Admin, AdminError, micro_to_pln, pln_to_micro
+from .embedded import write_private
 
 
 def _urls(s: Settings) -> tuple[str, str]:
@@ -61,8 +62,7 @@ async def ensure_demo(admin: Admin, s: Settings) -> dict[str, str]:
     org = await admin.create_org("demo", pln_to_micro(s.trial_balance_pln))
     kid, key = await admin.create_key(org, "demo")
     demo = {"org": org, "key_id": kid, "key": key}
-    f.write_text(json.dumps(demo))
-    f.chmod(0o600)
+    write_private(f, json.dumps(demo))
     return demo
 
 
