@@ -19,7 +19,7 @@ from extproc.catalog import CatalogError
 from extproc.settings import Settings
 
 from .admin import Admin, AdminError, micro_to_pln, pln_to_micro
-from .embedded import write_private
+from .embedded import StartError, write_private
 
 
 def _urls(s: Settings) -> tuple[str, str]:
@@ -84,6 +84,7 @@ def cmd_up(args: argparse.Namespace, s: Settings) -> int:
         s2 = Settings.from_env(gateway_port=s.gateway_port, database_url=stack.database_url,
                                redis_url=stack.redis_url)
         demo = asyncio.run(_with_admin(s2, lambda a: ensure_demo(a, s2)))
+        first_request(s, demo["key"], stack.logs)
         base = f"http://{s.gateway_host}:{s.gateway_port}/v1"
         print(f"""
 Gateway ready on {base}
@@ -98,9 +99,37 @@ Try it:
 
 Ctrl-C stops every process.""", flush=True)
         stack.supervise(lambda: stopping)
+    except (StartError, RuntimeError, OSError) as e:
+        print(f"gateway: not started: {e}", file=sys.stderr)
+        return 1
     finally:
         stack.stop()
     return 0
+
+
+def first_request(s: Settings, key: str, logs: Path, timeout: float = 30.0) -> None:
+    """Ready means a real request went through: GET /v1/models with the demo key, through Envoy, the
+    ext_proc (key lookup) and Redis and back, answered 200."""
+    import time
+    import urllib.error
+    import urllib.request
+    host = "127.0.0.1" if s.gateway_host in ("", "0.0.0.0", "::") else s.gateway_host
+    req = urllib.request.Request(f"http://{host}:{s.gateway_port}/v1/models",
+                                 headers={"Authorization": f"Bearer {key}"})
+    deadline, last = time.monotonic() + timeout, ""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                if r.status == 200:
+                    return
+                last = f"HTTP {r.status}"
+        except urllib.error.HTTPError as e:
+            last = f"HTTP {e.code}"
+        except OSError as e:
+            last = type(e).__name__
+        time.sleep(0.1)
+    raise StartError(f"no request with the demo key went through Envoy, the ext_proc and Redis in {timeout:.0f} s "
+                     f"(last: {last}); see {logs}")
 
 
 async def status(s: Settings) -> dict[str, dict[str, Any]]:

@@ -255,6 +255,7 @@ class Stack:
             self.start_proc(self._pg_proc())
         if not self.s.redis_url:
             self.start_proc(self._redis_proc())
+        asyncio.run(self._check_redis())
         asyncio.run(self._migrate())
         embedded.write_private(self.state / "stack.json", json.dumps(
             {"database_url": self.database_url, "redis_url": self.redis_url,
@@ -270,19 +271,50 @@ class Stack:
             self.start_proc(self._smtp_proc())
         self.start_proc(self._console_proc())
 
-    async def _migrate(self) -> None:
+    async def _check_redis(self, timeout: float = 10.0) -> None:
+        """Redis takes REDIS_URL's credentials: refused, or not reachable in ``timeout`` seconds, is a
+        StartError naming Redis and the URL (its password masked)."""
+        from extproc.resp import RespClient, RespSetupError
+        from extproc.urls import RedisUrlError, mask
+        try:
+            client = RespClient.from_url(self.redis_url)
+        except RedisUrlError as e:
+            raise embedded.StartError(str(e)) from None
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    await client.call("PING")
+                    return
+                except RespSetupError as e:
+                    raise embedded.StartError(str(e)) from None
+                except Exception as e:  # noqa: BLE001 - down, slow, or not Redis: said below
+                    why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                if time.monotonic() > deadline:
+                    raise embedded.StartError(f"Redis at {mask(self.redis_url)} is not reachable ({why}); "
+                                              f"check REDIS_URL and that the server is running")
+                await asyncio.sleep(0.1)
+        finally:
+            await client.close()
+
+    async def _migrate(self, timeout: float = 10.0) -> None:
         import asyncpg
         from .schema import migrate
         from extproc.urls import mask
-        for attempt in range(50):
+        deadline = time.monotonic() + timeout
+        while True:
             try:
-                conn = await asyncpg.connect(self.database_url)  # the URL as given: sslmode, sslrootcert, ...
+                conn = await asyncpg.connect(self.database_url, timeout=5)  # as given: sslmode, sslrootcert, ...
                 break
-            except (OSError, asyncpg.PostgresError) as e:
-                why = f"{type(e).__name__}: {e}"
-                await asyncio.sleep(0.1)
-        else:
-            raise RuntimeError(f"PostgreSQL at {mask(self.database_url)} did not accept connections ({why})")
+            except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError) as e:
+                raise embedded.StartError(f"PostgreSQL at {mask(self.database_url)} refused the credentials "
+                                          f"({e}); check DATABASE_URL") from None
+            except (OSError, asyncpg.PostgresError, asyncio.TimeoutError) as e:
+                why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            if time.monotonic() > deadline:
+                raise embedded.StartError(f"PostgreSQL at {mask(self.database_url)} did not accept connections "
+                                          f"({why}); check DATABASE_URL and that the server is running")
+            await asyncio.sleep(0.1)
         try:
             await migrate(conn)
         finally:

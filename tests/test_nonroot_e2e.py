@@ -147,6 +147,11 @@ def test_gateway_up_as_an_ordinary_account(account: tuple[pwd.struct_passwd, Pat
                     if line.strip().startswith("API key:") and out.endswith(b"every process.\n"):
                         key = line.split(":", 1)[1].strip()
         assert "Gateway ready" in out.decode()
+        # ready was said after a real request: the demo key's GET /v1/models went through Envoy, the
+        # ext_proc and Redis, answered 200
+        m = httpx.get(f"http://127.0.0.1:{base + 19}/metrics").text
+        assert any('endpoint="models"' in ln and 'status="200"' in ln and not ln.endswith(" 0.0")
+                   for ln in m.splitlines() if ln.startswith("gateway_requests_total{")), m[-3000:]
 
         h = {"Authorization": f"Bearer {key}"}
         v1 = f"http://127.0.0.1:{base}/v1"
