@@ -69,7 +69,6 @@ class Proc:
     argv: list[str]
     ready: Callable[[], bool]
     env: dict[str, str] = field(default_factory=dict)
-    user: str | None = None
     popen: subprocess.Popen[bytes] | None = None
 
     @property
@@ -229,7 +228,7 @@ class Stack:
                      embedded.PRIVATE_FILE)
         # umask 077: whatever the process creates (Redis's append-only file, PostgreSQL's files, mail)
         # is the account's own
-        p.popen = subprocess.Popen(p.argv, env=p.env or None, user=p.user, stdout=fd,
+        p.popen = subprocess.Popen(p.argv, env=p.env or None, stdout=fd,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True, umask=0o077)
         os.close(fd)
