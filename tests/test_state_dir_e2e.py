@@ -101,3 +101,33 @@ def test_redis_refuses_a_client_without_auth(gateway: Gateway, command: bytes) -
     assert after.startswith(b"-NOAUTH")
     ok, = _redis(port, b"AUTH " + creds["redis"].encode() + b"\r\n")
     assert ok == b"+OK\r\n"
+
+
+def test_a_state_dir_from_before_gets_credentials() -> None:
+    """A data directory made by an older version (initdb --auth=trust, no credentials kept) is given
+    the generated password and requires it from then on; its data stays."""
+    import subprocess
+    import tempfile
+
+    from conftest import running_stack
+    from control.embedded import pg_install, pg_runner
+    state = Path(tempfile.mkdtemp(prefix="gw-olddir-")) / "state"
+    (state / "pg").mkdir(parents=True, mode=0o700)
+    prefix, owner = pg_runner()
+    if owner is not None:
+        os.chown(state / "pg", *owner)
+    subprocess.run([*prefix, str(pg_install() / "bin" / "initdb"), "-D", str(state / "pg"), "--auth=trust",
+                    "-U", "postgres"], check=True, capture_output=True, umask=0o022)
+    os.chmod(state, 0o755)
+    with running_stack("gw-olddir-", state_dir=str(state)) as gw:
+        rules = [ln.split() for ln in (state / "pg" / "pg_hba.conf").read_text().splitlines()
+                 if ln.strip() and not ln.startswith("#")]
+        assert rules and all(r[-1] == "scram-sha-256" for r in rules), rules
+        port = gw.stack.pg_port
+        refused = _pg_error(f"postgresql://postgres@127.0.0.1:{port}/postgres?passfile=/nonexistent")
+        assert refused != "connected" and "password" in refused.lower(), refused
+        assert _pg_error(gw.stack.database_url) == "connected"
+        for root, dirs, files in os.walk(state):
+            for n in dirs + files:
+                st = os.lstat(Path(root) / n)
+                assert stat.S_IMODE(st.st_mode) == (0o700 if stat.S_ISDIR(st.st_mode) else 0o600), (root, n)
