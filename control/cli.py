@@ -17,6 +17,7 @@ from typing import Any, Awaitable, Callable
 
 from extproc.catalog import CatalogError
 from extproc.settings import Settings
+from extproc.urls import RedisUrlError
 
 from .admin import Admin, AdminError, micro_to_pln, pln_to_micro
 from .embedded import StartError, write_private
@@ -44,7 +45,7 @@ def db_problem(url: str, e: BaseException) -> str:
     from extproc.urls import mask
     m = mask(url)
     if isinstance(e, (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError)):
-        return f"PostgreSQL at {m} refused the credentials ({e}); check DATABASE_URL"
+        return f"PostgreSQL refused DATABASE_URL's credentials: {e} (at {m}); fix DATABASE_URL"
     if isinstance(e, (OSError, asyncio.TimeoutError, asyncpg.CannotConnectNowError)):
         why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         return (f"cannot reach PostgreSQL at {m} ({why}); start the stack with 'gateway up', "
@@ -64,7 +65,7 @@ def redis_problem(url: str, e: BaseException) -> str:
     text = str(e)
     if isinstance(e, rx.AuthenticationError) or any(
             w in text for w in ("NOAUTH", "WRONGPASS", "invalid password", "invalid username-password")):
-        return f"Redis at {m} refused the credentials ({text}); check REDIS_URL"
+        return f"Redis refused REDIS_URL's credentials: {text} (at {m}); fix REDIS_URL"
     if isinstance(e, (OSError, asyncio.TimeoutError, rx.ConnectionError, rx.TimeoutError)):
         why = f"{type(e).__name__}: {text}" if text else type(e).__name__
         return f"cannot reach Redis at {m} ({why}); start the stack with 'gateway up', or check REDIS_URL"
@@ -317,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "status":
             return cmd_status(args, s)
         return int(asyncio.run(_with_admin(s, lambda a: _admin_cmd(args, a))))
-    except (AdminError, CatalogError) as e:
+    except (AdminError, CatalogError, RedisUrlError) as e:
         print(f"gateway: {e}", file=sys.stderr)
         return 2
     except (OSError, asyncio.TimeoutError) as e:  # a server gone in the middle of a command, a port taken

@@ -2,9 +2,10 @@
 
 redis-py's asyncio client spends ~150 µs of Python per command; this one writes the command and
 awaits its reply on one shared connection (replies come back in order, so concurrent requests
-pipeline naturally).  It takes the URLs redis-py takes (extproc/urls.py): password or ACL user,
-database number, TLS (rediss://) and unix sockets; AUTH and SELECT are sent on every new connection.  Sans-I/O parser (``RespParser``) + a thin asyncio protocol.  A lost or hung
-connection fails the calls waiting on it and is replaced on the next call.
+pipeline naturally).  Sans-I/O parser (``RespParser``) + a thin asyncio protocol.  A lost or hung
+connection fails the calls waiting on it and is replaced on the next call.  It takes the URLs redis-py
+takes (extproc/urls.py): password or ACL user, database number, TLS (rediss://), unix sockets; AUTH
+and SELECT are sent on every new connection.
 """
 from __future__ import annotations
 

@@ -110,14 +110,14 @@ class Miss(Exception):
         self.org_id = org_id
 
 
-def redis_client(url: str, size: int, *, socket_timeout: float = 2) -> aioredis.Redis:
+def redis_client(url: str, size: int) -> aioredis.Redis:
     """redis-py for everything but the request path's two scripts, opened from the same reading of
     REDIS_URL as the request path's client (extproc/urls.py), so that both log in alike.  A restarted
     Redis leaves dead pooled connections: a failed call is retried on a new one.  The pool waits for a
     free connection rather than failing when every one is busy; it is small and opened whole at start,
     so that a process's descriptors do not grow under load."""
     return aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool(
-        max_connections=size, timeout=5, socket_timeout=socket_timeout, socket_connect_timeout=2,
+        max_connections=size, timeout=5, socket_timeout=2, socket_connect_timeout=2,
         health_check_interval=10, retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2),
         retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
         **_redis_py_options(parse_redis(url))))

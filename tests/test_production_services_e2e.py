@@ -342,6 +342,36 @@ def test_the_services_refuse_what_the_urls_do_not_allow(services: tuple[Path, st
     asyncio.run(go())
 
 
+def test_the_cli_says_which_server_refused_it(services: tuple[Path, str, str, str]) -> None:
+    _, tls_url, _, pg_url = services
+    bad_redis = tls_url.replace(quote(REDIS_PASS, safe=""), "not-it")
+    bad_pg = pg_url.replace(quote(PG_PASS, safe=""), "not-it")
+
+    async def an_org() -> str:
+        from control.admin import Admin
+        from control.schema import migrate
+        conn = await asyncpg.connect(pg_url)
+        try:
+            await migrate(conn)
+        finally:
+            await conn.close()
+        pool, r = await asyncpg.create_pool(pg_url, min_size=1, max_size=1), redis_client(tls_url, 1)
+        try:
+            return await Admin(pool, r).create_org("cli-refused")
+        finally:
+            await pool.close()
+            await r.aclose()
+    org = asyncio.run(an_org())
+    for db, rd, expect in [(pg_url, bad_redis, "gateway: Redis refused REDIS_URL's credentials: "),
+                           (bad_pg, tls_url, "gateway: PostgreSQL refused DATABASE_URL's credentials: "),
+                           (pg_url, tls_url + "&socket_timeout=1", "unsupported parameter 'socket_timeout'")]:
+        env = dict(os.environ, DATABASE_URL=db, REDIS_URL=rd)
+        r = subprocess.run([sys.executable, "-m", "control.cli", "balance", "show", org], env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and expect in r.stderr, r.stderr[-2000:]
+        assert "Traceback" not in r.stderr and "not-it" not in r.stderr and "p%40ss" not in r.stderr
+
+
 def test_the_container_migration_job_takes_the_url(services: tuple[Path, str, str, str]) -> None:
     """The image's ``migrate`` command (the Kubernetes Job), on PostgreSQL over TLS with SCRAM."""
     _, _, _, pg_url = services
