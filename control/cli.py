@@ -21,31 +21,82 @@ from extproc.urls import RedisUrlError
 
 from .admin import Admin, AdminError, micro_to_pln, pln_to_micro
 from .console.launch import ConfigError
+from .embedded import StartError, write_private
 
 
 def _urls(s: Settings) -> tuple[str, str]:
     db, rd = s.database_url, s.redis_url
     f = s.state / "stack.json"
     if (not db or not rd) and f.exists():
-        doc = json.loads(f.read_text())
-        db, rd = db or doc["database_url"], rd or doc["redis_url"]
+        try:
+            doc = json.loads(f.read_text())
+            db, rd = db or doc["database_url"], rd or doc["redis_url"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise AdminError(f"cannot read {f} ({type(e).__name__}); restart the stack with 'gateway up', "
+                             "or set DATABASE_URL and REDIS_URL") from None
     if not db or not rd:
         raise AdminError(f"no running stack found in {s.state} (start it with 'gateway up'),"
                          " or set DATABASE_URL and REDIS_URL")
     return db, rd
 
 
-async def _with_admin(s: Settings, fn: Callable[[Admin], Awaitable[Any]]) -> Any:
+def db_problem(url: str, e: BaseException) -> str:
+    """What went wrong reaching PostgreSQL, and what to do, in one line (the password masked)."""
     import asyncpg
+    from extproc.urls import mask
+    m = mask(url)
+    if isinstance(e, (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError)):
+        return f"PostgreSQL refused DATABASE_URL's credentials: {e} (at {m}); fix DATABASE_URL"
+    if isinstance(e, (OSError, asyncio.TimeoutError, asyncpg.CannotConnectNowError)):
+        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        return (f"cannot reach PostgreSQL at {m} ({why}); start the stack with 'gateway up', "
+                "or check DATABASE_URL")
+    if isinstance(e, (ValueError, asyncpg.InterfaceError)):
+        return f"DATABASE_URL {m} cannot be used: {e}"
+    return f"PostgreSQL at {m}: {type(e).__name__}: {e}"
+
+
+def redis_problem(url: str, e: BaseException) -> str:
+    """What went wrong reaching Redis, and what to do, in one line (the password masked)."""
+    import redis.exceptions as rx
+    from extproc.urls import RedisUrlError, mask
+    m = mask(url)
+    if isinstance(e, RedisUrlError):
+        return str(e)
+    text = str(e)
+    if isinstance(e, rx.AuthenticationError) or any(
+            w in text for w in ("NOAUTH", "WRONGPASS", "invalid password", "invalid username-password")):
+        return f"Redis refused REDIS_URL's credentials: {text} (at {m}); fix REDIS_URL"
+    if isinstance(e, (OSError, asyncio.TimeoutError, rx.ConnectionError, rx.TimeoutError)):
+        why = f"{type(e).__name__}: {text}" if text else type(e).__name__
+        return f"cannot reach Redis at {m} ({why}); start the stack with 'gateway up', or check REDIS_URL"
+    return f"Redis at {m}: {type(e).__name__}: {text}"
+
+
+async def _with_admin(s: Settings, fn: Callable[[Admin], Awaitable[Any]]) -> Any:
+    """``fn`` with an Admin on the stack's PostgreSQL and Redis; either one refusing or not there is an
+    AdminError saying which, at which URL (password masked), and what to do."""
+    import asyncpg
+    import redis.exceptions as rx
     from extproc.store import redis_client
+    from extproc.urls import RedisUrlError
     db, rd = _urls(s)
-    pool = await asyncpg.create_pool(db, min_size=1, max_size=2)
-    r = redis_client(rd, 2)
     try:
-        return await fn(Admin(pool, r))
+        pool = await asyncpg.create_pool(db, min_size=1, max_size=2, timeout=5)
+    except (OSError, asyncio.TimeoutError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+        raise AdminError(db_problem(db, e)) from None
+    try:
+        try:
+            r = redis_client(rd, 2)
+            await r.ping()
+        except (OSError, asyncio.TimeoutError, RedisUrlError, rx.RedisError) as e:
+            raise AdminError(redis_problem(rd, e)) from None
+        try:
+            return await fn(Admin(pool, r))
+        finally:
+            await r.aclose()
     finally:
         await pool.close()
-        await r.aclose()
 
 
 def _print(args: argparse.Namespace, data: Any, text: str) -> None:
@@ -63,8 +114,7 @@ async def ensure_demo(admin: Admin, s: Settings) -> dict[str, str]:
     org = await admin.create_org("demo", pln_to_micro(s.trial_balance_pln))
     kid, key = await admin.create_key(org, "demo")
     demo = {"org": org, "key_id": kid, "key": key}
-    f.write_text(json.dumps(demo))
-    f.chmod(0o600)
+    write_private(f, json.dumps(demo))
     return demo
 
 
@@ -86,6 +136,7 @@ def cmd_up(args: argparse.Namespace, s: Settings) -> int:
         s2 = Settings.from_env(gateway_port=s.gateway_port, database_url=stack.database_url,
                                redis_url=stack.redis_url)
         demo = asyncio.run(_with_admin(s2, lambda a: ensure_demo(a, s2)))
+        first_request(s, demo["key"], stack.logs)
         base = f"http://{s.gateway_host}:{s.gateway_port}/v1"
         dev = ("\n  DEVELOPMENT MODE (GATEWAY_DEV=1): e-mails captured at /dev/mail, sandbox payments;"
                " both on loopback only. Never in a deployment.") if s.dev else ""
@@ -102,9 +153,37 @@ Try it:
 
 Ctrl-C stops every process.""", flush=True)
         stack.supervise(lambda: stopping)
+    except (StartError, RuntimeError, OSError) as e:
+        print(f"gateway: not started: {e}", file=sys.stderr)
+        return 1
     finally:
         stack.stop()
     return 0
+
+
+def first_request(s: Settings, key: str, logs: Path, timeout: float = 30.0) -> None:
+    """Ready means a real request went through: GET /v1/models with the demo key, through Envoy, the
+    ext_proc (key lookup) and Redis and back, answered 200."""
+    import time
+    import urllib.error
+    import urllib.request
+    host = "127.0.0.1" if s.gateway_host in ("", "0.0.0.0", "::") else s.gateway_host
+    req = urllib.request.Request(f"http://{host}:{s.gateway_port}/v1/models",
+                                 headers={"Authorization": f"Bearer {key}"})
+    deadline, last = time.monotonic() + timeout, ""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                if r.status == 200:
+                    return
+                last = f"HTTP {r.status}"
+        except urllib.error.HTTPError as e:
+            last = f"HTTP {e.code}"
+        except OSError as e:
+            last = type(e).__name__
+        time.sleep(0.1)
+    raise StartError(f"no request with the demo key went through Envoy, the ext_proc and Redis in {timeout:.0f} s "
+                     f"(last: {last}); see {logs}")
 
 
 async def status(s: Settings) -> dict[str, dict[str, Any]]:
@@ -160,14 +239,14 @@ async def status(s: Settings) -> dict[str, dict[str, Any]]:
         await conn.close()
         out["postgres"] = {"ok": True, "detail": "accepting connections"}
     except Exception as e:  # noqa: BLE001
-        out["postgres"] = {"ok": False, "detail": type(e).__name__}
+        out["postgres"] = {"ok": False, "detail": db_problem(db, e) if db else type(e).__name__}
     try:
         r = redis_client(rd, 1)
         await r.ping()
         await r.aclose()
         out["redis"] = {"ok": True, "detail": "PONG"}
     except Exception as e:  # noqa: BLE001
-        out["redis"] = {"ok": False, "detail": type(e).__name__}
+        out["redis"] = {"ok": False, "detail": redis_problem(rd, e) if rd else type(e).__name__}
     if s.run_sim:
         cat = catalog_mod.load(s.catalog)
         ports = sorted({(d.name, d.port) for deps in cat.deployments.values() for d in deps
@@ -179,14 +258,21 @@ async def status(s: Settings) -> dict[str, dict[str, Any]]:
 
 def cmd_status(args: argparse.Namespace, s: Settings) -> int:
     doc = asyncio.run(status(s))
+    if not any(v["ok"] for v in doc.values()):  # nothing answers: one line, not a table of DOWNs
+        raise AdminError(f"the stack on port {s.gateway_port} is not running (no component answers); "
+                         "start it with 'gateway up'")
     lines = [f"{name:<12} {'ok  ' if v['ok'] else 'DOWN'}  {v['detail']}" for name, v in doc.items()]
     _print(args, doc, "\n".join(lines))
-    return 0 if all(v["ok"] for v in doc.values()) else 1
+    down = [name for name, v in doc.items() if not v["ok"]]
+    if down:  # the table says which; this line says what to do about the first
+        print(f"gateway: {', '.join(down)} down: {doc[down[0]]['detail']}", file=sys.stderr)
+    return 1 if down else 0
 
 
 def cmd_sim(args: argparse.Namespace, s: Settings) -> int:
     import sim
-    sim.main(["--port", str(args.port)] + args.rest)
+    port = [] if any(a == "--port" or a.startswith("--port=") for a in args.rest) else ["--port", "9100"]
+    sim.main(port + args.rest)
     return 0
 
 
@@ -221,7 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     for grp in (org, key, bal):
         for sp in grp.choices.values():
             sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
-    args = p.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["sim"]:  # every option after "sim" is the simulator's own (python -m sim --help)
+        args = argparse.Namespace(cmd="sim", rest=argv[1:])
+    else:
+        args = p.parse_args(argv)
     s = Settings.from_env()
     try:
         if args.cmd == "up":
@@ -234,23 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     except (AdminError, CatalogError, RedisUrlError, ConfigError) as e:
         print(f"gateway: {e}", file=sys.stderr)
         return 2
-    except Exception as e:
-        refused = _refused(e)
-        if refused is None:
-            raise
-        print(f"gateway: {refused}", file=sys.stderr)
-        return 2
-
-
-def _refused(e: Exception) -> str | None:
-    """A server that refused the URL's credentials, said in one line (no password is in the message)."""
-    import asyncpg
-    import redis.exceptions
-    if isinstance(e, redis.exceptions.AuthenticationError):
-        return f"Redis refused REDIS_URL's credentials: {e}"
-    if isinstance(e, asyncpg.InvalidAuthorizationSpecificationError):
-        return f"PostgreSQL refused DATABASE_URL's credentials: {e}"
-    return None
+    except (OSError, asyncio.TimeoutError) as e:  # a server gone in the middle of a command, a port taken
+        print(f"gateway: {args.cmd} failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
 
 
 async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:

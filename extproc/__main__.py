@@ -48,6 +48,12 @@ async def watch_catalog(path: str, gw: Gateway, every: float = 0.5, settle: floa
             log.exception("catalog not reloaded, the one in force stays")
 
 
+def serving(server: Server, ok: bool) -> None:
+    status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+    for service in HEALTH_SERVICES:
+        server.health[service] = status
+
+
 async def serve(settings: Settings) -> None:
     cat = catalog_mod.load(settings.catalog)
     # the request path has its own Redis connection (store.fast); the pool serves cache fills and the
@@ -65,8 +71,10 @@ async def serve(settings: Settings) -> None:
     try:
         await heartbeat(r, gw.owner)
         await asyncio.gather(*(r.ping() for _ in range(REDIS_POOL)))  # every pooled connection open
-    except Exception as e:  # noqa: BLE001 - Redis down at start: requests get 500 until it is back
+        redis_ok = True
+    except Exception as e:  # noqa: BLE001 - Redis down at start: NOT_SERVING until it is back
         logging.getLogger("extproc").warning("Redis unreachable at start: %s: %s", type(e).__name__, e)
+        redis_ok = False
     # Everything loaded so far lives as long as the process: keep it out of the collector's scans, and
     # collect the young generation less often (a request allocates a few hundred objects), so a full
     # collection never stalls a request for milliseconds.
@@ -74,16 +82,21 @@ async def serve(settings: Settings) -> None:
     gc.freeze()
     gc.set_threshold(20000, 20, 20)
     await server.start("127.0.0.1", settings.grpc_port)
-    for service in HEALTH_SERVICES:
-        server.health[service] = health_pb2.HealthCheckResponse.SERVING
+    serving(server, redis_ok)
 
     async def beat() -> None:
+        """Every second: the heartbeat, and the health Envoy and Kubernetes ask: SERVING only while
+        Redis answers the request path's own connection (refused credentials or unreachable: every
+        request would fail, so this process is taken out of rotation)."""
         while True:
             try:
+                await store.fast.call("PING")
                 await heartbeat(r, gw.owner)
                 await store.sync_clock()
-            except Exception:  # noqa: BLE001 - Redis down: the next beat tries again
-                pass
+                ok = True
+            except Exception:  # noqa: BLE001 - Redis down or refusing: the next beat tries again
+                ok = False
+            serving(server, ok)
             await asyncio.sleep(1.0)
 
     beat_task = asyncio.create_task(beat())
@@ -91,10 +104,9 @@ async def serve(settings: Settings) -> None:
     watch_task = asyncio.create_task(watch_catalog(settings.catalog, gw))
     logging.getLogger("extproc").info("ext_proc listening on 127.0.0.1:%d", settings.grpc_port)
     await until_stopped()
-    for service in HEALTH_SERVICES:
-        server.health[service] = health_pb2.HealthCheckResponse.NOT_SERVING
-    await server.stop(grace=settings.drain_grace_s)
     beat_task.cancel()
+    serving(server, False)
+    await server.stop(grace=settings.drain_grace_s)
     spans_task.cancel()
     watch_task.cancel()
     await pool.close()

@@ -1,0 +1,115 @@
+"""Honest readiness (issue 16 part 3): the ext_proc's gRPC health is NOT_SERVING while Redis refuses it
+(credentials no longer accepted, or Redis gone) and SERVING again once it answers; `gateway up` with
+credentials a server refuses, or a server that is not there, stops with one line naming the service and
+the URL with its password masked."""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+import pytest
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from conftest import Gateway, free_base, make_catalog, running_stack, wait_for
+
+
+@pytest.fixture(scope="module")
+def gw() -> Iterator[Gateway]:
+    with running_stack("gw-ready-") as g:
+        yield g
+
+
+def health(gw: Gateway) -> str:
+    async def go() -> str:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.stack.s.grpc_port}") as ch:
+            res = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(res.status))
+    return asyncio.run(go())
+
+
+def redis_cmd(gw: Gateway, *args: str) -> bytes:
+    password = gw.stack.credentials.redis
+    with socket.create_connection(("127.0.0.1", gw.stack.redis_port), timeout=5) as s:
+        s.sendall(f"AUTH {password}\r\n".encode())
+        assert s.recv(100) == b"+OK\r\n"
+        s.sendall(b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a.encode()) for a in args))
+        return s.recv(4096)
+
+
+def test_not_serving_while_redis_refuses_the_credentials(gw: Gateway) -> None:
+    assert health(gw) == "SERVING"
+    new = "changed-" + os.urandom(8).hex()
+    # the operator changes Redis's password: the ext_proc's connections are dropped and its login refused
+    assert redis_cmd(gw, "CONFIG", "SET", "requirepass", new) == b"+OK\r\n"
+    try:
+        with socket.create_connection(("127.0.0.1", gw.stack.redis_port), timeout=5) as s:
+            s.sendall(f"AUTH {new}\r\nCLIENT KILL TYPE normal SKIPME yes\r\n".encode())
+        wait_for(lambda: health(gw) == "NOT_SERVING", timeout=10)
+    finally:
+        with socket.create_connection(("127.0.0.1", gw.stack.redis_port), timeout=5) as s:
+            s.sendall(f"AUTH {new}\r\nCONFIG SET requirepass {gw.stack.credentials.redis}\r\n".encode())
+            assert s.recv(100).startswith(b"+OK\r\n")
+    wait_for(lambda: health(gw) == "SERVING", timeout=10)
+
+
+def test_not_serving_while_redis_is_gone(gw: Gateway) -> None:
+    assert health(gw) == "SERVING"
+    gw.stack.kill("redis")
+    try:
+        wait_for(lambda: health(gw) == "NOT_SERVING", timeout=10)
+    finally:
+        gw.stack.restart("redis")
+    wait_for(lambda: health(gw) == "SERVING", timeout=10)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_up_with_credentials_refused_says_so_in_one_line(gw: Gateway) -> None:
+    pg_ok, redis_ok = gw.stack.database_url, gw.stack.redis_url
+    pg_port, redis_port = gw.stack.pg_port, gw.stack.redis_port
+    dead = _free_port()
+    cases = {  # name: (DATABASE_URL, REDIS_URL, what the line must say, the secret it must not)
+        "redis-wrong-password": (pg_ok, f"redis://:wrong-s3cret@127.0.0.1:{redis_port}/0",
+                                 f"Redis at redis://:***@127.0.0.1:{redis_port}/0 refused the credentials",
+                                 "wrong-s3cret"),
+        "redis-no-password": (pg_ok, f"redis://127.0.0.1:{redis_port}/0",
+                              f"Redis at redis://127.0.0.1:{redis_port}/0 needs a password", None),
+        "redis-not-there": (pg_ok, f"redis://:s3cret@127.0.0.1:{dead}/0",
+                            f"Redis at redis://:***@127.0.0.1:{dead}/0 is not reachable", "s3cret"),
+        "postgres-wrong-password": (f"postgresql://postgres:wrong-s3cret@127.0.0.1:{pg_port}/postgres", redis_ok,
+                                    f"PostgreSQL at postgresql://postgres:***@127.0.0.1:{pg_port}/postgres "
+                                    "refused the credentials", "wrong-s3cret"),
+        "postgres-not-there": (f"postgresql://postgres:s3cret@127.0.0.1:{dead}/postgres", redis_ok,
+                               f"PostgreSQL at postgresql://postgres:***@127.0.0.1:{dead}/postgres did not accept",
+                               "s3cret"),
+    }
+    tmp = Path(tempfile.mkdtemp(prefix="gw-refused-"))
+    procs = {}
+    for name, (db, rd, _, _) in cases.items():
+        base = free_base()
+        cat = tmp / f"{name}.yaml"
+        cat.write_text(yaml.safe_dump(make_catalog(base)))
+        env = dict(os.environ, DATABASE_URL=db, REDIS_URL=rd, GATEWAY_PORT=str(base),
+                   GATEWAY_METRICS_PORT=str(base + 19), GATEWAY_STATE_DIR=str(tmp / name), GATEWAY_CATALOG=str(cat))
+        procs[name] = subprocess.Popen([sys.executable, "-m", "control.cli", "up"], env=env, text=True,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for name, (_, _, says, secret) in cases.items():
+        out, err = procs[name].communicate(timeout=60)
+        assert procs[name].returncode != 0, name
+        assert "Traceback" not in err and "Gateway ready" not in out, (name, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("gateway: "), (name, err)
+        assert says in lines[0], (name, lines[0])
+        assert secret is None or secret not in err + out, name
