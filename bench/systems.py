@@ -41,7 +41,7 @@ class System:
 def _envoy(procs: Procs, name: str, doc: dict[str, Any], tmp: Path, port: int, admin: int) -> None:
     cfg = envoys.write(doc, tmp / f"{name}.yaml")
     procs.start(name, [ENVOY, "-c", str(cfg), "--concurrency", "1", "--log-level", "warn",
-                       "--base-id", str(port)])
+                       "--disable-hot-restart"])
     procs.wait_ready(name, lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), 30)
 
 

@@ -198,8 +198,10 @@ class Stack:
             envoy_config.write_cds(catalog_mod.load(self.s.catalog), self.s)
             boot = envoy_config.write_bootstrap(self.s)
         admin = self.s.envoy_admin_port
+        # no hot restart: it keeps a shared-memory file in /dev/shm (outside the state directory) that a
+        # killed Envoy leaves behind, and a later Envoy of another account with the same id cannot open
         return Proc("envoy", [envoy, "-c", str(boot), "--concurrency", "2", "--log-level", "warn",
-                              "--base-id", str(self.s.gateway_port)],
+                              "--disable-hot-restart"],
                     ready=lambda: _http_ok(f"http://127.0.0.1:{admin}/ready"))
 
     def _smtp_proc(self) -> Proc:

@@ -91,7 +91,7 @@ def test_stack_refuses_before_starting_anything(tmp_path: os.PathLike[str]) -> N
                        env={**os.environ, "GATEWAY_DEV": "0", "GATEWAY_SMTP_HOST": "",
                             "GATEWAY_PAYMENT_PROVIDER": "", "GATEWAY_STATE_DIR": state,
                             "GATEWAY_PORT": str(free_base())})
-    assert r.returncode == 2 and not os.path.exists(state)
+    assert r.returncode != 0 and not os.path.exists(state)
     assert [ln for ln in r.stderr.splitlines() if ln.strip()] == [
         "gateway: the console needs an SMTP server (GATEWAY_SMTP_HOST) and a payment provider"
         " (GATEWAY_PAYMENT_PROVIDER=p24 and GATEWAY_P24_*); the local mail capture and the sandbox payments"

@@ -128,7 +128,7 @@ def test_gateway_up_as_an_ordinary_account(account: tuple[pwd.struct_passwd, Pat
     env = {"PATH": f"{Path(python).parent}:/usr/bin:/bin", "HOME": user.pw_dir, "USER": user.pw_name,
            "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "GATEWAY_PORT": str(base),
            "GATEWAY_METRICS_PORT": str(base + 19), "GATEWAY_STATE_DIR": str(state),
-           "GATEWAY_CATALOG": str(catalog), **extra_env}
+           "GATEWAY_CATALOG": str(catalog), "GATEWAY_DEV": "1", **extra_env}
     as_user = {} if os.geteuid() != 0 else {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
     proc = subprocess.Popen([python, "-m", "control.cli", "up"], cwd=work, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, **as_user)
@@ -139,7 +139,9 @@ def test_gateway_up_as_an_ordinary_account(account: tuple[pwd.struct_passwd, Pat
         sel.register(proc.stdout, selectors.EVENT_READ)
         deadline = time.monotonic() + 120
         while key is None:
-            assert proc.poll() is None, f"gateway up exited {proc.returncode}: {proc.stderr.read().decode()[-2000:]}"
+            assert proc.poll() is None, (f"gateway up exited {proc.returncode}: {proc.stderr.read().decode()[-2000:]}"
+                                         + "".join(f"\n--- {p.name}: {p.read_text(errors='replace')[-1500:]}"
+                                                   for p in sorted((state / "logs").glob("*.log"))))
             assert time.monotonic() < deadline, f"not ready in time: {out.decode()[-2000:]}"
             if sel.select(timeout=0.5):
                 out += os.read(proc.stdout.fileno(), 65536)

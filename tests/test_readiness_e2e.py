@@ -102,7 +102,7 @@ def test_up_with_credentials_refused_says_so_in_one_line(gw: Gateway) -> None:
         cat = tmp / f"{name}.yaml"
         cat.write_text(yaml.safe_dump(make_catalog(base)))
         env = dict(os.environ, DATABASE_URL=db, REDIS_URL=rd, GATEWAY_PORT=str(base),
-                   GATEWAY_METRICS_PORT=str(base + 19), GATEWAY_STATE_DIR=str(tmp / name), GATEWAY_CATALOG=str(cat))
+                   GATEWAY_METRICS_PORT=str(base + 19), GATEWAY_STATE_DIR=str(tmp / name), GATEWAY_CATALOG=str(cat), GATEWAY_DEV="1")
         procs[name] = subprocess.Popen([sys.executable, "-m", "control.cli", "up"], env=env, text=True,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     for name, (_, _, says, secret) in cases.items():

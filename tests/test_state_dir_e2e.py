@@ -48,6 +48,16 @@ def test_nothing_outside_the_state_dir_changed(gateway: Gateway) -> None:
         assert stat.S_IMODE(p.stat().st_mode) in (0o755, 0o1777, 0o555), p
 
 
+def test_envoy_keeps_no_shared_memory_outside_the_state_dir(gateway: Gateway) -> None:
+    """Envoy runs without hot restart: no /dev/shm/envoy_shared_memory_* file of its own, which a killed
+    Envoy would leave behind and a later one of another account could not open (it aborted)."""
+    pid = gateway.stack.procs["envoy"].popen.pid  # type: ignore[union-attr]
+    maps = open(f"/proc/{pid}/maps").read()
+    assert "envoy_shared_memory" not in maps
+    cmdline = open(f"/proc/{pid}/cmdline").read().split("\0")
+    assert "--disable-hot-restart" in cmdline and "--base-id" not in cmdline
+
+
 def test_postgres_runs_as_its_own_account(gateway: Gateway) -> None:
     pid = gateway.stack.procs["postgres"].popen.pid  # type: ignore[union-attr]
     uid = os.stat(f"/proc/{pid}").st_uid
