@@ -60,8 +60,8 @@ def proxy_env(master_key: str) -> dict[str, str]:
     return env
 
 
-def proxy_argv(binary: str, config: Path, port: int, workers: int = 1) -> list[str]:
-    return [binary, "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
+def proxy_argv(binary: str, config: Path, port: int, workers: int = 1, host: str = "127.0.0.1") -> list[str]:
+    return [binary, "--config", str(config), "--host", host, "--port", str(port),
             "--num_workers", str(workers)]
 
 
