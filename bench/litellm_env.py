@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / "bench" / ".venv-litellm"
 # Pinned: the suite asserts on what this version sends (its usage shapes); raise it on purpose.
 SPEC = "litellm[proxy]==1.106.2"
-LOG = VENV.parent / ".venv-litellm-install.log"
+LOG = VENV / "install.log"  # inside the (gitignored) environment
 
 
 def installed() -> str | None:
@@ -34,6 +34,7 @@ def ensure(log: Path = LOG, timeout: float = 900) -> str | None:
     if binary is not None:
         return binary
     print(f"installing {SPEC} into {VENV.relative_to(ROOT)} (once) ...", file=sys.stderr, flush=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         try:
             if not (VENV / "bin" / "python").exists():
