@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import socket
 import tempfile
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 import yaml
 
 from bench import litellm_env
-from bench.procs import Procs, http_ok
+from bench.procs import Procs
 from conftest import Gateway, assert_error, make_catalog, running_stack, wait_for
 
 KEY_ENV = "GW_TEST_LITELLM_KEY"
@@ -47,10 +46,26 @@ class Lite:
         self.port = port
         self.url = f"http://{HOST}:{port}/v1"
         self.key = key
+        self.procs: Procs | None = None
 
     def post(self, path: str, body: dict[str, Any], key: str | None = None) -> httpx.Response:
         return httpx.post(self.url + path, json=body, timeout=30,
                           headers={"Authorization": f"Bearer {key or self.key}"})
+
+    def wait_ready(self) -> None:
+        """Ready when a real request goes through; else the end of its log says why."""
+        assert self.procs is not None
+        try:
+            self.procs.wait_ready("litellm", self.answers, 120)
+        except RuntimeError as e:
+            tail = (self.procs.logs / "litellm.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"LiteLLM did not start: {e}\n{tail}") from None
+
+    def answers(self) -> bool:
+        try:
+            return self.post("/chat/completions", {"model": "up-lite-chat", "messages": MSGS}).status_code == 200
+        except httpx.HTTPError:
+            return False
 
 
 @pytest.fixture(scope="module")
@@ -66,15 +81,14 @@ def lite() -> Iterator[Lite]:
     (tmp / "litellm.yaml").write_text(yaml.safe_dump(cfg))
     key = "sk-master-" + secrets.token_hex(16)
     port = _free_port()
-    procs = Procs(tmp / "logs")
+    procs, lite = Procs(tmp / "logs"), Lite(port, key)
     try:
         procs.start("litellm", litellm_env.proxy_argv(binary, tmp / "litellm.yaml", port, host=HOST),
                     env=litellm_env.proxy_env(key), cwd=str(tmp))
-        procs.wait_ready("litellm", lambda: http_ok(f"http://{HOST}:{port}/health/liveliness"), 120)
-        yield Lite(port, key)
+        lite.procs = procs  # gw waits for it once its own stack is up (they start side by side)
+        yield lite
     finally:
         procs.stop_all()  # its own session: SIGTERM, then SIGKILL after 10 s
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +112,7 @@ def gw(lite: Lite) -> Iterator[Gateway]:
         return doc
     os.environ[KEY_ENV] = lite.key  # Envoy inherits it; running_stack restores the environment after
     with running_stack("gw-litellm-", catalog, default_rpm=100000, default_concurrency=1000) as g:
+        lite.wait_ready()
         yield g
 
 
