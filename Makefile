@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test install clean browser services bench
+.PHONY: run test install clean browser services bench litellm-env
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,7 +46,14 @@ services:
 	    || echo "$$missing could not be installed: the production-shaped services tests will be skipped"; \
 	fi
 
-test: $(STAMP) browser services
+# LiteLLM's proxy, a real third-party model server for tests/test_litellm_upstream_e2e.py (and the
+# benchmark's comparison peer), in its own environment bench/.venv-litellm (litellm pins an openai SDK
+# of its own): installed once from PyPI (about 3 minutes here), a stamp check afterwards. When it cannot
+# be installed that test is skipped and says why (and fails under CI=true).
+litellm-env: $(STAMP)
+	@$(PY) -m bench.litellm_env
+
+test: $(STAMP) browser services litellm-env
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # make bench [QUICK=1] [SOAK=seconds] [PROFILE=1]: see BENCHMARKS.md (bench/run.py).

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,11 +12,11 @@ import yaml
 
 from . import envoys
 from . import fixtures as fx
+from . import litellm_env
 from .procs import Procs, free_port, http_ok, port_open
 
 ROOT = Path(__file__).resolve().parent.parent
 ENVOY = str(Path(sys.executable).parent / "envoy")
-LITELLM_VENV = ROOT / "bench" / ".venv-litellm"
 LITELLM_KEY = "sk-bench-master"
 
 
@@ -163,26 +162,8 @@ def start_gateway(tmp: Path, up: tuple[int, int], workers: int = 1) -> tuple[Sys
 
 # ---- LiteLLM ----------------------------------------------------------------------------------
 def ensure_litellm(log: Path) -> str | None:
-    """The litellm binary of bench/.venv-litellm, installing litellm[proxy] there if needed; None if it
-    cannot be installed (the reason is in the log)."""
-    binary = LITELLM_VENV / "bin" / "litellm"
-    stamp = LITELLM_VENV / ".installed"
-    if binary.exists() and stamp.exists():
-        return str(binary)
-    print("bench: installing litellm[proxy] into bench/.venv-litellm (first run only) ...", flush=True)
-    with open(log, "ab") as out:
-        try:
-            if not (LITELLM_VENV / "bin" / "python").exists():
-                subprocess.run([getattr(sys, "_base_executable", "python3"), "-m", "venv",
-                                str(LITELLM_VENV)], check=True, stdout=out, stderr=subprocess.STDOUT)
-            subprocess.run([str(LITELLM_VENV / "bin" / "pip"), "install", "--quiet", "litellm[proxy]"],
-                           check=True, stdout=out, stderr=subprocess.STDOUT, timeout=900)
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError):
-            return None
-    if not binary.exists():
-        return None
-    stamp.touch()
-    return str(binary)
+    """The litellm binary of bench/.venv-litellm (bench/litellm_env.py), installed there if needed."""
+    return litellm_env.ensure(log)
 
 
 def launch_litellm(procs: Procs, tmp: Path, up: tuple[int, int], binary: str) -> System:
@@ -198,12 +179,8 @@ def launch_litellm(procs: Procs, tmp: Path, up: tuple[int, int], binary: str) ->
     path = tmp / "litellm.yaml"
     path.write_text(yaml.safe_dump(cfg))
     workers = os.cpu_count() or 1
-    env = dict(os.environ, HF_HUB_OFFLINE="1", LITELLM_LOCAL_MODEL_COST_MAP="True",
-               LITELLM_MASTER_KEY=LITELLM_KEY, LITELLM_LOG="ERROR", LITELLM_TELEMETRY="False")
-    for k in ("DATABASE_URL", "REDIS_URL"):  # no database: LiteLLM's lightest mode
-        env.pop(k, None)
-    procs.start("litellm", [binary, "--config", str(path), "--host", "127.0.0.1", "--port", str(port),
-                            "--num_workers", str(workers)], env=env, cwd=str(tmp))
+    procs.start("litellm", litellm_env.proxy_argv(binary, path, port, workers),
+                env=litellm_env.proxy_env(LITELLM_KEY), cwd=str(tmp))
     return System("litellm", "LiteLLM proxy", port, key=LITELLM_KEY,
                   note=f"litellm[proxy], {workers} workers (one per core), no database")
 
