@@ -93,7 +93,7 @@ def test_stack_refuses_before_starting_anything(tmp_path: os.PathLike[str]) -> N
                             "GATEWAY_PORT": str(free_base())})
     assert r.returncode != 0 and not os.path.exists(state)
     assert [ln for ln in r.stderr.splitlines() if ln.strip()] == [
-        "gateway: the console needs an SMTP server (GATEWAY_SMTP_HOST) and a payment provider"
+        "gateway: not started: the console needs an SMTP server (GATEWAY_SMTP_HOST) and a payment provider"
         " (GATEWAY_PAYMENT_PROVIDER=p24 and GATEWAY_P24_*); the local mail capture and the sandbox payments"
         " exist only in development mode (GATEWAY_DEV=1)"]
 
