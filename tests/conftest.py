@@ -22,6 +22,43 @@ from extproc.settings import Settings
 free_base = free_port_base
 
 
+# ---- skips: listed by -ra outside CI; in CI (CI=true) each one fails the run, with its reason -------------
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+_SKIPS: list[str] = []
+
+
+def _skip_reason(report: pytest.CollectReport | pytest.TestReport) -> str:
+    lr = report.longrepr
+    if isinstance(lr, tuple) and len(lr) == 3:  # (path, line, "Skipped: reason")
+        return str(lr[2]).removeprefix("Skipped: ")
+    return str(lr)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.skipped:  # a whole module skipped itself (pytest.skip(allow_module_level=True), importorskip)
+        _SKIPS.append(f"{report.nodeid}: {_skip_reason(report)}")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _SKIPS.append(f"{report.nodeid}: {_skip_reason(report)}")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _SKIPS and in_ci():
+        terminalreporter.section("skipped under CI=true: each of these fails the run", sep="=", red=True)
+        for line in _SKIPS:
+            terminalreporter.line("SKIPPED (CI failure) " + line, red=True)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _SKIPS and in_ci() and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def make_catalog(base: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     a, b = base + 15, base + 16
     price = lambda i, o: [{"effective": "2026-01-01T00:00:00Z",  # noqa: E731
