@@ -129,6 +129,29 @@ class Gateway:
                 await conn.close()
         return asyncio.run(go())
 
+    def redis(self, fn: Callable[[Any], Any]) -> Any:
+        """``fn`` run on a short-lived synchronous Redis client of the stack's Redis (to observe, never to
+        stand in for it)."""
+        import redis as sync_redis
+        r = sync_redis.Redis.from_url(self.stack.redis_url)
+        try:
+            return fn(r)
+        finally:
+            r.close()
+
+    def slots_held(self, org_id: str) -> int:
+        """Requests of the organisation admitted and not finished (its concurrency slots, gw:c:<org>)."""
+        return int(self.redis(lambda r: r.zcard("gw:c:" + org_id)))
+
+    def usage_drained(self, org_id: str) -> bool:
+        """Nothing of the organisation can still come to PostgreSQL: no request of it is in flight or
+        left for the reaper (gw:if), and the usage stream is empty (the writer deletes what it wrote)."""
+        def check(r: Any) -> bool:
+            if r.xlen("gw:usage"):
+                return False
+            return not any(v.split(b"|", 2)[1] == org_id.encode() for v in r.hvals("gw:if"))
+        return bool(self.redis(check))
+
     def new_org(self, balance_micro: int = 10_000_000) -> tuple[str, str, str]:
         """(org id, key id, key) of a fresh organisation."""
         async def go(a: Admin) -> tuple[str, str, str]:
@@ -199,7 +222,10 @@ def assert_error(r: httpx.Response, status: int, code: str, type_: str, param: s
     return dict(err)
 
 
-def wait_for(pred: Callable[[], Any], timeout: float = 5.0, interval: float = 0.05) -> Any:
+def wait_for(pred: Callable[[], Any], timeout: float = 5.0, interval: float = 0.05,
+             describe: Callable[[], Any] | None = None) -> Any:
+    """``pred()``'s first true value, polled until the deadline; past it, an AssertionError (with
+    ``describe()``, when given, to say what was seen).  The one place the suite sleeps: between polls."""
     import time
     deadline = time.monotonic() + timeout
     while True:
@@ -207,8 +233,20 @@ def wait_for(pred: Callable[[], Any], timeout: float = 5.0, interval: float = 0.
         if v:
             return v
         if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
+            raise AssertionError(f"condition not met in {timeout:g}s" + (f": {describe()!r}" if describe else ""))
         time.sleep(interval)
 
 
-__all__ = ["assert_error", "wait_for", "json"]
+def usage_caught_up(gw: Gateway, key: str, timeout: float = 10.0) -> dict[str, Any]:
+    """The positive event an absence check waits for: a later request with ``key`` whose usage record has
+    landed in PostgreSQL.  The usage stream is written in order, so whatever an earlier request of the
+    same key queued is in PostgreSQL by then too; returns the later request's row."""
+    r = httpx.post(gw.v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                   json={"model": "polish-fast", "messages": [{"role": "user", "content": "later"}]})
+    assert r.status_code == 200, r.text
+    rid = r.headers["x-request-id"]
+    rows = wait_for(lambda: gw.sql("SELECT * FROM usage_records WHERE request_id = $1", rid), timeout)
+    return rows[0]
+
+
+__all__ = ["assert_error", "usage_caught_up", "wait_for", "json"]

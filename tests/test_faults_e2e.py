@@ -54,7 +54,8 @@ def _load(gateway: Gateway, key: str, seconds: float, fault: Callable[[], None])
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
     for t in threads:
         t.start()
-    time.sleep(seconds / 3)
+    # the fault strikes a load under way: once a dozen requests have come back, not at a set time
+    wait_for(lambda: len(out) >= 12, timeout=seconds, interval=0.02)
     fault()
     for t in threads:
         t.join()
@@ -74,8 +75,11 @@ def _reconcile(gateway: Gateway, org: str, sent: dict[str, int]) -> None:
         rows = gateway.sql("SELECT * FROM usage_records WHERE org_id = $1", org)
         return {r["request_id"]: r for r in rows}
 
-    recs = wait_for(lambda: (r := records()) and set(served) <= set(r) and r, timeout=30)
-    time.sleep(1.5)  # anything late would show now
+    wait_for(lambda: set(served) <= set(records()), timeout=30)
+    # Nothing more can come: no request of the organisation in flight or left for the reaper, and the
+    # usage stream written out (a dead writer's pending entries are claimed after 15 s).  Only then is
+    # the absence of a record (and of an extra one) meaningful.
+    wait_for(lambda: gateway.usage_drained(org), timeout=40, interval=0.2)
     recs = records()
     assert set(served) <= set(recs), f"lost: {sorted(set(served) - set(recs))[:5]}"
     extra = set(recs) - set(served)
@@ -102,6 +106,7 @@ def test_exactly_once_under_faults(gateway: Gateway, component: str) -> None:
     def fault() -> None:
         if component in ("extproc", "usage-writer"):  # killed (SIGKILL), in the middle of its work
             gateway.stack.kill(component)
+            # not a wait for anything: the stimulus is an outage of this length, with the load going on
             time.sleep(0.3)
             gateway.stack.restart(component)
         else:

@@ -3,7 +3,6 @@ and per upstream try, the client's W3C traceparent continued, attributes from me
 from __future__ import annotations
 
 import threading
-import time
 from concurrent import futures
 
 import grpc
@@ -11,7 +10,7 @@ import httpx
 # The OTLP protos that xds-protos ships (no gRPC stub: the service is registered by hand below).
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from conftest import Gateway, running_stack
+from conftest import Gateway, running_stack, wait_for
 
 CANARY = "Kanarek-trace-91b2"
 
@@ -73,9 +72,8 @@ def _check(gw: Gateway, collector: Collector) -> None:
     def trace() -> list:  # type: ignore[type-arg]
         return [s for s in collector.spans() if s.trace_id.hex() == trace_id]
 
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not wanted <= {s.name for s in trace()}:
-        time.sleep(0.2)
+    wait_for(lambda: wanted <= {s.name for s in trace()}, timeout=20, interval=0.2,
+             describe=lambda: sorted(s.name for s in trace()))
     spans = trace()
     # the request, the ext_proc stream, the upstream try, and the ext_proc's own phases as children of
     # the span Envoy opened for the ext_proc stream
