@@ -6,12 +6,12 @@ import secrets
 from typing import AsyncIterator, Awaitable, Callable
 
 import asyncpg
-import redis.asyncio as aioredis
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
 from control.admin import Admin
 from extproc.settings import Settings
+from extproc.store import redis_client
 
 from .mail import Mailer
 from .payments import make_provider
@@ -121,7 +121,7 @@ def make_app(settings: Settings) -> web.Application:
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
         pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=8)
-        r = aioredis.from_url(settings.redis_url)
+        r = redis_client(settings.redis_url, 8)
         secret = load_secret(settings.console_secret, settings.state)
         app[CONSOLE] = Console(settings, pool, r, Admin(pool, r), Store(pool), Mailer(settings),
                                make_provider(settings, secret), secret, templates())
