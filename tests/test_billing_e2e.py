@@ -95,6 +95,7 @@ def test_model_server_error_bills_nothing(gateway: Gateway, fresh: tuple[str, st
                     json={"model": "dead-alias", "messages": MSGS})
     assert_error(r2, 502, "upstream_unavailable", "upstream_error")
     later = usage_caught_up(gateway, key)  # the writer has caught up past both failed requests
+    wait_for(lambda: gateway.usage_drained(org))  # and nothing of the organisation is in flight or queued
     assert [r["request_id"] for r in _records(gateway, org)] == [later["request_id"]]
     assert _ledger(gateway, org) == 10_000_000 - later["cost_micro_pln"]
 
