@@ -10,6 +10,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator
 
+# Tests fork (stacks, subprocesses) from a process that also runs gRPC clients and servers: gRPC's own
+# fork handlers are of no use here and a fork while its threads run once crashed the child; set before
+# anything imports grpc.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 import httpx
 import pytest
 import yaml

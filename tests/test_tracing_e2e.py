@@ -2,6 +2,7 @@
 and per upstream try, the client's W3C traceparent continued, attributes from metadata only."""
 from __future__ import annotations
 
+import socket
 import threading
 from concurrent import futures
 
@@ -42,16 +43,22 @@ class Collector:
 
 
 def test_traces_exported_without_content() -> None:
+    # The collector starts once the stack is up: starting the stack forks (initdb runs as another user),
+    # and a fork while gRPC's server threads run once crashed the child (initdb: SIGSEGV).  Its port is
+    # chosen first, so that the stack can be told where to send.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     collector = Collector()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    server.add_generic_rpc_handlers((collector.handler(),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        with running_stack("gw-trace-", otlp_endpoint=f"127.0.0.1:{port}") as gw:
+    with running_stack("gw-trace-", otlp_endpoint=f"127.0.0.1:{port}") as gw:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        server.add_generic_rpc_handlers((collector.handler(),))
+        assert server.add_insecure_port(f"127.0.0.1:{port}") == port
+        server.start()
+        try:
             _check(gw, collector)
-    finally:
-        server.stop(0)
+        finally:
+            server.stop(0).wait()
 
 
 def _check(gw: Gateway, collector: Collector) -> None:
