@@ -52,7 +52,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _SKIPS.append(f"{report.nodeid}: {_skip_reason(report)}")
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int) and config.pluginmanager.has_plugin("randomly"):
+        terminalreporter.write_line(f"tests in random order (pytest-randomly): --randomly-seed={seed} repeats this order")
     if _SKIPS and in_ci():
         terminalreporter.section("skipped under CI=true: each of these fails the run", sep="=", red=True)
         for line in _SKIPS:
