@@ -151,14 +151,20 @@ class Gateway:
         """Requests of the organisation admitted and not finished (its concurrency slots, gw:c:<org>)."""
         return int(self.redis(lambda r: r.zcard("gw:c:" + org_id)))
 
+    def usage_backlog(self, org_id: str) -> dict[str, Any]:
+        """What of the organisation can still come to PostgreSQL: its requests in flight or left for the
+        reaper (gw:if: "key|org|owner|pending record"), and its records queued in the usage stream and
+        not yet written (the writer deletes what it wrote)."""
+        def look(r: Any) -> dict[str, Any]:
+            tag = f'"org_id":"{org_id}"'.encode()
+            in_flight = [v[:120] for v in r.hvals("gw:if") if v.split(b"|", 2)[1] == org_id.encode()]
+            queued = [i for i, f in r.xrange("gw:usage") if tag in f.get(b"r", b"")]
+            return {"in_flight": in_flight, "queued": queued}
+        return dict(self.redis(look))
+
     def usage_drained(self, org_id: str) -> bool:
-        """Nothing of the organisation can still come to PostgreSQL: no request of it is in flight or
-        left for the reaper (gw:if), and the usage stream is empty (the writer deletes what it wrote)."""
-        def check(r: Any) -> bool:
-            if r.xlen("gw:usage"):
-                return False
-            return not any(v.split(b"|", 2)[1] == org_id.encode() for v in r.hvals("gw:if"))
-        return bool(self.redis(check))
+        """Nothing of the organisation can still come to PostgreSQL (``usage_backlog`` is empty)."""
+        return not any(self.usage_backlog(org_id).values())
 
     def new_org(self, balance_micro: int = 10_000_000) -> tuple[str, str, str]:
         """(org id, key id, key) of a fresh organisation."""

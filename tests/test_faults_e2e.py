@@ -97,7 +97,8 @@ def _reconcile(gateway: Gateway, org: str, sent: dict[str, int], late: frozenset
     # Nothing more can come: no request of the organisation in flight or left for the reaper, and the
     # usage stream written out (a dead writer's pending entries are claimed after 15 s).  Only then is
     # the absence of a record (and of an extra one) meaningful.
-    wait_for(lambda: gateway.usage_drained(org), timeout=40, interval=0.2)
+    wait_for(lambda: gateway.usage_drained(org), timeout=40, interval=0.2,
+             describe=lambda: gateway.usage_backlog(org))
     recs = records()
     assert set(served) <= set(recs), f"lost: {sorted(set(served) - set(recs))[:5]}"
     extra = set(recs) - set(served)
