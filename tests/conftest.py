@@ -10,6 +10,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator
 
+# Tests fork (stacks, subprocesses) from a process that also runs gRPC clients and servers: gRPC's own
+# fork handlers are of no use here and a fork while its threads run once crashed the child; set before
+# anything imports grpc.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 import httpx
 import pytest
 import yaml
@@ -21,6 +26,46 @@ from extproc.store import redis_client
 
 
 free_base = free_port_base
+
+
+# ---- skips: listed by -ra outside CI; in CI (CI=true) each one fails the run, with its reason -------------
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+_SKIPS: list[str] = []
+
+
+def _skip_reason(report: pytest.CollectReport | pytest.TestReport) -> str:
+    lr = report.longrepr
+    if isinstance(lr, tuple) and len(lr) == 3:  # (path, line, "Skipped: reason")
+        return str(lr[2]).removeprefix("Skipped: ")
+    return str(lr)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.skipped:  # a whole module skipped itself (pytest.skip(allow_module_level=True), importorskip)
+        _SKIPS.append(f"{report.nodeid}: {_skip_reason(report)}")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _SKIPS.append(f"{report.nodeid}: {_skip_reason(report)}")
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int) and config.pluginmanager.has_plugin("randomly"):
+        terminalreporter.write_line(f"tests in random order (pytest-randomly): --randomly-seed={seed} repeats this order")
+    if _SKIPS and in_ci():
+        terminalreporter.section("skipped under CI=true: each of these fails the run", sep="=", red=True)
+        for line in _SKIPS:
+            terminalreporter.line("SKIPPED (CI failure) " + line, red=True)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _SKIPS and in_ci() and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def make_catalog(base: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -91,6 +136,35 @@ class Gateway:
             finally:
                 await conn.close()
         return asyncio.run(go())
+
+    def redis(self, fn: Callable[[Any], Any]) -> Any:
+        """``fn`` run on a short-lived synchronous Redis client of the stack's Redis (to observe, never to
+        stand in for it)."""
+        import redis as sync_redis
+        r = sync_redis.Redis.from_url(self.stack.redis_url)
+        try:
+            return fn(r)
+        finally:
+            r.close()
+
+    def slots_held(self, org_id: str) -> int:
+        """Requests of the organisation admitted and not finished (its concurrency slots, gw:c:<org>)."""
+        return int(self.redis(lambda r: r.zcard("gw:c:" + org_id)))
+
+    def usage_backlog(self, org_id: str) -> dict[str, Any]:
+        """What of the organisation can still come to PostgreSQL: its requests in flight or left for the
+        reaper (gw:if: "key|org|owner|pending record"), and its records queued in the usage stream and
+        not yet written (the writer deletes what it wrote)."""
+        def look(r: Any) -> dict[str, Any]:
+            tag = f'"org_id":"{org_id}"'.encode()
+            in_flight = [v[:120] for v in r.hvals("gw:if") if v.split(b"|", 2)[1] == org_id.encode()]
+            queued = [i for i, f in r.xrange("gw:usage") if tag in f.get(b"r", b"")]
+            return {"in_flight": in_flight, "queued": queued}
+        return dict(self.redis(look))
+
+    def usage_drained(self, org_id: str) -> bool:
+        """Nothing of the organisation can still come to PostgreSQL (``usage_backlog`` is empty)."""
+        return not any(self.usage_backlog(org_id).values())
 
     def new_org(self, balance_micro: int = 10_000_000) -> tuple[str, str, str]:
         """(org id, key id, key) of a fresh organisation."""
@@ -163,7 +237,10 @@ def assert_error(r: httpx.Response, status: int, code: str, type_: str, param: s
     return dict(err)
 
 
-def wait_for(pred: Callable[[], Any], timeout: float = 5.0, interval: float = 0.05) -> Any:
+def wait_for(pred: Callable[[], Any], timeout: float = 5.0, interval: float = 0.05,
+             describe: Callable[[], Any] | None = None) -> Any:
+    """``pred()``'s first true value, polled until the deadline; past it, an AssertionError (with
+    ``describe()``, when given, to say what was seen).  The one place the suite sleeps: between polls."""
     import time
     deadline = time.monotonic() + timeout
     while True:
@@ -171,8 +248,20 @@ def wait_for(pred: Callable[[], Any], timeout: float = 5.0, interval: float = 0.
         if v:
             return v
         if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
+            raise AssertionError(f"condition not met in {timeout:g}s" + (f": {describe()!r}" if describe else ""))
         time.sleep(interval)
 
 
-__all__ = ["assert_error", "wait_for", "json"]
+def usage_caught_up(gw: Gateway, key: str, timeout: float = 10.0) -> dict[str, Any]:
+    """The positive event an absence check waits for: a later request with ``key`` whose usage record has
+    landed in PostgreSQL.  The usage stream is written in order, so whatever an earlier request of the
+    same key queued is in PostgreSQL by then too; returns the later request's row."""
+    r = httpx.post(gw.v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                   json={"model": "polish-fast", "messages": [{"role": "user", "content": "later"}]})
+    assert r.status_code == 200, r.text
+    rid = r.headers["x-request-id"]
+    rows = wait_for(lambda: gw.sql("SELECT * FROM usage_records WHERE request_id = $1", rid), timeout)
+    return rows[0]
+
+
+__all__ = ["assert_error", "usage_caught_up", "wait_for", "json"]

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 import pytest
@@ -20,12 +19,12 @@ def test_stop_drains_streams_and_flushes_usage() -> None:
         stack = gw.stack
         org, _, key = gw.new_org()
         results, threads = _streams(gw.v1, key, tokens=20)
-        time.sleep(0.5)
+        wait_for(lambda: gw.slots_held(org) == 3, timeout=5, interval=0.02)  # all three in flight
         drainer = threading.Thread(target=stack.stop_proc, args=("envoy",))
         drainer.start()
-        time.sleep(0.3)
-        with pytest.raises(httpx.ConnectError):
-            httpx.get(gw.v1 + "/models", headers={"Authorization": f"Bearer {key}"}, timeout=2)
+        # new connections are refused (soon after the drain starts; the streams take 2 s more)
+        wait_for(lambda: _refused(gw.v1, key), timeout=1.5, interval=0.05)
+        assert all(t.is_alive() for t in threads)  # ... while the streams are still in flight
         for t in threads:
             t.join()
         drainer.join()
@@ -53,7 +52,7 @@ def test_sigterm_to_gateway_up_drains_streams(gateway: Gateway) -> None:
         org, _, key = gateway.new_org()
         wait_for(lambda: _ready(v1, key), timeout=60, interval=0.2)
         results, threads = _streams(v1, key, tokens=15)
-        time.sleep(0.5)
+        wait_for(lambda: gateway.slots_held(org) == 3, timeout=5, interval=0.02)  # all three in flight
         up.send_signal(signal.SIGTERM)
         for t in threads:
             t.join()
@@ -64,6 +63,14 @@ def test_sigterm_to_gateway_up_drains_streams(gateway: Gateway) -> None:
     finally:
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGKILL)
+
+
+def _refused(v1: str, key: str) -> bool:
+    try:
+        httpx.get(v1 + "/models", headers={"Authorization": f"Bearer {key}"}, timeout=2)
+    except httpx.ConnectError:
+        return True
+    return False
 
 
 def _ready(v1: str, key: str) -> bool:

@@ -163,9 +163,15 @@ def test_key_revoked_after_use_401_within_1s(gateway: Gateway) -> None:
         ok(chat(c, {"model": "polish-fast", "messages": MSGS}))
         ok(c.get("/models"))
         gateway.admin(lambda a: a.revoke_key(kid))
-        time.sleep(1.0)
+        t0 = time.monotonic()
+        # SPEC section 3: refused within a second of the revocation (polled until then, not slept through)
+        r = wait_for(lambda: (x := chat(c, {"model": "polish-fast", "messages": MSGS})).status_code == 401 and x,
+                     timeout=1.0, interval=0.02)
+        err(r, 401, "invalid_api_key", "authentication_error")
+        r = wait_for(lambda: (x := c.get("/models")).status_code == 401 and x,
+                     timeout=max(0.0, t0 + 1.0 - time.monotonic()), interval=0.02)
+        err(r, 401, "invalid_api_key", "authentication_error")
         err(chat(c, {"model": "polish-fast", "messages": MSGS}), 401, "invalid_api_key", "authentication_error")
-        err(c.get("/models"), 401, "invalid_api_key", "authentication_error")
 
 
 def test_other_key_of_same_org_still_works_after_revoke(gateway: Gateway) -> None:
@@ -777,12 +783,12 @@ def test_concurrency_limit_429_retry_after_1(gateway: Gateway) -> None:
 
     def run() -> None:
         with keyed(gateway, key) as c:
-            slow.append(chat(c, {"model": "polish-fast", "messages": MSGS, "sim": {"ttft_ms": 2000}}))
+            slow.append(chat(c, {"model": "polish-fast", "messages": MSGS, "sim": {"ttft_ms": 3000}}))
 
     t = threading.Thread(target=run)
     t.start()
     try:
-        time.sleep(0.7)
+        wait_for(lambda: gateway.slots_held(org_id) == 1, timeout=2.5, interval=0.02)  # the slow one holds it
         with keyed(gateway, key) as c:
             r = chat(c, {"model": "polish-fast", "messages": MSGS})
             err(r, 429, "concurrency_limit_exceeded", "rate_limit_error")

@@ -21,17 +21,23 @@ BODIES = [
 ]
 
 
-def _load(gateway: Gateway, key: str, seconds: float, fault: Callable[[], None]) -> dict[str, int]:
-    """rid -> HTTP status (0 when the connection broke) of every request sent."""
+def _load(gateway: Gateway, key: str, fault: Callable[[], None], before: int = 12, after: int = 12,
+          timeout: float = 60) -> tuple[dict[str, int], dict[str, float], float]:
+    """rid -> HTTP status (0 when the connection broke) of every request sent, rid -> when its client
+    had the reply (time.monotonic), and when the fault struck.  Six clients load the
+    gateway; the fault strikes once ``before`` requests have come back, and the load goes on until
+    ``after`` more have been served (200) since the fault was over: counted, not timed, so that a slow
+    machine gets the same test, only later."""
     out: dict[str, int] = {}
+    done_at: dict[str, float] = {}
     errors: list[str] = []
     lock = threading.Lock()
-    deadline = time.monotonic() + seconds
+    stop = threading.Event()
 
     def worker(i: int) -> None:
         with httpx.Client(base_url=gateway.v1, headers={"Authorization": f"Bearer {key}"}, timeout=20) as c:
             n = i
-            while time.monotonic() < deadline:
+            while not stop.is_set():
                 path, body = BODIES[n % len(BODIES)]
                 n += 1
                 rid, status = "", 0
@@ -50,19 +56,32 @@ def _load(gateway: Gateway, key: str, seconds: float, fault: Callable[[], None])
                 if rid:
                     with lock:
                         out[rid] = status
+                        done_at[rid] = time.monotonic()
+
+    def served() -> int:
+        with lock:
+            return sum(1 for st in out.values() if st == 200)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
     for t in threads:
         t.start()
-    time.sleep(seconds / 3)
-    fault()
-    for t in threads:
-        t.join()
+    try:
+        wait_for(lambda: len(out) >= before, timeout=timeout, interval=0.02)
+        fault_at = time.monotonic()
+        fault()
+        served_before = served()
+        wait_for(lambda: served() >= max(served_before + after, 21), timeout=timeout, interval=0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
     assert not errors, errors[:3]
-    return out
+    return out, done_at, fault_at
 
 
-def _reconcile(gateway: Gateway, org: str, sent: dict[str, int]) -> None:
+def _reconcile(gateway: Gateway, org: str, sent: dict[str, int], late: frozenset[str] = frozenset()) -> None:
+    """``late``: requests whose client had the whole reply but whose process may have died before the
+    record reached Redis (see test_exactly_once_under_faults): estimated input is what they may get."""
     served = {}
     for sim in (gateway.sim_a, gateway.sim_b):
         for rec in httpx.get(sim + "/sim/requests").json()["data"]:
@@ -74,19 +93,26 @@ def _reconcile(gateway: Gateway, org: str, sent: dict[str, int]) -> None:
         rows = gateway.sql("SELECT * FROM usage_records WHERE org_id = $1", org)
         return {r["request_id"]: r for r in rows}
 
-    recs = wait_for(lambda: (r := records()) and set(served) <= set(r) and r, timeout=30)
-    time.sleep(1.5)  # anything late would show now
+    wait_for(lambda: set(served) <= set(records()), timeout=30)
+    # Nothing more can come: no request of the organisation in flight or left for the reaper, and the
+    # usage stream written out (a dead writer's pending entries are claimed after 15 s).  Only then is
+    # the absence of a record (and of an extra one) meaningful.
+    wait_for(lambda: gateway.usage_drained(org), timeout=40, interval=0.2,
+             describe=lambda: gateway.usage_backlog(org))
     recs = records()
     assert set(served) <= set(recs), f"lost: {sorted(set(served) - set(recs))[:5]}"
     extra = set(recs) - set(served)
     assert all(recs[rid]["estimated"] for rid in extra), "a request never served was billed as reported"
+    whole_but_estimated = 0
     for rid, rec in served.items():
         row = recs[rid]
         if not row["estimated"]:
             want_completion = rec["completion_tokens"] if rec["endpoint"] == "chat" else 0
             assert (row["prompt_tokens"], row["completion_tokens"]) == (rec["prompt_tokens"], want_completion), rid
         else:  # only a request whose reply the client did not get whole may be estimated
-            assert sent[rid] != 200 or not rec["completed"], rid
+            assert sent[rid] != 200 or not rec["completed"] or rid in late, rid
+            whole_but_estimated += sent[rid] == 200 and rec["completed"]
+    assert whole_but_estimated <= 6  # one in flight per client at the kill, at most
     debits = gateway.sql("SELECT COALESCE(SUM(-amount_micro_pln),0) AS s, COUNT(*) AS n FROM ledger"
                          " WHERE org_id = $1 AND kind = 'usage'", org)[0]
     assert int(debits["s"]) == sum(r["cost_micro_pln"] for r in recs.values())
@@ -102,11 +128,18 @@ def test_exactly_once_under_faults(gateway: Gateway, component: str) -> None:
     def fault() -> None:
         if component in ("extproc", "usage-writer"):  # killed (SIGKILL), in the middle of its work
             gateway.stack.kill(component)
+            # not a wait for anything: the stimulus is an outage of this length, with the load going on
             time.sleep(0.3)
             gateway.stack.restart(component)
         else:
             gateway.stack.restart(component)
 
-    sent = _load(gateway, key, 4.5, fault)
+    sent, done_at, fault_at = _load(gateway, key, fault)
     assert sum(1 for s in sent.values() if s == 200) > 20
-    _reconcile(gateway, org, sent)
+    # A known window of the product, not of this test: the ext_proc sends a reply first and hands its
+    # usage record to Redis right after (extproc/server.py, settle), so a SIGKILL in between leaves the
+    # in-flight journal's entry, which the reaper bills as estimated input.  Only requests that came back
+    # in the last 2 s before the kill can be in it (at most one per client).
+    late = frozenset() if component != "extproc" else frozenset(
+        rid for rid, t in done_at.items() if fault_at - 2.0 <= t <= fault_at + 0.05)
+    _reconcile(gateway, org, sent, late)

@@ -48,13 +48,13 @@ def test_rate_limit_is_one_budget_across_instances(gateway: Gateway, second: str
 def test_concurrency_is_one_budget_across_instances(gateway: Gateway, second: str) -> None:
     org, kid, key = gateway.new_org()
     gateway.admin(lambda a: a.set_limits(org, None, 2))
-    slow = {**CHAT, "sim": {"ttft_ms": 1500}}
+    slow = {**CHAT, "sim": {"ttft_ms": 3000}}
     out: list[int] = []
     ts = [threading.Thread(target=lambda v=v1: out.append(_post(v, key, slow).status_code))
           for v1 in (gateway.v1, second)]
     for t in ts:
         t.start()
-    time.sleep(0.6)
+    wait_for(lambda: gateway.slots_held(org) == 2, timeout=2.5, interval=0.02)  # both slow ones hold theirs
     for v1 in (gateway.v1, second):
         r = _post(v1, key)
         assert_error(r, 429, "concurrency_limit_exceeded", "rate_limit_error")

@@ -100,13 +100,13 @@ def test_rate_limit_per_key_with_retry_after(gateway: Gateway) -> None:
 def test_concurrency_per_org_released_on_every_ending(gateway: Gateway) -> None:
     org, kid, key = gateway.new_org()
     gateway.admin(lambda a: a.set_limits(org, None, 2))
-    slow = {**CHAT, "sim": {"ttft_ms": 1500}}
+    slow = {**CHAT, "sim": {"ttft_ms": 3000}}
     results: list[int] = []
     threads = [threading.Thread(target=lambda: results.append(_post(gateway, key, slow).status_code))
                for _ in range(2)]
     for t in threads:
         t.start()
-    time.sleep(0.5)
+    wait_for(lambda: gateway.slots_held(org) == 2, timeout=2.5, interval=0.02)  # both slow ones hold theirs
     r = _post(gateway, key)
     assert_error(r, 429, "concurrency_limit_exceeded", "rate_limit_error")
     assert r.headers["retry-after"] == "1"

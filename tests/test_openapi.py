@@ -9,7 +9,6 @@ import copy
 import json
 import re
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ import yaml
 
 from extproc.errors import TABLE
 
-from conftest import Gateway
+from conftest import Gateway, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 OPENAPI = ROOT / "openapi.yaml"
@@ -293,7 +292,7 @@ def test_models_validate(gateway: Gateway, oapi: Any, key: str) -> None:
 
 def _slow(gateway: Gateway, key: str, started: threading.Event) -> None:
     started.set()
-    call(gateway, "POST", "/v1/chat/completions", key, {**CHAT, "sim": {"ttft_ms": 1500}})
+    call(gateway, "POST", "/v1/chat/completions", key, {**CHAT, "sim": {"ttft_ms": 3000}})
 
 
 def test_error_responses_validate(gateway: Gateway, oapi: Any, key: str) -> None:
@@ -344,7 +343,7 @@ def test_error_responses_validate(gateway: Gateway, oapi: Any, key: str) -> None
     t = threading.Thread(target=_slow, args=(gateway, busy, started))
     t.start()
     started.wait()
-    time.sleep(0.5)
+    wait_for(lambda: gateway.slots_held(org2) == 1, timeout=2.5, interval=0.02)  # the slow one holds the slot
     r = call(gateway, "POST", emb, busy, {"model": "embed", "input": "x"})
     t.join()
     expect(r, 429, "concurrency_limit_exceeded")

@@ -175,17 +175,35 @@ def test_catalog_change_under_load_without_failures(gw: Gateway, key: str) -> No
     threads = [threading.Thread(target=load) for _ in range(4)]
     for t in threads:
         t.start()
-    time.sleep(1)
+    wait_for(lambda: len(statuses) >= 8, timeout=3, interval=0.02)  # the change comes under load
     base = gw.port
     doc = _catalog(base, split=(0, 100))
-    # the new catalog also changes a cluster: up-flaky's dead deployment is retired
+    # the new catalog also changes a cluster: up-flaky's dead deployment is retired; and it has an alias
+    # more, by which the model list shows when the ext_proc has taken it
     doc["upstream_models"]["up-flaky"]["deployments"].pop(0)
+    doc["aliases"]["reloaded"] = doc["aliases"]["polish-fast"]
+    try:
+        _apply_catalog(gw, key, doc, marker=True)
+        for t in threads:
+            t.join()
+        assert statuses and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+        for _ in range(20):  # the new shares are in force
+            r = _post(gw, key, {"model": "split", "messages": MSG, "max_tokens": 1})
+            assert _served_by(gw, r.headers["x-request-id"])[0]["model"] == "up-pro"
+    finally:
+        for t in threads:
+            t.join()
+        # the module's other tests (in any order) expect the original catalog: back to it, and in force
+        _apply_catalog(gw, key, _catalog(base), marker=False)
+
+
+def _apply_catalog(gw: Gateway, key: str, doc: dict, marker: bool) -> None:
+    """Write the catalog, have Envoy load its clusters, and wait until the ext_proc has it in force: the
+    model list has the alias "reloaded" exactly when ``marker``."""
     Path(gw.stack.s.catalog).write_text(yaml.safe_dump(doc))
     gw.stack.reload_catalog()
-    for t in threads:
-        t.join()
-    assert statuses and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
-    time.sleep(0.5)
-    for _ in range(20):  # the new shares are in force
-        r = _post(gw, key, {"model": "split", "messages": MSG, "max_tokens": 1})
-        assert _served_by(gw, r.headers["x-request-id"])[0]["model"] == "up-pro"
+
+    def applied() -> bool:
+        r = httpx.get(gw.v1 + "/models", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+        return ("reloaded" in {m["id"] for m in r.json()["data"]}) == marker
+    wait_for(applied, timeout=15, interval=0.1)

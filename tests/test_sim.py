@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from conftest import wait_for
 from sim.tokens import chat_prompt_tokens, count_tokens
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,16 +44,14 @@ def base_url() -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=0.5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
+        def up() -> bool:
+            if proc.poll() is not None:
                 raise RuntimeError(f"sim did not start: {proc.stderr.read() if proc.stderr else ''}")
-            time.sleep(0.05)
+            try:
+                return httpx.get(f"{url}/health", timeout=0.5).status_code == 200
+            except httpx.TransportError:
+                return False
+        wait_for(up, timeout=10)
         yield url
     finally:
         proc.terminate()

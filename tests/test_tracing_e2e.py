@@ -2,8 +2,8 @@
 and per upstream try, the client's W3C traceparent continued, attributes from metadata only."""
 from __future__ import annotations
 
+import socket
 import threading
-import time
 from concurrent import futures
 
 import grpc
@@ -11,7 +11,7 @@ import httpx
 # The OTLP protos that xds-protos ships (no gRPC stub: the service is registered by hand below).
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from conftest import Gateway, running_stack
+from conftest import Gateway, running_stack, wait_for
 
 CANARY = "Kanarek-trace-91b2"
 
@@ -43,16 +43,22 @@ class Collector:
 
 
 def test_traces_exported_without_content() -> None:
+    # The collector starts once the stack is up: starting the stack forks (initdb runs as another user),
+    # and a fork while gRPC's server threads run once crashed the child (initdb: SIGSEGV).  Its port is
+    # chosen first, so that the stack can be told where to send.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     collector = Collector()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-    server.add_generic_rpc_handlers((collector.handler(),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        with running_stack("gw-trace-", otlp_endpoint=f"127.0.0.1:{port}") as gw:
+    with running_stack("gw-trace-", otlp_endpoint=f"127.0.0.1:{port}") as gw:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        server.add_generic_rpc_handlers((collector.handler(),))
+        assert server.add_insecure_port(f"127.0.0.1:{port}") == port
+        server.start()
+        try:
             _check(gw, collector)
-    finally:
-        server.stop(0)
+        finally:
+            server.stop(0).wait()
 
 
 def _check(gw: Gateway, collector: Collector) -> None:
@@ -73,9 +79,8 @@ def _check(gw: Gateway, collector: Collector) -> None:
     def trace() -> list:  # type: ignore[type-arg]
         return [s for s in collector.spans() if s.trace_id.hex() == trace_id]
 
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not wanted <= {s.name for s in trace()}:
-        time.sleep(0.2)
+    wait_for(lambda: wanted <= {s.name for s in trace()}, timeout=20, interval=0.2,
+             describe=lambda: sorted(s.name for s in trace()))
     spans = trace()
     # the request, the ext_proc stream, the upstream try, and the ext_proc's own phases as children of
     # the span Envoy opened for the ext_proc stream

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-import time
 from typing import Any
 
 import httpx
@@ -88,9 +87,10 @@ def test_two_workers_share_the_load_and_survive_one_killed() -> None:
             ts = [threading.Thread(target=load) for _ in range(3)]
             for t in ts:
                 t.start()
-            time.sleep(0.3)
+            wait_for(lambda: len(during) >= 6, timeout=10, interval=0.02)  # the load is under way
             stack.kill("extproc-2")
-            time.sleep(0.3)
+            at_kill = len(during)
+            wait_for(lambda: len(during) >= at_kill + 9, timeout=10, interval=0.02)  # and goes on after
             stop.set()
             for t in ts:
                 t.join()

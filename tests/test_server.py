@@ -1,0 +1,234 @@
+"""extproc/server.py alone: hand-made ext_proc ProcessingRequest messages into the stream loop (a
+scripted call, tests/extproc_fakes.py), ProcessingResponse messages out.  Every phase, the idle timer
+(armed only once the reply started), the idle gap, a stream reset by Envoy, Envoy's own error replies
+passed through, a failing phase turned into SPEC's 500."""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+
+from extproc.cost import estimate_chat_prompt
+from extproc.exchange import CLUSTER_HEADER, Gateway
+from extproc.grpc_server import EOF
+from extproc.server import Processor
+from extproc_fakes import (CHAT_BODY, OTHER_KEY, STALL, FakeCall, chat_reply, chunk, gateway,
+                           request_body, request_headers, response_body, response_headers, sse, store,
+                           usage_chunk)
+
+EST = estimate_chat_prompt([{"role": "user", "content": "Dzień dobry"}])
+STREAM_BODY = json.dumps({"model": "polish-pro", "stream": True, "stream_options": {"include_usage": True},
+                          "messages": [{"role": "user", "content": "Dzień dobry"}]}).encode()
+
+
+def process(gw: Gateway, *script: Any) -> FakeCall:
+    call = FakeCall(*script)
+    asyncio.run(Processor(gw).process(call))  # type: ignore[arg-type]
+    return call
+
+
+def immediate(msg: ep.ProcessingResponse, status: int, code: str | None = None) -> dict[str, Any]:
+    assert msg.WhichOneof("response") == "immediate_response", msg
+    ir = msg.immediate_response
+    assert ir.status.code == status
+    headers = {h.header.key: h.header.raw_value.decode() for h in ir.headers.set_headers}
+    assert headers["content-type"] == "application/json"
+    doc = json.loads(ir.body)
+    if code is not None:
+        err = doc["error"]
+        assert err["code"] == code and err["request_id"] == "rid-1", err
+        assert set(err) == {"message", "type", "code", "param", "request_id"}
+    return {"headers": headers, "body": doc}
+
+
+def mutated(common: ep.CommonResponse) -> tuple[dict[str, str], bytes]:
+    headers = {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
+    return headers, common.body_mutation.body
+
+
+# ---- request headers -------------------------------------------------------------------------------
+def test_models_answered_on_the_headers_message_and_the_stream_ends() -> None:
+    gw = gateway()
+    call = process(gw, request_headers("GET", "/v1/models"), response_headers(200))
+    [msg] = call.written
+    doc = immediate(msg, 200)["body"]
+    assert doc["object"] == "list" and "polish-pro" in {m["id"] for m in doc["data"]}
+    assert call.script == [response_headers(200)]  # nothing more read: the reply was the last message
+
+
+def test_401_immediate_reply_for_a_missing_or_unknown_key() -> None:
+    for key in (None, OTHER_KEY):
+        gw = gateway()
+        call = process(gw, request_headers("GET", "/v1/models", key=key))
+        [msg] = call.written
+        immediate(msg, 401, "invalid_api_key")
+
+
+def test_chunked_post_continues_to_its_body() -> None:
+    gw = gateway()
+    call = process(gw, request_headers("POST", "/v1/chat/completions", end_of_stream=False,
+                                       **{"content-type": "application/json"}))
+    [msg] = call.written
+    assert msg.WhichOneof("response") == "request_headers"
+    assert not msg.request_headers.response.HasField("header_mutation")
+
+
+# ---- a whole non-streaming exchange ----------------------------------------------------------------
+def test_every_phase_of_a_non_streaming_chat() -> None:
+    gw = gateway(idle_timeout_s=60.0)
+    call = process(gw, request_body(CHAT_BODY), response_headers(200),
+                   response_body(chat_reply(prompt=11, completion=7)))
+    body_msg, headers_msg, reply_msg = call.written
+    # request body: rewritten for the model server, routed by header and by dynamic metadata
+    assert body_msg.WhichOneof("response") == "request_body"
+    common = body_msg.request_body.response
+    headers, body = mutated(common)
+    assert json.loads(body)["model"] == "up-pro" and headers["content-length"] == str(len(body))
+    assert common.clear_route_cache
+    cluster = headers[CLUSTER_HEADER]
+    assert body_msg.dynamic_metadata.fields["gateway"].struct_value.fields["cluster"].string_value == cluster
+    # response headers: passed on, the body stays buffered
+    assert headers_msg.WhichOneof("response") == "response_headers"
+    assert not headers_msg.HasField("mode_override")
+    # response body: the alias back in "model", the length set
+    assert reply_msg.WhichOneof("response") == "response_body"
+    headers, body = mutated(reply_msg.response_body.response)
+    assert json.loads(body)["model"] == "polish-pro" and headers["content-length"] == str(len(body))
+    # no idle timer until the reply started; then the idle budget
+    assert call.timeouts == [None, None, 60.0]
+    [rec] = store(gw).records
+    assert (rec.request_id, rec.prompt_tokens, rec.completion_tokens, rec.estimated) == ("rid-1", 11, 7, False)
+    assert store(gw).held() == 0
+
+
+def test_a_streamed_reply_switches_to_streamed_mode_and_relays_each_chunk() -> None:
+    gw = gateway()
+    events = sse(chunk("Cześć"), chunk(None, finish="stop"), usage_chunk(9, 1))
+    call = process(gw, request_body(STREAM_BODY), response_headers(200, "text/event-stream"),
+                   response_body(events[:40], end_of_stream=False), response_body(events[40:], end_of_stream=False),
+                   response_body(b"", end_of_stream=True))
+    _, headers_msg, *bodies = call.written
+    assert headers_msg.mode_override.response_body_mode == pm.ProcessingMode.STREAMED
+    assert list(headers_msg.response_headers.response.header_mutation.remove_headers) == ["content-length"]
+    assert len(bodies) == 3 and all(m.WhichOneof("response") == "response_body" for m in bodies)
+    out = b"".join(m.response_body.response.body_mutation.body for m in bodies)
+    assert b"up-pro" not in out and out.count(b'"model":"polish-pro"') == 3  # the usage chunk asked for
+    assert out.rstrip().endswith(b"data: [DONE]")
+    [rec] = store(gw).records
+    assert (rec.prompt_tokens, rec.completion_tokens, rec.estimated, rec.stream) == (9, 1, False, True)
+
+
+def test_a_reply_that_ends_on_its_headers_ends_the_stream() -> None:
+    gw = gateway()
+    call = process(gw, request_body(CHAT_BODY), response_headers(204, end_of_stream=True), response_body(b"x"))
+    assert [m.WhichOneof("response") for m in call.written] == ["request_body", "response_headers"]
+    assert len(call.script) == 1  # the loop did not wait for more
+    [rec] = store(gw).records  # the request reached the model server: estimated input (SPEC section 4)
+    assert (rec.prompt_tokens, rec.estimated) == (EST, True)
+
+
+# ---- errors -----------------------------------------------------------------------------------------
+def test_body_error_is_an_immediate_reply() -> None:
+    gw = gateway()
+    call = process(gw, request_body(b'{"model": "polish-pro", "messages": ['))
+    [msg] = call.written
+    immediate(msg, 400, "invalid_json")
+    assert store(gw).held() == 0
+
+
+def test_check_order_on_the_wire_401_then_402_then_429() -> None:
+    gw = gateway(balance=0, rpm=1)
+    immediate(process(gw, request_body(CHAT_BODY, key=OTHER_KEY)).written[0], 401, "invalid_api_key")
+    immediate(process(gw, request_body(CHAT_BODY)).written[0], 402, "insufficient_quota")
+    immediate(process(gw, request_body(CHAT_BODY)).written[0], 402, "insufficient_quota")  # not 429
+    store(gw).orgs["org_1"].balance = 1_000_000  # topped up: now the rate limit
+    assert process(gw, request_body(CHAT_BODY)).written[0].WhichOneof("response") == "request_body"
+    r = immediate(process(gw, request_body(CHAT_BODY, request_id="rid-1")).written[0], 429, "rate_limit_exceeded")
+    assert r["headers"]["retry-after"] == "17"
+
+
+def test_upstream_error_becomes_spec_502_and_bills_nothing() -> None:
+    gw = gateway()
+    call = process(gw, request_body(CHAT_BODY), response_headers(500),
+                   response_body(b'{"detail": "CUDA out of memory"}'))
+    r = immediate(call.written[-1], 502, "upstream_unavailable")
+    assert "CUDA" not in json.dumps(r["body"])
+    assert store(gw).records == [] and store(gw).held() == 0
+
+
+def test_envoys_local_reply_passes_through_unchanged() -> None:
+    """Envoy's own error replies (no capacity, upstream timeout or reset, body too large) come back
+    through the response phases already in SPEC's shape: continued as they are, nothing billed."""
+    gw = gateway()
+    local = json.dumps({"error": {"message": "No capacity for this model right now; retry with backoff.",
+                                  "type": "server_error", "code": "no_capacity", "param": None,
+                                  "request_id": "rid-1"}}, separators=(",", ":")).encode()
+    call = process(gw, request_body(CHAT_BODY), response_headers(503), response_body(local))
+    last = call.written[-1]
+    assert last.WhichOneof("response") == "response_body"
+    assert not last.response_body.response.HasField("body_mutation")
+    assert not last.response_body.response.HasField("header_mutation")
+    assert store(gw).records == [] and store(gw).held() == 0
+
+
+def test_idle_gap_in_a_non_streaming_reply_is_an_immediate_502() -> None:
+    gw = gateway(idle_timeout_s=0.6)
+    call = process(gw, request_body(CHAT_BODY), response_headers(200), STALL, response_body(chat_reply()))
+    immediate(call.written[-1], 502, "upstream_timeout")
+    assert call.timeouts[-1] == 0.6 and len(call.script) == 1  # the late body was never read
+    [rec] = store(gw).records
+    assert (rec.status, rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (502, EST, 0, True)
+    assert store(gw).held() == 0
+
+
+def test_idle_gap_in_a_stream_ends_it_and_bills_what_was_sent() -> None:
+    gw = gateway(idle_timeout_s=0.6)
+    call = process(gw, request_body(STREAM_BODY), response_headers(200, "text/event-stream"),
+                   response_body(sse(chunk("a"), chunk("b"), done=False), end_of_stream=False), STALL)
+    assert call.written[-1].WhichOneof("response") == "immediate_response"  # Envoy resets the stream on it
+    [rec] = store(gw).records
+    assert (rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (EST, 2, True)
+
+
+def test_stream_reset_by_envoy_mid_request_releases_and_bills_estimated_input() -> None:
+    gw = gateway()
+    call = process(gw, request_body(CHAT_BODY), EOF)  # the client went away while the model server worked
+    assert [m.WhichOneof("response") for m in call.written] == ["request_body"]
+    [rec] = store(gw).records
+    assert (rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (EST, 0, True)
+    assert store(gw).held() == 0
+
+
+def test_stream_reset_mid_stream_bills_the_content_sent() -> None:
+    gw = gateway()
+    process(gw, request_body(STREAM_BODY), response_headers(200, "text/event-stream"),
+            response_body(sse(chunk("a"), chunk("b"), chunk("c"), done=False), end_of_stream=False), EOF)
+    [rec] = store(gw).records
+    assert (rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (EST, 3, True)
+    assert store(gw).held() == 0
+
+
+def test_a_failing_phase_is_spec_500_never_a_hang() -> None:
+    gw = gateway()
+
+    async def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("boom")
+    store(gw).admit = broken  # type: ignore[method-assign]
+    call = process(gw, request_body(CHAT_BODY), response_headers(200))
+    [msg] = call.written
+    r = immediate(msg, 500, "internal_error")
+    assert "boom" not in json.dumps(r["body"])
+    assert len(call.script) == 1
+
+
+def test_one_key_may_hold_many_streams_each_with_its_own_record() -> None:
+    gw = gateway()
+    for i in range(3):
+        process(gw, request_body(CHAT_BODY, request_id=f"rid-{i}"), response_headers(200),
+                response_body(chat_reply(prompt=5 + i, completion=1)))
+    assert [(r.request_id, r.prompt_tokens) for r in store(gw).records] == [("rid-0", 5), ("rid-1", 6),
+                                                                             ("rid-2", 7)]
+    assert store(gw).held() == 0
