@@ -49,7 +49,12 @@ class FakeStore:
     admits: list[tuple[str, bool]] = field(default_factory=list)  # (request id, limits) asked
     finishes: list[tuple[str, str, UsageRecord | None]] = field(default_factory=list)
 
-    async def admit(self, key_hash: str, request_id: str, *, limits: bool, pending: str = "") -> Admission:
+    deadlines: list[float | None] = field(default_factory=list)  # each admission's deadline (unix s)
+    cancelled: list[str] = field(default_factory=list)
+
+    async def admit(self, key_hash: str, request_id: str, *, limits: bool, pending: str = "",
+                    deadline: float | None = None) -> Admission:
+        self.deadlines.append(deadline)
         if key_hash in self.revoked:
             self.admits.append((request_id, limits))
             return Admission(None, INVALID_KEY)
@@ -86,6 +91,15 @@ class FakeStore:
         if record is not None:
             self.orgs[org_id].balance -= record.cost_micro_pln
             self.records.append(record)
+
+    async def cancel(self, request_id: str) -> None:
+        """The caller gave up on this admission: undo it (the real script also refuses one still queued)."""
+        self.cancelled.append(request_id)
+        for held in self.slots.values():
+            held.discard(request_id)
+
+    async def sync_clock(self) -> None:
+        return None
 
     async def fill_key(self, key_hash: str, fields: dict[str, Any] | None) -> None:
         if fields is None:
@@ -212,6 +226,7 @@ class FakeCall:
         self.written: list[ep.ProcessingResponse] = []
         self.timeouts: list[float | None] = []
         self._metadata = metadata or {}
+        self.ended = False  # Envoy ended or reset the call: set once ``read`` has handed out EOF
 
     def metadata(self, name: str) -> str | None:
         return self._metadata.get(name)
@@ -219,11 +234,14 @@ class FakeCall:
     async def read(self, timeout: float | None = None) -> Any:
         self.timeouts.append(timeout)
         if not self.script:
+            self.ended = True
             return EOF  # Envoy closed its side after the last message
         item = self.script.pop(0)
         if item is STALL:
             assert timeout is not None, "the server waits for a stalled reply with no idle timer"
             raise TimeoutError
+        if item is EOF:
+            self.ended = True
         return item
 
     def write(self, message: ep.ProcessingResponse) -> None:
