@@ -96,8 +96,14 @@ def test_no_stack_ever_started(gw: Gateway, monkeypatch: pytest.MonkeyPatch, cap
           f"no running stack found in {empty / 'state'} (start it with 'gateway up')", "is not running")
 
 
-def test_stack_stopped(gw: Gateway, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """Last: stops the module's stack, as Ctrl-C on `gateway up` does; its stack.json stays."""
+def test_stack_stopped(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stack of its own (the order of the tests is shuffled), stopped as Ctrl-C on `gateway up` does;
+    its stack.json stays."""
+    with running_stack("gw-clistop-") as gw:
+        _stopped(gw, monkeypatch, capsys)
+
+
+def _stopped(gw: Gateway, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     gw.stack.stop()
     assert (gw.stack.state / "stack.json").exists()
     check(run_all(gw, monkeypatch, capsys), "cannot reach PostgreSQL at postgresql://postgres:***@",
