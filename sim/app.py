@@ -68,6 +68,30 @@ def _arg_pieces(args: str, tokens: int) -> list[tuple[str, int]]:
     return out
 
 
+_JSON_OBJECT: dict[str, Any] = {"type": "object", "properties": {"answer": {"type": "string"}},
+                                "required": ["answer"]}
+
+
+def _schema_in_prompt(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A JSON schema quoted in the prompt (what a model in json_object mode would follow), if any."""
+    decoder = json.JSONDecoder()
+    for msg in messages:
+        text = content_text(msg.get("content"))
+        pos = text.find("{")
+        tries = 0
+        while pos != -1 and tries < 50:
+            tries += 1
+            try:
+                value, _ = decoder.raw_decode(text, pos)
+            except ValueError:
+                pos = text.find("{", pos + 1)
+                continue
+            if isinstance(value, dict) and isinstance(value.get("properties"), dict):
+                return value
+            pos = text.find("{", pos + 1)
+    return None
+
+
 def _response_schema(rf: Any) -> dict[str, Any] | None:
     """The JSON schema a ``response_format`` asks for (``None`` for text)."""
     if rf is None:
@@ -78,7 +102,7 @@ def _response_schema(rf: Any) -> dict[str, Any] | None:
     if kind in (None, "text"):
         return None
     if kind == "json_object":
-        return {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+        return _JSON_OBJECT
     if kind == "json_schema":
         js = rf.get("json_schema")
         schema = js.get("schema") if isinstance(js, dict) else None
@@ -474,6 +498,8 @@ class Simulator:
             )
 
         guided = _response_schema(body.get("response_format"))
+        if guided is _JSON_OBJECT:
+            guided = _schema_in_prompt(messages) or guided
         seed = json.dumps([model, messages, guided, tools], sort_keys=True, default=str)
         call_name = _pick_tool(messages, tool_names, tool_choice, chosen)
         choices: list[ChoicePlan] = []

@@ -74,3 +74,83 @@ def test_openai_embedding_dimensions(sdk: openai.OpenAI) -> None:
     e = sdk.embeddings.create(model="embed", input=["Ala ma kota"], dimensions=256)
     assert len(e.data[0].embedding) == 256
     assert abs(sum(v * v for v in e.data[0].embedding) - 1) < 1e-6
+
+
+# --- other clients -------------------------------------------------------------------------------
+
+def test_langchain_openai(gateway: Gateway, org: tuple[str, str, str]) -> None:
+    from langchain_core.messages import ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI, OpenAIEmbeddings
+
+    llm = ChatOpenAI(model="polish-pro", base_url=gateway.v1, api_key=org[2], max_retries=0)
+    assert llm.invoke("Cześć").content
+    assert "".join(str(c.content) for c in llm.stream("Cześć"))
+    trip = llm.with_structured_output(Trip).invoke("Plan a trip")
+    assert isinstance(trip, Trip) and isinstance(trip.stops[0], City)
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Weather in a city."""
+        return f"słonecznie w {city}"
+
+    bound = llm.bind_tools([get_weather])
+    messages: list = [("user", "Pogoda w Krakowie?")]
+    ai = bound.invoke(messages)
+    (call,) = ai.tool_calls
+    assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str)
+    messages += [ai, ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"])]
+    final = bound.invoke(messages)
+    assert not final.tool_calls and "słonecznie" in str(final.content)
+    emb = OpenAIEmbeddings(model="embed", base_url=gateway.v1, api_key=org[2], dimensions=256,
+                           check_embedding_ctx_length=False)
+    assert len(emb.embed_query("Ala ma kota")) == 256
+
+
+def test_instructor_tools_and_json(gateway: Gateway, org: tuple[str, str, str]) -> None:
+    import instructor
+
+    for mode in (instructor.Mode.TOOLS, instructor.Mode.JSON):
+        client = instructor.from_openai(openai.OpenAI(base_url=gateway.v1, api_key=org[2], max_retries=0),
+                                        mode=mode)
+        city = client.chat.completions.create(model="polish-pro", response_model=City, max_retries=0,
+                                              messages=[{"role": "user", "content": "A city"}])
+        assert isinstance(city, City) and city.country in ("PL", "DE", "CZ")
+
+
+def test_pydantic_ai_output_type_and_tool(gateway: Gateway, org: tuple[str, str, str]) -> None:
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    model = OpenAIChatModel("polish-pro", provider=OpenAIProvider(base_url=gateway.v1, api_key=org[2]))
+    agent = Agent(model, output_type=City)
+    assert isinstance(agent.run_sync("A city").output, City)
+
+    calls: list[str] = []
+    tool_agent = Agent(model)
+
+    @tool_agent.tool_plain
+    def get_weather(city: str) -> str:
+        """Weather in a city."""
+        calls.append(city)
+        return "pada deszcz"
+
+    result = tool_agent.run_sync("Pogoda w Gdańsku?")
+    assert len(calls) == 1 and "pada deszcz" in result.output
+
+
+def test_llm_cli(gateway: Gateway, org: tuple[str, str, str], tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "extra-openai-models.yaml").write_text(
+        f"- model_id: gw-pro\n  model_name: polish-pro\n  api_base: {gateway.v1}\n  api_key_name: gw\n")
+    (tmp_path / "keys.json").write_text(json.dumps({"gw": org[2]}))
+    llm_bin = Path(sys.executable).parent / "llm"
+    out = subprocess.run([str(llm_bin), "-m", "gw-pro", "--no-log", "Cześć"], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "LLM_USER_PATH": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
