@@ -154,3 +154,50 @@ def test_llm_cli(gateway: Gateway, org: tuple[str, str, str], tmp_path) -> None:
                          timeout=60, env={**os.environ, "LLM_USER_PATH": str(tmp_path)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip()
+
+
+# --- README "Use it from…" snippets, run as written ---------------------------------------------
+
+def _snippets() -> dict[str, str]:
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    found = re.findall(r"<!-- client-snippet: ([\w-]+) -->\n```\w+\n(.*?)\n```", text, re.S)
+    return dict(found)
+
+
+def _run(args: list[str], env: dict[str, str]) -> str:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bindir = str(Path(sys.executable).parent)
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""), **env})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+@pytest.mark.parametrize("name", ["openai", "langchain", "pydantic-ai", "instructor"])
+def test_readme_python_snippet(gateway: Gateway, org: tuple[str, str, str], name: str) -> None:
+    import sys
+
+    code = _snippets()[name]
+    out = _run([sys.executable, "-c", code], {"OPENAI_BASE_URL": gateway.v1, "OPENAI_API_KEY": org[2]})
+    assert "name=" in out and "population=" in out, out
+    if name == "openai":
+        assert out.strip().splitlines()[-1].endswith("słonecznie, 21 °C")
+    if name == "langchain":
+        assert out.strip().splitlines()[-1] == "256"
+
+
+def test_readme_llm_snippet(gateway: Gateway, org: tuple[str, str, str], tmp_path) -> None:
+    snippets = _snippets()
+    yaml_text = snippets["llm-yaml"].replace("http://127.0.0.1:8080/v1", gateway.v1)
+    assert yaml_text != snippets["llm-yaml"]
+    (tmp_path / "extra-openai-models.yaml").write_text(yaml_text)
+    (tmp_path / "keys.json").write_text(json.dumps({"gateway": org[2]}))
+    out = _run(["sh", "-c", snippets["llm-sh"]], {"LLM_USER_PATH": str(tmp_path)})
+    assert out.strip()
