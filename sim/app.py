@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from .errors import SimError, error_body
+from .guided import generate
 from .knobs import Knobs, parse_knobs
 from .records import Record, RecordStore
 from .tokens import (
@@ -25,6 +28,7 @@ from .tokens import (
     chat_prompt_tokens,
     content_text,
     count_tokens,
+    EMBEDDING_DIM,
     embedding_vector,
     generate_tokens,
     pack_base64,
@@ -51,6 +55,89 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+_TEXT_PIECES = re.compile(r"\s*(?:\w+|[^\w\s])")
+
+
+def _arg_pieces(args: str, tokens: int) -> list[tuple[str, int]]:
+    """Split tool-call arguments into stream deltas (one token each); the first carries the call overhead."""
+    pieces = _TEXT_PIECES.findall(args)
+    if "".join(pieces) != args:
+        pieces = [args]
+    out = [(p, 1) for p in pieces]
+    out[0] = (out[0][0], tokens - (len(out) - 1))
+    return out
+
+
+_JSON_OBJECT: dict[str, Any] = {"type": "object", "properties": {"answer": {"type": "string"}},
+                                "required": ["answer"]}
+
+
+def _schema_in_prompt(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A JSON schema quoted in the prompt (what a model in json_object mode would follow), if any."""
+    decoder = json.JSONDecoder()
+    for msg in messages:
+        text = content_text(msg.get("content"))
+        pos = text.find("{")
+        tries = 0
+        while pos != -1 and tries < 50:
+            tries += 1
+            try:
+                value, _ = decoder.raw_decode(text, pos)
+            except ValueError:
+                pos = text.find("{", pos + 1)
+                continue
+            if isinstance(value, dict) and isinstance(value.get("properties"), dict):
+                return value
+            pos = text.find("{", pos + 1)
+    return None
+
+
+def _response_schema(rf: Any) -> dict[str, Any] | None:
+    """The JSON schema a ``response_format`` asks for (``None`` for text)."""
+    if rf is None:
+        return None
+    if not isinstance(rf, dict):
+        raise SimError(400, "response_format must be an object.")
+    kind = rf.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return _JSON_OBJECT
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        schema = js.get("schema") if isinstance(js, dict) else None
+        if not isinstance(schema, dict):
+            raise SimError(400, "response_format.json_schema.schema must be an object.")
+        return schema
+    raise SimError(400, f"Unknown response_format type: {kind!r}.")
+
+
+def _pick_tool(messages: list[dict[str, Any]], tools: list[str], choice: Any, chosen: str | None) -> str | None:
+    """Which tool to call this turn, or ``None`` for a text answer.
+
+    A named tool_choice always calls that tool. ``auto`` (the default with tools) calls the first
+    tool until a ``tool`` message answers it, then answers in text so agent loops end. ``required``
+    calls the first tool not yet called since the last user message (the last tool once all were).
+    """
+    if not tools or choice == "none":
+        return None
+    if isinstance(choice, dict):
+        return chosen
+    called: list[str] = []
+    answered = False
+    for msg in messages:
+        if msg.get("role") == "user":
+            called, answered = [], False
+        elif msg.get("role") == "tool":
+            answered = True
+        for tc in msg.get("tool_calls") or []:
+            if isinstance(tc, dict) and isinstance(tc.get("function"), dict):
+                called.append(str(tc["function"].get("name")))
+    if choice == "required":
+        return next((t for t in tools if t not in called), tools[-1])
+    return None if answered and messages[-1].get("role") == "tool" else tools[0]
+
+
 @dataclass
 class ChoicePlan:
     """What one choice will contain."""
@@ -62,7 +149,9 @@ class ChoicePlan:
 
     @property
     def tokens(self) -> int:
-        return TOOL_CALL_TOKENS if self.tool_call is not None else sum(self.weights)
+        if self.tool_call is not None:
+            return TOOL_CALL_TOKENS - 2 + count_tokens(self.tool_call["function"]["arguments"])
+        return sum(self.weights)
 
 
 _EOL = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
@@ -408,12 +497,34 @@ class Simulator:
                 f"in the completion). Please reduce the length of the messages or completion.",
             )
 
+        guided = _response_schema(body.get("response_format"))
+        if guided is _JSON_OBJECT:
+            guided = _schema_in_prompt(messages) or guided
+        seed = json.dumps([model, messages, guided, tools], sort_keys=True, default=str)
+        call_name = _pick_tool(messages, tool_names, tool_choice, chosen)
         choices: list[ChoicePlan] = []
-        if chosen is not None and tool_choice != "none":
-            for _ in range(n):
+        if call_name is not None:
+            params: Any = {}
+            for t in tools or []:
+                if t["function"]["name"] == call_name:
+                    params = t["function"].get("parameters") or {"type": "object"}
+                    break
+            for i in range(n):
+                args = json.dumps(generate(params, f"{seed}/{call_name}/{i}"), ensure_ascii=False)
                 call = {"id": f"call_{_hex()[:24]}", "type": "function",
-                        "function": {"name": chosen, "arguments": "{}"}}
+                        "function": {"name": call_name, "arguments": args}}
                 choices.append(ChoicePlan(finish_reason="tool_calls", tool_call=call))
+        elif guided is not None or (tool_names and messages[-1].get("role") == "tool"):
+            for i in range(n):
+                if guided is not None:
+                    text = json.dumps(generate(guided, f"{seed}/{i}"), ensure_ascii=False)
+                else:
+                    text = "Done: " + content_text(messages[-1].get("content"))[:200]
+                pieces = _TEXT_PIECES.findall(text)
+                finish = "stop"
+                if max_tokens is not None and len(pieces) > max_tokens:
+                    pieces, finish = pieces[:max_tokens], "length"
+                choices.append(ChoicePlan(pieces=pieces, weights=[1] * len(pieces), finish_reason=finish))
         elif knobs.echo:
             headers: dict[str, str] = {}
             for k, v in request.headers.items():
@@ -508,9 +619,9 @@ class Simulator:
                 evs.append(StreamEvent(chunk([ch(i, {"tool_calls": [{
                     "index": 0, "id": tc["id"], "type": "function",
                     "function": {"name": tc["function"]["name"], "arguments": ""}}]})])))
-                evs.append(StreamEvent(chunk([ch(i, {"tool_calls": [{
-                    "index": 0, "function": {"arguments": tc["function"]["arguments"]}}]})]),
-                    tokens=TOOL_CALL_TOKENS))
+                evs.extend(StreamEvent(chunk([ch(i, {"tool_calls": [{
+                    "index": 0, "function": {"arguments": piece}}]})]), tokens=w)
+                    for piece, w in _arg_pieces(tc["function"]["arguments"], c.tokens))
             else:
                 for piece, weight in zip(c.pieces, c.weights):
                     evs.append(StreamEvent(chunk([ch(i, {"content": piece})]), tokens=weight))
@@ -616,6 +727,9 @@ class Simulator:
                 fmt = "float"
             if fmt not in ("float", "base64"):
                 raise SimError(400, f"encoding_format must be 'float' or 'base64', got {fmt!r}.")
+            dims = body.get("dimensions")
+            if dims is not None and (not _is_int(dims) or not 1 <= dims <= EMBEDDING_DIM):
+                raise SimError(400, f"dimensions must be an integer between 1 and {EMBEDDING_DIM}, got {dims!r}.")
             ctx = self.embed_models[model]
             counts = [count_tokens(x) if isinstance(x, str) else len(x) for x in items]
             rec.prompt_tokens = sum(counts)
@@ -632,6 +746,9 @@ class Simulator:
         data = []
         for i, item in enumerate(items):
             vec = embedding_vector(item)
+            if dims is not None and dims < len(vec):  # Matryoshka-style: truncate, renormalise
+                norm = math.sqrt(sum(v * v for v in vec[:dims])) or 1.0
+                vec = [v / norm for v in vec[:dims]]
             data.append({"index": i, "object": "embedding",
                          "embedding": pack_base64(vec) if fmt == "base64" else vec})
         doc: dict[str, Any] = {

@@ -486,3 +486,104 @@ def test_make_app_in_process() -> None:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         loop.close()
+
+
+# --- guided decoding (issue 20) ---------------------------------------------------------------
+
+def _pydantic_schema() -> dict[str, Any]:
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    class Address(BaseModel):
+        city: str
+        zip_code: str | None = None
+
+    class Person(BaseModel):
+        name: str
+        age: int
+        role: Literal["admin", "user"]
+        tags: list[str]
+        address: Address
+        previous: list[Address]
+        nickname: str | None
+
+    return Person.model_json_schema()
+
+
+def _stream_content(text: str) -> tuple[str, list[dict[str, Any]]]:
+    chunks = [json.loads(e) for e in _events(text)[:-1]]
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    return content, chunks
+
+
+def test_json_schema_response_format(client: httpx.Client) -> None:
+    import jsonschema
+
+    schema = _pydantic_schema()
+    assert "$defs" in schema
+    for strict in (True, False):
+        rf = {"type": "json_schema", "json_schema": {"name": "Person", "schema": schema, "strict": strict}}
+        doc = _chat(client, response_format=rf).json()
+        content = doc["choices"][0]["message"]["content"]
+        value = json.loads(content)
+        jsonschema.validate(value, schema)
+        assert isinstance(value["address"], dict) and value["role"] in ("admin", "user")
+        assert doc["usage"]["completion_tokens"] == count_tokens(content)
+        assert _chat(client, response_format=rf).json()["choices"][0]["message"]["content"] == content
+        streamed, chunks = _stream_content(_chat(client, response_format=rf, stream=True,
+                                                 stream_options={"include_usage": True}).text)
+        assert json.loads(streamed) == value
+        assert chunks[-1]["usage"]["completion_tokens"] == count_tokens(content)
+    doc = _chat(client, response_format={"type": "json_object"}).json()
+    assert isinstance(json.loads(doc["choices"][0]["message"]["content"]), dict)
+    assert _chat(client, response_format={"type": "bogus"}).status_code == 400
+
+
+def test_tool_call_arguments_and_choice(client: httpx.Client) -> None:
+    import jsonschema
+
+    schema = _pydantic_schema()
+    tools = [{"type": "function", "function": {"name": "add_person", "parameters": schema}},
+             {"type": "function", "function": {"name": "get_time", "parameters": {
+                 "type": "object", "properties": {"tz": {"type": "string", "enum": ["UTC", "CET"]}},
+                 "required": ["tz"]}}}]
+    doc = _chat(client, tools=tools).json()
+    (call,) = doc["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "add_person"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), schema)
+    named = {"type": "function", "function": {"name": "get_time"}}
+    for choice in (named, "required"):
+        doc = _chat(client, tools=tools[1:] if choice == "required" else tools, tool_choice=choice).json()
+        (call,) = doc["choices"][0]["message"]["tool_calls"]
+        assert call["function"]["name"] == "get_time"
+        assert json.loads(call["function"]["arguments"])["tz"] in ("UTC", "CET")
+    assert _chat(client, tools=tools, tool_choice="none").json()["choices"][0]["finish_reason"] == "stop"
+    # second turn: the tool answered → final text (auto), so agent loops end
+    msgs = _msgs() + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                      {"role": "tool", "tool_call_id": call["id"], "content": "12:00"}]
+    doc = _chat(client, tools=tools, messages=msgs).json()
+    choice0 = doc["choices"][0]
+    assert choice0["finish_reason"] == "stop" and "12:00" in choice0["message"]["content"]
+    # streamed: first delta id/type/name/arguments "", then pieces that join into the arguments
+    events = _events(_chat(client, tools=tools, stream=True, stream_options={"include_usage": True}).text)
+    chunks = [json.loads(e) for e in events[:-1]]
+    calls = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks
+             if c["choices"] and "tool_calls" in c["choices"][0]["delta"]]
+    assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
+    assert calls[0]["function"] == {"name": "add_person", "arguments": ""}
+    assert len(calls) > 2 and all("id" not in c for c in calls[1:])
+    args = "".join(c["function"]["arguments"] for c in calls[1:])
+    jsonschema.validate(json.loads(args), schema)
+    assert chunks[-1]["usage"]["completion_tokens"] == 3 + count_tokens(args)
+    assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_embedding_dimensions(client: httpx.Client) -> None:
+    full = client.post("/v1/embeddings", json={"model": EMBED, "input": "abc"}).json()["data"][0]["embedding"]
+    doc = client.post("/v1/embeddings", json={"model": EMBED, "input": "abc", "dimensions": 256}).json()
+    vec = doc["data"][0]["embedding"]
+    assert len(vec) == 256 and abs(sum(v * v for v in vec) - 1) < 1e-9
+    norm = sum(v * v for v in full[:256]) ** 0.5
+    assert all(abs(a - b / norm) < 1e-12 for a, b in zip(vec, full[:256]))
+    assert client.post("/v1/embeddings", json={"model": EMBED, "input": "a", "dimensions": 0}).status_code == 400

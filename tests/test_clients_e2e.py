@@ -1,0 +1,203 @@
+"""Issue 20: clients that need the model to follow the request (structured output, tool loops, streamed
+tool calls, embedding dimensions) work through the whole stack against the simulator's guided decoding.
+Each test asserts on the result, not only on success."""
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import openai
+import pytest
+from pydantic import BaseModel
+
+from conftest import Gateway
+
+
+class City(BaseModel):
+    name: str
+    population: int
+    country: Literal["PL", "DE", "CZ"]
+
+
+class Trip(BaseModel):
+    title: str
+    stops: list[City]
+    note: str | None
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["C", "F"]}},
+        "required": ["city", "unit"], "additionalProperties": False}, "strict": True}}
+
+
+@pytest.fixture
+def sdk(gateway: Gateway, org: tuple[str, str, str]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gateway.v1, api_key=org[2], max_retries=0, timeout=30)
+
+
+def test_openai_parse_pydantic(sdk: openai.OpenAI) -> None:
+    done = sdk.chat.completions.parse(model="polish-pro", response_format=Trip,
+                                      messages=[{"role": "user", "content": "Plan a trip"}])
+    trip = done.choices[0].message.parsed
+    assert isinstance(trip, Trip) and trip.stops and isinstance(trip.stops[0], City)
+    assert trip.stops[0].country in ("PL", "DE", "CZ")
+    assert done.usage is not None and done.usage.completion_tokens > 5
+
+
+def test_openai_two_turn_tool_loop(sdk: openai.OpenAI) -> None:
+    messages: list = [{"role": "user", "content": "Weather in Kraków?"}]
+    first = sdk.chat.completions.create(model="polish-pro", messages=messages, tools=[WEATHER_TOOL])
+    assert first.choices[0].finish_reason == "tool_calls"
+    (call,) = first.choices[0].message.tool_calls or []
+    args = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and isinstance(args["city"], str) and args["unit"] in ("C", "F")
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "21 stopni"}]
+    second = sdk.chat.completions.create(model="polish-pro", messages=messages, tools=[WEATHER_TOOL])
+    assert second.choices[0].finish_reason == "stop"
+    assert "21 stopni" in (second.choices[0].message.content or "")
+
+
+def test_openai_streamed_tool_calls(sdk: openai.OpenAI) -> None:
+    with sdk.chat.completions.stream(model="polish-pro", tools=[openai.pydantic_function_tool(City)],
+                                     tool_choice="required",
+                                     messages=[{"role": "user", "content": "A city"}]) as stream:
+        final = stream.get_final_completion()
+    (call,) = final.choices[0].message.tool_calls or []
+    assert call.function.name == "City" and isinstance(call.function.parsed_arguments, City)
+    assert final.choices[0].finish_reason == "tool_calls"
+
+
+def test_openai_embedding_dimensions(sdk: openai.OpenAI) -> None:
+    e = sdk.embeddings.create(model="embed", input=["Ala ma kota"], dimensions=256)
+    assert len(e.data[0].embedding) == 256
+    assert abs(sum(v * v for v in e.data[0].embedding) - 1) < 1e-6
+
+
+# --- other clients -------------------------------------------------------------------------------
+
+def test_langchain_openai(gateway: Gateway, org: tuple[str, str, str]) -> None:
+    from langchain_core.messages import ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI, OpenAIEmbeddings
+
+    llm = ChatOpenAI(model="polish-pro", base_url=gateway.v1, api_key=org[2], max_retries=0)
+    assert llm.invoke("Cześć").content
+    assert "".join(str(c.content) for c in llm.stream("Cześć"))
+    trip = llm.with_structured_output(Trip).invoke("Plan a trip")
+    assert isinstance(trip, Trip) and isinstance(trip.stops[0], City)
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Weather in a city."""
+        return f"słonecznie w {city}"
+
+    bound = llm.bind_tools([get_weather])
+    messages: list = [("user", "Pogoda w Krakowie?")]
+    ai = bound.invoke(messages)
+    (call,) = ai.tool_calls
+    assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str)
+    messages += [ai, ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"])]
+    final = bound.invoke(messages)
+    assert not final.tool_calls and "słonecznie" in str(final.content)
+    emb = OpenAIEmbeddings(model="embed", base_url=gateway.v1, api_key=org[2], dimensions=256,
+                           check_embedding_ctx_length=False)
+    assert len(emb.embed_query("Ala ma kota")) == 256
+
+
+def test_instructor_tools_and_json(gateway: Gateway, org: tuple[str, str, str]) -> None:
+    import instructor
+
+    for mode in (instructor.Mode.TOOLS, instructor.Mode.JSON):
+        client = instructor.from_openai(openai.OpenAI(base_url=gateway.v1, api_key=org[2], max_retries=0),
+                                        mode=mode)
+        city = client.chat.completions.create(model="polish-pro", response_model=City, max_retries=0,
+                                              messages=[{"role": "user", "content": "A city"}])
+        assert isinstance(city, City) and city.country in ("PL", "DE", "CZ")
+
+
+def test_pydantic_ai_output_type_and_tool(gateway: Gateway, org: tuple[str, str, str]) -> None:
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    model = OpenAIChatModel("polish-pro", provider=OpenAIProvider(base_url=gateway.v1, api_key=org[2]))
+    agent = Agent(model, output_type=City)
+    assert isinstance(agent.run_sync("A city").output, City)
+
+    calls: list[str] = []
+    tool_agent = Agent(model)
+
+    @tool_agent.tool_plain
+    def get_weather(city: str) -> str:
+        """Weather in a city."""
+        calls.append(city)
+        return "pada deszcz"
+
+    result = tool_agent.run_sync("Pogoda w Gdańsku?")
+    assert len(calls) == 1 and "pada deszcz" in result.output
+
+
+def test_llm_cli(gateway: Gateway, org: tuple[str, str, str], tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "extra-openai-models.yaml").write_text(
+        f"- model_id: gw-pro\n  model_name: polish-pro\n  api_base: {gateway.v1}\n  api_key_name: gw\n")
+    (tmp_path / "keys.json").write_text(json.dumps({"gw": org[2]}))
+    llm_bin = Path(sys.executable).parent / "llm"
+    out = subprocess.run([str(llm_bin), "-m", "gw-pro", "--no-log", "Cześć"], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "LLM_USER_PATH": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
+
+
+# --- README "Use it from…" snippets, run as written ---------------------------------------------
+
+def _snippets() -> dict[str, str]:
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    found = re.findall(r"<!-- client-snippet: ([\w-]+) -->\n```\w+\n(.*?)\n```", text, re.S)
+    return dict(found)
+
+
+def _run(args: list[str], env: dict[str, str]) -> str:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bindir = str(Path(sys.executable).parent)
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""), **env})
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+@pytest.mark.parametrize("name", ["openai", "langchain", "pydantic-ai", "instructor"])
+def test_readme_python_snippet(gateway: Gateway, org: tuple[str, str, str], name: str) -> None:
+    import sys
+
+    code = _snippets()[name]
+    out = _run([sys.executable, "-c", code], {"OPENAI_BASE_URL": gateway.v1, "OPENAI_API_KEY": org[2]})
+    assert "name=" in out and "population=" in out, out
+    if name == "openai":
+        assert out.strip().splitlines()[-1].endswith("słonecznie, 21 °C")
+    if name == "langchain":
+        assert out.strip().splitlines()[-1] == "256"
+
+
+def test_readme_llm_snippet(gateway: Gateway, org: tuple[str, str, str], tmp_path) -> None:
+    snippets = _snippets()
+    yaml_text = snippets["llm-yaml"].replace("http://127.0.0.1:8080/v1", gateway.v1)
+    assert yaml_text != snippets["llm-yaml"]
+    (tmp_path / "extra-openai-models.yaml").write_text(yaml_text)
+    (tmp_path / "keys.json").write_text(json.dumps({"gateway": org[2]}))
+    out = _run(["sh", "-c", snippets["llm-sh"]], {"LLM_USER_PATH": str(tmp_path)})
+    assert out.strip()
