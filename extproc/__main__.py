@@ -43,7 +43,9 @@ async def watch_catalog(path: str, gw: Gateway, every: float = 0.5, settle: floa
             gw.catalog = catalog_mod.load(path)
             log.info("catalog reloaded: %d aliases", len(gw.catalog.aliases))
         except (OSError, catalog_mod.CatalogError) as e:
-            log.error("catalog not reloaded: %s", e)
+            log.error("catalog not reloaded, the one in force stays: %s", e)
+        except Exception:  # noqa: BLE001 - whatever a catalog holds, the watcher lives on
+            log.exception("catalog not reloaded, the one in force stays")
 
 
 async def serve(settings: Settings) -> None:
@@ -79,6 +81,7 @@ async def serve(settings: Settings) -> None:
         while True:
             try:
                 await heartbeat(r, gw.owner)
+                await store.sync_clock()
             except Exception:  # noqa: BLE001 - Redis down: the next beat tries again
                 pass
             await asyncio.sleep(1.0)

@@ -150,22 +150,41 @@ def _ts(value: Any, where: str) -> int:
     return int(d.timestamp())
 
 
-def _int(d: dict[str, Any], key: str, where: str, minimum: int = 0) -> int:
-    v = d.get(key)
+def _int(d: dict[str, Any], key: str, where: str, minimum: int = 0, default: int | None = None) -> int:
+    """An integer field: a float (1.5, 1.5e+6), a string ("abc", "1.5e6": YAML reads that as text), a
+    boolean or a value below ``minimum`` is refused, never rounded or converted."""
+    v = d.get(key, default)
     if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
-        raise CatalogError(f"{where}.{key}: must be an integer >= {minimum}")
+        shown = "missing" if v is None else f"got {v!r}" if isinstance(v, (int, float, str)) else "not a number"
+        raise CatalogError(f"{where}.{key}: must be an integer >= {minimum} ({shown[:40]})")
+    return v
+
+
+def _mapping(v: Any, where: str) -> dict[Any, Any]:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise CatalogError(f"{where}: must be a mapping")
+    return v
+
+
+def _list(v: Any, where: str) -> list[Any]:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise CatalogError(f"{where}: must be a list")
     return v
 
 
 def parse(doc: Any, source: str = "<catalog>") -> Catalog:
     if not isinstance(doc, dict):
         raise CatalogError(f"{source}: the catalog must be a mapping")
-    models_doc = doc.get("upstream_models") or {}
+    models_doc = _mapping(doc.get("upstream_models"), f"{source}: upstream_models")
     deployments: dict[str, tuple[Deployment, ...]] = {}
     for name, m in models_doc.items():
         where = f"{source}: upstream_models.{name}"
         deps: list[Deployment] = []
-        for i, d in enumerate((m or {}).get("deployments") or []):
+        for i, d in enumerate(_list(_mapping(m, where).get("deployments"), where + ".deployments")):
             w = f"{where}.deployments[{i}]"
             deps.append(_deployment(d, str(name), i, w))
             # Envoy picks the deployment after the upstream model's headers are set: one key per model,
@@ -175,26 +194,26 @@ def parse(doc: Any, source: str = "<catalog>") -> Catalog:
                                    "same api_key_env (or none)")
         deployments[str(name)] = tuple(deps)
     aliases: dict[str, Alias] = {}
-    for name, a in (doc.get("aliases") or {}).items():
+    for name, a in _mapping(doc.get("aliases"), f"{source}: aliases").items():
         where = f"{source}: aliases.{name}"
         if not isinstance(a, dict):
             raise CatalogError(f"{where}: must be a mapping")
-        caps = tuple(a.get("capabilities") or ())
+        caps = tuple(_list(a.get("capabilities"), where + ".capabilities"))
         if not caps or not set(caps) <= _CAPS:
             raise CatalogError(f"{where}.capabilities: each must be one of {sorted(_CAPS)}")
         steps = []
-        for i, p in enumerate(a.get("prices") or []):
+        for i, p in enumerate(_list(a.get("prices"), where + ".prices")):
             w = f"{where}.prices[{i}]"
             if not isinstance(p, dict):
                 raise CatalogError(f"{w}: must be a mapping")
             steps.append(PriceStep(_ts(p.get("effective"), w + ".effective"),
                                    Prices(_int(p, "input_micro_pln_per_1m", w),
-                                          int(p.get("output_micro_pln_per_1m", 0)))))
+                                          _int(p, "output_micro_pln_per_1m", w, default=0))))
         if not steps:
             raise CatalogError(f"{where}.prices: at least one price with an effective date is required")
         steps.sort(key=lambda s: s.effective)
         ups = []
-        for i, u in enumerate(a.get("upstreams") or []):
+        for i, u in enumerate(_list(a.get("upstreams"), where + ".upstreams")):
             w = f"{where}.upstreams[{i}]"
             if not isinstance(u, dict) or u.get("model") not in deployments:
                 raise CatalogError(f"{w}.model: must name an entry of upstream_models")
@@ -234,7 +253,10 @@ def _line_of(root: yaml.Node | None, dotted: str) -> int | None:
 def load(path: str | Path) -> Catalog:
     """Load and check a catalog; every error names the file, the line and the field."""
     p = Path(path)
-    text = p.read_text()
+    try:
+        text = p.read_text()
+    except UnicodeDecodeError:
+        raise CatalogError(f"{p}: not UTF-8 text") from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -243,7 +265,9 @@ def load(path: str | Path) -> Catalog:
         raise CatalogError(f"{p}:{line} malformed YAML") from None
     try:
         return parse(doc, str(p))
-    except CatalogError as e:
+    except (TypeError, ValueError, AttributeError, KeyError) as e:
+        if not isinstance(e, CatalogError):  # a shape parse() does not check for: still named, never raw
+            raise CatalogError(f"{p}: not a valid catalog ({type(e).__name__})") from None
         msg = str(e)
         field = msg[len(str(p)) + 2:].split(":", 1)[0] if msg.startswith(f"{p}: ") else ""
         where = _line_of(yaml.compose(text), field) if field else None

@@ -13,19 +13,19 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Awaitable, Callable
 
 from . import logs, metrics
 from .catalog import Alias, Catalog
 from .cost import cost_micro_pln
 from .decisions import Admission, UsageRecord
 from .directory import Directory
-from .errors import ApiError
+from .errors import ApiError, internal_error
 from .keys import bearer_key, key_hash
 from .responses import rewrite_body, upstream_error
 from .rules import CHAT, Prepared, prepare_chat, prepare_embeddings
 from .sse import StreamRelay
-from .store import INVALID_KEY, Miss, Store
+from .store import INVALID_KEY, Late, Miss, Store
 
 log = logging.getLogger("extproc")
 
@@ -67,6 +67,10 @@ class Gateway:
     # SPEC section 7: the longest gap allowed inside an upstream reply once it has started.  Envoy's
     # idle timers run from the start of the upstream request, so the ext_proc keeps this one.
     idle_timeout_s: float = 60.0
+    # The longest an admission may wait on Redis and PostgreSQL before the request is answered 500
+    # internal_error: well inside Envoy's ext_proc message_timeout (5 s, envoy/envoy.yaml), so that a
+    # hung dependency gives the client SPEC's error, never Envoy's empty 504.
+    dependency_budget_s: float = 3.5
     auth_cache: "AuthCache" = field(default_factory=lambda: AuthCache())
     _models: tuple[int, Catalog, bytes] | None = None
     owner: str = field(default_factory=lambda: uuid.uuid4().hex)  # this process, in the in-flight journal
@@ -78,21 +82,27 @@ class Gateway:
         try:
             await self.store.finish(org_id, request_id, record)
         except Exception:  # noqa: BLE001
-            task = asyncio.create_task(self._retry_finish(org_id, request_id, record))
-            self._retrying.add(task)
-            task.add_done_callback(self._retrying.discard)
+            self._retry(lambda: self.store.finish(org_id, request_id, record), f"usage record of request {request_id}")
 
-    async def _retry_finish(self, org_id: str, request_id: str, record: UsageRecord | None) -> None:
-        delay = 0.1
+    def cancel(self, request_id: str) -> None:
+        """An admission given up on (``Store.cancel``), in the background until Redis takes it."""
+        self._retry(lambda: self.store.cancel(request_id), f"cancellation of request {request_id}", first=0.0)
+
+    def _retry(self, call: Callable[[], Awaitable[None]], what: str, first: float = 0.1) -> None:
+        task = asyncio.create_task(self._retrying_call(call, what, first))
+        self._retrying.add(task)
+        task.add_done_callback(self._retrying.discard)
+
+    async def _retrying_call(self, call: Callable[[], Awaitable[None]], what: str, delay: float) -> None:
         deadline = self.clock() + 3600
         while self.clock() < deadline:
             await asyncio.sleep(delay)
             try:
-                await self.store.finish(org_id, request_id, record)
+                await call()
                 return
             except Exception:  # noqa: BLE001
-                delay = min(delay * 2, 2.0)
-        log.error("usage record of request %s could not be queued for an hour", request_id)
+                delay = min(max(delay, 0.05) * 2, 2.0)
+        log.error("%s could not be handed to Redis for an hour", what)
 
     def models_body(self) -> bytes:
         """The model list, rendered at most once a second (prices change at whole seconds)."""
@@ -107,6 +117,12 @@ class Gateway:
     def upstream_for(self, alias: Alias) -> str | None:
         up = self.pick(alias)
         return up if up is not None and self.catalog.has_capacity(up) else None
+
+
+def _forget(task: "asyncio.Future[Any]") -> None:
+    """A read given up on: its outcome (when PostgreSQL resumes) is dropped, its error too."""
+    if not task.cancelled():
+        task.exception()
 
 
 class AuthCache:
@@ -272,24 +288,63 @@ class Exchange:
         return adm
 
     async def _admit_redis(self, limits: bool) -> Admission:
+        """One round trip to Redis; on a cache miss, a PostgreSQL read and a fill first.  All of it within
+        ``dependency_budget_s``: past it (a hung or dead Redis or PostgreSQL) the
+        answer is 500 internal_error, and an admission that may have taken effect is undone (``cancel``),
+        so the request is never billed and holds no slot."""
         assert self.key_hash is not None
         pending = self._pending() if limits else ""
-        for _ in range(3):
-            try:
-                adm = await self.gw.store.admit(self.key_hash, self.request_id, limits=limits, pending=pending)
-            except Miss as miss:
-                if miss.what == "key":
-                    metrics.labelled(metrics.KEY_LOOKUPS, "miss").inc()
-                    await self.gw.store.fill_key(self.key_hash, await self.gw.directory.key(self.key_hash))
+        # from now, not the request's start: Envoy's message timeout runs from the message that brought
+        # us here (a chunked body may come seconds after the headers)
+        deadline = self.gw.clock() + self.gw.dependency_budget_s
+        try:
+            async with asyncio.timeout(self.gw.dependency_budget_s):
+                for _ in range(3):
+                    try:
+                        adm = await self.gw.store.admit(self.key_hash, self.request_id, limits=limits,
+                                                        pending=pending, deadline=deadline)
+                    except Miss as miss:
+                        await self._fill(miss)
+                        continue
+                    break
                 else:
-                    assert miss.org_id is not None
-                    await self.gw.store.fill_org(miss.org_id, await self.gw.directory.org(miss.org_id))
-                continue
-            if self.admission is None:
-                metrics.labelled(metrics.KEY_LOOKUPS, "hit").inc()
-            self.admission = adm
-            return adm
-        raise RuntimeError("cache fill did not converge")
+                    raise RuntimeError("cache fill did not converge")
+            if limits and adm.admitted and self.gw.clock() > deadline:
+                raise TimeoutError("admitted after the budget")  # too late for Envoy: undone below
+        except Exception as e:  # noqa: BLE001 - Redis or PostgreSQL hung, gone or late
+            if isinstance(e, (TimeoutError, OSError, Late)):  # ConnectionError is an OSError
+                log.warning("request %s: admission failed: %s", self.request_id, type(e).__name__)
+            else:
+                log.exception("request %s: admission failed", self.request_id)
+            if limits:
+                self.gw.cancel(self.request_id)
+            self.admission = None
+            return Admission(None, internal_error())
+        if self.admission is None:
+            metrics.labelled(metrics.KEY_LOOKUPS, "hit").inc()
+        self.admission = adm
+        return adm
+
+    async def _fill(self, miss: Miss) -> None:
+        """Read the missing entry from PostgreSQL and cache it in Redis.  The read runs as a task of its
+        own, left behind when the budget runs out: a connection of a hung PostgreSQL cannot be given back
+        to the pool promptly, and the client must not wait for that."""
+        assert self.key_hash is not None
+        if miss.what == "key":
+            metrics.labelled(metrics.KEY_LOOKUPS, "miss").inc()
+            read: Awaitable[dict[str, Any] | None] = self.gw.directory.key(self.key_hash)
+        else:
+            assert miss.org_id is not None
+            read = self.gw.directory.org(miss.org_id)
+        task = asyncio.ensure_future(read)
+        task.add_done_callback(_forget)
+        await asyncio.wait((task,))  # cancelled by the budget's timeout, the read itself is not
+        fields = task.result()
+        if miss.what == "key":
+            await self.gw.store.fill_key(self.key_hash, fields)
+        else:
+            assert miss.org_id is not None and fields is not None
+            await self.gw.store.fill_org(miss.org_id, fields)
 
     # ---- response --------------------------------------------------------------------------
     async def response_headers(self, headers: dict[str, str]) -> Answer:
@@ -357,6 +412,13 @@ class Exchange:
                              self.request_id)
 
     # ---- the end, however it came ----------------------------------------------------------
+    def undelivered(self) -> None:
+        """Envoy ended the call before the answer that lets the request through (this process was late
+        past Envoy's message timeout, or the client left): no model server ever saw the request, so its
+        slot is released and nothing is billed."""
+        if self.prepared is not None:
+            self._bill(None)
+
     async def close(self) -> None:
         """The gRPC stream ended.  A forwarded request not billed yet ended abnormally."""
         p = self.prepared

@@ -53,6 +53,11 @@ class Call:
         self.headers = headers
         self._parse = parse
 
+    @property
+    def ended(self) -> bool:
+        """The client ended or reset the call: an answer written now is never read."""
+        return self._ended
+
     def metadata(self, name: str) -> str | None:
         key = name.encode()
         for k, v in self.headers:

@@ -156,6 +156,8 @@ class Processor:
                                      {"gateway.request_id": ex.request_id, "gateway.phase": phase or "",
                                       "gateway.status": str(answer.reply[0]) if answer.reply else "continue"})
                 call.write(msg)
+                if phase == "request_body" and answer.reply is None and call.ended:
+                    ex.undelivered()  # Envoy gave up before this answer let the request through
                 if ex.settling is not None:  # checked here: no coroutine made for every stream chunk
                     await ex.settle()  # after the answer: Redis is not on the client's wait
                 if answer.reply is not None or (phase == "response_body" and req.response_body.end_of_stream) or (

@@ -11,11 +11,19 @@ Redis layout (all keys under ``gw:``):
                    yet (the first finish removes the entry: no double debit), so that a
                    request whose ext_proc process died is still billed (see ``reap``)
   gw:hb:<owner>    an ext_proc process's heartbeat (expires 3 s after the process stops)
+  gw:x:<request>   an admission its caller gave up on (``cancel``): should it still reach Redis, it refuses itself
+
+A hung Redis (SIGSTOP) keeps accepting connections and queues commands: an admission whose caller timed
+out would run when Redis resumes, take a slot and journal a request no model server ever sees.  So the
+admission carries its caller's deadline (wall-clock ms, checked against Redis's TIME first of all) and
+refuses itself when run after it; and a caller that gave up also sends ``cancel``, which undoes an
+admission that ran just in time but whose answer came too late, and refuses one still to come.
 """
 from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -32,6 +40,11 @@ from .urls import RedisTarget, parse_redis
 USAGE_STREAM = "gw:usage"
 
 _ADMIT = """
+if ARGV[8] ~= '' then
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[8]) then return {'late'} end
+  if redis.call('EXISTS', 'gw:x:' .. ARGV[3]) == 1 then return {'late'} end
+end
 local k = redis.call('HMGET', 'gw:k:' .. ARGV[1], 'id', 'org', 'rpm', 'none')
 if k[4] then return {'bad_key'} end
 if not k[1] then return {'miss_key'} end
@@ -77,6 +90,16 @@ redis.call('XADD', KEYS[1], '*', 'r', ARGV[4])
 return 1
 """
 
+# An admission given up on: mark it refused (for one still queued) and undo one that ran (slot, journal).
+_CANCEL = """
+redis.call('SET', 'gw:x:' .. ARGV[1], '1', 'EX', ARGV[2])
+local v = redis.call('HGET', 'gw:if', ARGV[1])
+if not v then return 0 end
+redis.call('HDEL', 'gw:if', ARGV[1])
+redis.call('ZREM', 'gw:c:' .. string.match(v, '^[^|]*|([^|]*)|'), ARGV[1])
+return 1
+"""
+
 # Fill a cache entry unless something (a revocation, a suspension) wrote it first.
 _FILL_KEY = """
 if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -99,6 +122,10 @@ INVALID_KEY = _err("invalid_api_key", "Invalid API key.")
 SUSPENDED = _err("org_suspended", "The organisation is suspended.")
 QUOTA = _err("insufficient_quota", "The organisation's prepaid balance is exhausted; top up to continue.")
 CONCURRENCY = _err("concurrency_limit_exceeded", "Too many concurrent requests for this organisation.", 1)
+
+
+class Late(Exception):
+    """Redis ran the admission after its deadline (or after ``cancel``): it took no effect."""
 
 
 class Miss(Exception):
@@ -165,16 +192,27 @@ class Store:
         self.fast = fast
         self._defaults = (str(default_rpm), str(default_concurrency), str(lease_s))
         self._key_ttl = key_ttl_s
+        self.margin_s = 0.25
+        self.clock_offset_s = 0.0  # Redis's clock minus this host's (``sync_clock``): deadlines are in Redis's time
         self._fill_key = client.register_script(_FILL_KEY)
         self._fill_org = client.register_script(_FILL_ORG)
 
-    async def admit(self, key_hash: str, request_id: str, *, limits: bool, pending: str = "") -> Admission:
+    async def admit(self, key_hash: str, request_id: str, *, limits: bool, pending: str = "",
+                    deadline: float | None = None) -> Admission:
         """Authenticate and, with ``limits``, check balance, rate and concurrency and take a slot.
-        ``pending`` is the journal entry kept while the request is in flight."""
+        ``pending`` is the journal entry kept while the request is in flight.  ``deadline`` (unix s):
+        the script refuses itself (``Late``) when Redis runs it later than that, or later than this call
+        waits for its answer, less a margin for the answer's way back."""
         rpm, conc, lease = self._defaults
+        until = ""
+        if deadline is not None:
+            until = str(int((min(deadline, time.time() + self.fast.timeout) - self.margin_s + self.clock_offset_s)
+                            * 1000))
         res = await self.fast.evalsha(_ADMIT, [], [key_hash, "1" if limits else "0", request_id, rpm, conc, lease,
-                                                    pending])
+                                                    pending, until])
         tag = res[0].decode() if isinstance(res[0], bytes) else res[0]
+        if tag == "late":
+            raise Late(request_id)
         if tag == "bad_key":
             return Admission(None, INVALID_KEY)
         if tag == "miss_key":
@@ -200,6 +238,19 @@ class Store:
         payload = "" if record is None else record.to_json()
         await self.fast.evalsha(_FINISH, [USAGE_STREAM],
                                 [org_id, request_id, 0 if record is None else record.cost_micro_pln, payload])
+
+    async def sync_clock(self) -> None:
+        """Measure how far Redis's clock is from this host's (to within half a round trip), so that a
+        managed Redis whose clock differs by seconds neither refuses every admission nor lets late ones in."""
+        before = time.time()
+        secs, micros = await self.r.time()
+        after = time.time()
+        if after - before < 0.5:
+            self.clock_offset_s = secs + micros / 1e6 - (before + after) / 2
+
+    async def cancel(self, request_id: str) -> None:
+        """The caller gave up on this request's admission: undo it if it ran, refuse it if it is still to run."""
+        await self.fast.evalsha(_CANCEL, [], [request_id, self._defaults[2]])
 
     async def fill_key(self, key_hash: str, fields: dict[str, Any] | None) -> None:
         """Cache a key (fields) or its absence (None, for a short time)."""

@@ -1,4 +1,5 @@
-"""deploy/k8s agrees with the code (no cluster needed: every manifest is only parsed).
+"""deploy/k8s agrees with the code and with the Kubernetes API schemas (kubernetes-validate ships them: no
+cluster, no network).
 
 Settings names come from extproc/settings.py (ENV_VARS), ports from Settings with the manifests'
 environment, the catalog from control/catalog.yaml; selectors match labels, the HPA and the PDB target
@@ -333,3 +334,60 @@ def test_rendered_envoy_config_matches(objects: dict[tuple[str, str], dict[str, 
     assert str(s.envoy_admin_port) in text and str(s.grpc_port) in text
     clusters = Path(cds).read_text() if cds else (s.state / "envoy" / "cds.yaml").read_text()
     assert "vllm-a.models.svc.cluster.local" in clusters
+
+
+def _api_objects() -> list[tuple[str, dict[str, Any]]]:
+    kust = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    return [(f"{res}:{doc['kind']}/{doc['metadata']['name']}", doc) for res in kust["resources"]
+            for doc in yaml.safe_load_all((K8S / res).read_text()) if doc is not None]
+
+
+# The oldest Kubernetes the manifests target (autoscaling/v2, policy/v1, seccompProfile, sizeLimit) and
+# the newest whose schemas kubernetes-validate ships; strict: a misspelt or unknown field is an error.
+@pytest.mark.parametrize("version", ["1.29.0", "latest"])
+@pytest.mark.parametrize("name,doc", _api_objects(), ids=[n for n, _ in _api_objects()])
+def test_every_manifest_is_valid_against_the_kubernetes_api_schema(name: str, doc: dict[str, Any],
+                                                                   version: str) -> None:
+    import kubernetes_validate
+    if version == "latest":
+        version = kubernetes_validate.latest_version()
+    kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_the_schema_check_catches_a_misspelt_field() -> None:
+    import kubernetes_validate
+    doc = yaml.safe_load((K8S / "gateway-pdb.yaml").read_text())
+    doc["spec"]["minAvailabel"] = doc["spec"].pop("minAvailable", 1)
+    with pytest.raises(kubernetes_validate.ValidationError, match="minAvailabel"):
+        kubernetes_validate.validate(doc, "1.29.0", strict=True)
+    dep = yaml.safe_load((K8S / "gateway-deployment.yaml").read_text())
+    dep["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["periodSeconds"] = "5"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(dep, "1.29.0", strict=True)
+
+
+def test_the_extproc_probes_tell_serving_from_not(gateway: Any) -> None:
+    """The probe commands themselves, run against the suite's real ext_proc (its port in place of the
+    pod's): ready and live while it serves; neither while it does not answer (stopped), so a hung
+    ext_proc leaves the Service's endpoints and, past the liveness threshold, is restarted."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    dep = yaml.safe_load((K8S / "gateway-deployment.yaml").read_text())
+    ext = containers(dep)["extproc"]
+    port = gateway.stack.s.grpc_port
+
+    def run(probe: str) -> int:
+        argv = [sys.executable if a == "python" else a.replace("127.0.0.1:8090", f"127.0.0.1:{port}")
+                for a in ext[probe]["exec"]["command"]]
+        return subprocess.run(argv, capture_output=True, timeout=ext[probe]["timeoutSeconds"] + 5).returncode
+
+    assert run("readinessProbe") == 0 and run("livenessProbe") == 0
+    pid = gateway.stack.procs["extproc"].popen.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert run("readinessProbe") != 0 and run("livenessProbe") != 0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert run("readinessProbe") == 0

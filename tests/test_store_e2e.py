@@ -7,13 +7,14 @@ import time
 from typing import Any, Awaitable, Callable
 
 import httpx
+import pytest
 import redis.asyncio as aioredis
 
 from conftest import Gateway, wait_for
 from extproc.decisions import UsageRecord
 from extproc.keys import key_hash
 from extproc.resp import RespClient
-from extproc.store import Store
+from extproc.store import Late, Store
 
 CHAT = {"model": "polish-fast", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
 
@@ -115,5 +116,45 @@ def test_a_rejected_admission_takes_no_slot_and_counts_no_request(gateway: Gatew
         if int((await r.time())[0]) // 60 == minute:
             assert codes.count("rate_limit_exceeded") >= 2 and codes[-1] == "rate_limit_exceeded"
             assert int(await r.get(f"gw:rl:{kid}:{minute}")) == 3  # rejections are not counted
+
+    _with_store(gateway, go)
+
+
+def test_an_admission_run_after_its_deadline_or_cancel_takes_no_effect(gateway: Gateway) -> None:
+    """A hung Redis runs queued admissions when it resumes: one whose caller's deadline passed, or whose
+    caller cancelled it, takes no slot, counts no request and journals nothing; ``cancel`` also undoes
+    an admission that ran but whose answer came too late."""
+    org, kid, key = _ready_org(gateway)
+    h = key_hash(key)
+    stamp = str(time.time_ns())
+
+    async def go(store: Store, r: aioredis.Redis) -> None:
+        minute = int((await r.time())[0]) // 60
+        counted = await r.get(f"gw:rl:{kid}:{minute}")
+        store.margin_s = 0.0
+        late, cancelled, undone = f"{stamp}-late", f"{stamp}-cancelled", f"{stamp}-undone"
+        with pytest.raises(Late):
+            await store.admit(h, late, limits=True, pending="test|{}", deadline=time.time() - 0.01)
+        await store.cancel(cancelled)
+        with pytest.raises(Late):
+            await store.admit(h, cancelled, limits=True, pending="test|{}", deadline=time.time() + 60)
+        assert await r.zcard("gw:c:" + org) == 0
+        assert await r.hget("gw:if", late) is None and await r.hget("gw:if", cancelled) is None
+        if int((await r.time())[0]) // 60 == minute:
+            assert await r.get(f"gw:rl:{kid}:{minute}") == counted  # nothing counted
+        adm = await store.admit(h, undone, limits=True, pending="test|{}", deadline=time.time() + 60)
+        assert adm.admitted and await r.zscore("gw:c:" + org, undone) is not None
+        await store.cancel(undone)
+        assert await r.zcard("gw:c:" + org) == 0 and await r.hget("gw:if", undone) is None
+        assert await r.ttl("gw:x:" + undone) > 0  # the refusal marker expires
+        # deadlines are in Redis's time: a host whose clock is 30 s behind Redis's (as measured) still
+        # gets an admission whose deadline, by its own clock 29 s ago, is a second away for Redis
+        await store.sync_clock()
+        assert abs(store.clock_offset_s) < 0.5  # the same machine
+        store.clock_offset_s = 30.0
+        skewed = f"{stamp}-skewed"
+        adm = await store.admit(h, skewed, limits=True, pending="test|{}", deadline=time.time() - 29)
+        assert adm.admitted
+        await store.finish(org, skewed, None)
 
     _with_store(gateway, go)

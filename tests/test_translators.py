@@ -108,3 +108,44 @@ def test_auth_cache_expires_within_its_ttl() -> None:
     cache.put("b", adm)
     cache.put("c", adm)  # full: cleared, never grows past its size
     assert cache.get("a") is None and cache.get("c") is adm
+
+
+_PRICED = ("aliases:\n  a:\n    capabilities: [chat]\n    context_length: 10\n    max_output_tokens: 5\n"
+           "    prices:\n      - effective: 2026-01-01\n        input_micro_pln_per_1m: {i}\n"
+           "        output_micro_pln_per_1m: {o}\n    upstreams: []\nupstream_models: {{}}\n")
+
+
+@pytest.mark.parametrize("i,o,line,field,shown", [
+    ("1", "1.5e6", 9, "output_micro_pln_per_1m", "'1.5e6'"),  # YAML 1.1 reads it as text
+    ("1", "1.5e+6", 9, "output_micro_pln_per_1m", "1500000.0"),
+    ("1", "1.5", 9, "output_micro_pln_per_1m", "1.5"),
+    ("1", "abc", 9, "output_micro_pln_per_1m", "'abc'"),
+    ("1", "-1", 9, "output_micro_pln_per_1m", "-1"),
+    ("-5", "1", 8, "input_micro_pln_per_1m", "-5"),
+    ("2.0", "1", 8, "input_micro_pln_per_1m", "2.0"),
+    ("true", "1", 8, "input_micro_pln_per_1m", "True"),
+])
+def test_a_price_that_is_not_a_non_negative_integer_is_refused(tmp_path, i: str, o: str, line: int,  # type: ignore[no-untyped-def]
+                                                               field: str, shown: str) -> None:
+    from extproc.catalog import load
+    f = tmp_path / "prices.yaml"
+    f.write_text(_PRICED.format(i=i, o=o))
+    with pytest.raises(CatalogError) as e:
+        load(f)
+    assert str(e.value) == (f"{f}: line {line}: aliases.a.prices[0].{field}: must be an integer >= 0 "
+                            f"(got {shown})")
+
+
+def test_a_catalog_of_the_wrong_shape_is_refused_by_name(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from extproc.catalog import load
+    f = tmp_path / "shape.yaml"
+    for text, message in [
+        ("aliases: [a, b]\n", "line 1: aliases: must be a mapping"),
+        ("aliases:\n  a:\n    capabilities: chat\n", "line 3: aliases.a.capabilities: must be a list"),
+        ("upstream_models:\n  m: [1]\n", "line 2: upstream_models.m: must be a mapping"),
+        ("aliases:\n  a:\n    capabilities: [chat]\n    prices: {x: 1}\n", "line 4: aliases.a.prices: must be a list"),
+    ]:
+        f.write_text(text)
+        with pytest.raises(CatalogError) as e:
+            load(f)
+        assert str(e.value) == f"{f}: {message}", text

@@ -1,0 +1,289 @@
+"""A hung dependency (SIGSTOP, then SIGCONT) under concurrent load, on a stack of its own: every answer a
+client gets is 200 or SPEC's 500 internal_error with its request id, sent before Envoy's ext_proc
+message timeout (5 s); afterwards, per request id, what the clients got, what the simulator served, the
+usage records, the balance and the concurrency slots in Redis agree: nothing unserved is billed, nothing
+served is lost, no slot or journal entry is left behind."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import httpx
+import pytest
+import redis
+
+from conftest import Gateway, running_stack, wait_for
+
+MESSAGE_TIMEOUT_S = 5.0  # envoy/envoy.yaml: the ext_proc filter's message_timeout
+
+BODIES = [
+    ("/chat/completions", {"model": "polish-pro", "messages": [{"role": "user", "content": "Ala ma kota"}],
+                           "sim": {"ttft_ms": 40, "output_tokens": 6}}),
+    ("/chat/completions", {"model": "polish-fast", "messages": [{"role": "user", "content": "Kot ma Alę"}],
+                           "stream": True, "sim": {"itl_ms": 10, "output_tokens": 8}}),
+    ("/embeddings", {"model": "embed", "input": ["jeden", "dwa trzy"], "sim": {"ttft_ms": 20}}),
+]
+
+
+@dataclass
+class Got:
+    rid: str
+    status: int
+    error: dict[str, Any] | None
+    seconds: float
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Gateway]:
+    with running_stack("gw-hang-", default_rpm=100000, default_concurrency=1000) as gw:
+        yield gw
+
+
+def _send(c: httpx.Client, key: str, n: int) -> Got:
+    path, body = BODIES[n % len(BODIES)]
+    t0 = time.monotonic()
+    with c.stream("POST", path, json=body, headers={"Authorization": f"Bearer {key}"}) as r:
+        r.read()
+        seconds = time.monotonic() - t0
+        rid = r.headers.get("x-request-id", "")
+        assert rid, (r.status_code, r.headers)
+        error = None
+        if r.status_code != 200:
+            assert r.content, f"empty body with HTTP {r.status_code}"
+            assert r.headers["content-type"].startswith("application/json")
+            error = r.json()["error"]
+            assert set(error) == {"message", "type", "code", "param", "request_id"}
+            assert error["request_id"] == rid
+        return Got(rid, r.status_code, error, seconds)
+
+
+def _load(gw: Gateway, threads: int, keys: Callable[[int], str | None],
+          stop: threading.Event) -> tuple[list[Got], list[str], list[threading.Thread]]:
+    """Each thread sends requests back to back with ``keys(thread)`` (None: idle a moment) until ``stop``."""
+    got: list[Got] = []
+    failures: list[str] = []
+    lock = threading.Lock()
+
+    def worker(i: int) -> None:
+        with httpx.Client(base_url=gw.v1, timeout=30) as c:
+            n = i
+            while not stop.is_set():
+                key = keys(i)
+                if key is None:
+                    stop.wait(0.02)
+                    continue
+                n += 1
+                try:
+                    g = _send(c, key, n)
+                except Exception as e:  # noqa: BLE001
+                    with lock:
+                        failures.append(f"{type(e).__name__}: {e}")
+                    continue
+                with lock:
+                    got.append(g)
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    return got, failures, ts
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (PostgreSQL's backends each start a session of their own,
+    so the postmaster's process group does not hold them)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def _pause(pids: list[int], seconds: float) -> None:
+    """The stimulus: the processes stopped for ``seconds``, then continued."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+
+
+def _reconcile(gw: Gateway, org: str, balance_before: int, got: list[Got]) -> dict[str, int]:
+    """Per request id: clients, simulator ledger, usage records, balance, slots.  Returns counts."""
+    sent = {g.rid: g for g in got}
+    assert len(sent) == len(got)
+    for g in got:
+        if g.status != 200:
+            assert g.error is not None
+            # a hang is answered by the ext_proc itself, within its budget: never Envoy's 504
+            assert (g.status, g.error["code"], g.error["type"]) == (500, "internal_error", "server_error"), g
+            assert g.seconds < MESSAGE_TIMEOUT_S, g
+    served: dict[str, dict[str, Any]] = {}
+    for sim in (gw.sim_a, gw.sim_b):
+        for rec in httpx.get(sim + "/sim/requests").json()["data"]:
+            if rec["request_id"] in sent:
+                served[rec["request_id"]] = rec
+    failed = {rid for rid, g in sent.items() if g.status != 200}
+    ok = set(sent) - failed
+    assert ok <= set(served), f"a 200 the simulator never saw: {sorted(ok - set(served))[:3]}"
+    assert not failed & set(served), f"a hang error for a served request: {sorted(failed & set(served))[:3]}"
+
+    def records() -> dict[str, dict[str, Any]]:
+        return {r["request_id"]: r for r in gw.sql("SELECT * FROM usage_records WHERE org_id = $1", org)}
+
+    recs = wait_for(lambda: (r := records()) and set(served) <= set(r) and r, timeout=30)
+    r = redis.Redis.from_url(gw.stack.redis_url)
+    try:
+        # nothing in flight any more: no slot taken, no journal entry (which the reaper would bill one day)
+        def settled() -> bool:
+            journal = [v for v in r.hvals("gw:if") if f"|{org}|".encode() in v]
+            return r.zcard("gw:c:" + org) == 0 and not journal
+        wait_for(settled, timeout=15)
+    finally:
+        r.close()
+    recs = records()
+    assert set(recs) == set(served), (f"billed, not served: {sorted(set(recs) - set(served))[:3]}; "
+                                      f"served, not billed: {sorted(set(served) - set(recs))[:3]}")
+    for rid, rec in served.items():
+        row = recs[rid]
+        assert not row["estimated"], rid  # every served request was answered whole
+        want_completion = rec["completion_tokens"] if rec["endpoint"] == "chat" else 0
+        assert (row["prompt_tokens"], row["completion_tokens"]) == (rec["prompt_tokens"], want_completion), rid
+    billed = sum(int(row["cost_micro_pln"]) for row in recs.values())
+    bal = gw.admin(lambda a: a.balance(org))
+    assert bal["ledger_micro_pln"] == balance_before - billed
+    assert bal["balance_micro_pln"] == bal["ledger_micro_pln"]
+    return {"requests": len(sent), "ok": len(ok), "failed": len(failed), "billed_micro_pln": billed,
+            "max_error_s": int(max((g.seconds for g in got if g.status != 200), default=0) * 1000)}
+
+
+def test_a_redis_hang_under_load_bills_nothing_unserved_and_leaks_no_slot(stack: Gateway) -> None:
+    org, _, key = stack.new_org(1_000_000_000)
+    before = stack.admin(lambda a: a.balance(org))["ledger_micro_pln"]
+    stop = threading.Event()
+    got, failures, threads = _load(stack, 6, lambda i: key, stop)
+    try:
+        wait_for(lambda: len(got) >= 12, timeout=30)
+        redis_pid = stack.stack.procs["redis"].popen.pid  # type: ignore[union-attr]
+        _pause([redis_pid], 5.0)
+        n = len(got)
+        wait_for(lambda: sum(1 for g in got[n:] if g.status == 200) >= 12, timeout=30)  # served again
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not failures, failures[:3]
+    counts = _reconcile(stack, org, before, got)
+    assert counts["failed"] >= 6, counts  # the hang was felt: every thread got its error
+    print("redis hang:", counts)
+
+
+def test_a_postgresql_hang_under_load_bills_nothing_unserved_and_leaks_no_slot(stack: Gateway) -> None:
+    """While PostgreSQL is stopped, keys not in Redis's cache cannot be looked up: those requests get 500
+    within the budget, never billed; requests of cached keys go on being served (their records reach
+    PostgreSQL when it resumes)."""
+    org, _, key = stack.new_org(1_000_000_000)
+
+    async def keys(a: Any) -> list[str]:
+        return [(await a.create_key(org))[1] for _ in range(40)]
+    fresh = stack.admin(keys)
+    before = stack.admin(lambda a: a.balance(org))["ledger_micro_pln"]
+    hung = threading.Event()
+    lock = threading.Lock()
+
+    def pick(i: int) -> str | None:
+        if i < 3:
+            return key  # a cached key: served throughout
+        if not hung.is_set():
+            return None
+        with lock:
+            return fresh.pop() if fresh else None
+
+    stop = threading.Event()
+    got, failures, threads = _load(stack, 6, pick, stop)
+    try:
+        wait_for(lambda: len(got) >= 6, timeout=30)
+        pg_pid = stack.stack.procs["postgres"].popen.pid  # type: ignore[union-attr]
+        hung.set()
+        _pause([pg_pid, *_children(pg_pid)], 10.0)  # the postmaster and its backends
+        hung.clear()
+        n = len(got)
+        wait_for(lambda: sum(1 for g in got[n:] if g.status == 200) >= 6, timeout=30)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not failures, failures[:3]
+    assert fresh, "every fresh key was used"
+    # PostgreSQL is back: a key not cached yet is looked up and served again
+    with httpx.Client(base_url=stack.v1, timeout=30) as c:
+        def served_again() -> bool:
+            got.append(_send(c, fresh[0], 0))
+            return got[-1].status == 200
+        wait_for(served_again, timeout=20)
+    counts = _reconcile(stack, org, before, got)
+    assert counts["failed"] >= 6, counts  # every fresh-key request during the hang
+    print("postgresql hang:", counts)
+
+
+def test_envoys_own_message_timeout_is_a_spec_error(stack: Gateway) -> None:
+    """The fallback: should the ext_proc itself stall past Envoy's message timeout, the client still gets
+    SPEC's 500 internal_error with its request id, not Envoy's empty 504; and the request the ext_proc
+    admits when it resumes, whose answer Envoy no longer reads, is released and never billed."""
+    org, _, key = stack.new_org(1_000_000)
+    extproc = stack.stack.procs["extproc"].popen.pid  # type: ignore[union-attr]
+    got: list[Got] = []
+    with httpx.Client(base_url=stack.v1, timeout=30) as c:
+        t = threading.Thread(target=lambda: got.append(_send(c, key, 0)))
+        os.kill(extproc, signal.SIGSTOP)
+        try:
+            t.start()
+            t.join(MESSAGE_TIMEOUT_S + 5)
+        finally:
+            os.kill(extproc, signal.SIGCONT)
+        t.join()
+    [g] = got
+    assert g.error is not None and (g.status, g.error["code"], g.error["type"]) == (500, "internal_error",
+                                                                                    "server_error")
+    assert g.seconds >= MESSAGE_TIMEOUT_S - 0.5  # it was the message timeout that answered
+    # a later request as a barrier: once its record is in PostgreSQL, one queued before it would be too
+    with httpx.Client(base_url=stack.v1, timeout=30) as c:
+        later = _send(c, key, 3)
+    assert later.status == 200
+    wait_for(lambda: stack.sql("SELECT 1 FROM usage_records WHERE request_id = $1", later.rid), timeout=15)
+    assert stack.sim_record(g.rid) is None
+    assert stack.sql("SELECT request_id FROM usage_records WHERE org_id = $1", org) == [{"request_id": later.rid}]
+    r = redis.Redis.from_url(stack.stack.redis_url)
+    try:
+        wait_for(lambda: r.zcard("gw:c:" + org) == 0 and r.hget("gw:if", g.rid) is None, timeout=10)
+    finally:
+        r.close()
+
+
+def test_the_budget_runs_from_the_body_not_the_headers(stack: Gateway) -> None:
+    """A chunked body that takes longer than the budget to arrive is not refused: the budget (and
+    Envoy's message timeout) runs from the message that brings the body."""
+    org, _, key = stack.new_org(1_000_000)
+    body = json.dumps(BODIES[0][1]).encode()
+
+    def slowly() -> Iterator[bytes]:
+        yield body[:10]
+        time.sleep(4.5)  # the stimulus: a slow client, longer than the 3.5 s budget
+        yield body[10:]
+
+    r = httpx.post(stack.v1 + "/chat/completions", content=slowly(), timeout=30,
+                   headers={"Authorization": f"Bearer {key}", "content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert stack.sim_record(r.headers["x-request-id"]) is not None
