@@ -68,12 +68,16 @@ def test_a_broken_stream_is_billed_what_reached_the_client(gateway: Gateway, gap
         return
     assert broke and b"[DONE]" not in got and b'"error"' not in got
     # Envoy drops the piece of the reply the ext_proc is still answering when the model server resets
-    # (README, Billing): the client gets every event before it
-    assert sent - 1 <= len(events) <= sent
-    if not events:
-        assert row is None  # nothing of the model server's output reached the client: nothing billed
+    # (README, Billing): the client gets every event before it (events apart, with a gap, come in
+    # pieces apart; with none, one piece may hold several)
+    assert len(events) <= sent
+    if gap_ms:
+        assert len(events) >= sent - 1
+    if row is None:
+        # nothing billed: nothing reached the client, or only what came in the reply's last piece (the
+        # gateway cannot tell whether that one got through, and does not bill it)
+        assert not events or gap_ms == 0 or len(events) == 1
         return
-    assert row is not None
     assert (row["status"], row["estimated"]) == (200, True)
     billed = row["completion_tokens"]
     # never billed for an event the client did not get; the last event is not billed when the gateway
