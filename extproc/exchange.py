@@ -35,6 +35,9 @@ CLUSTER_HEADER = "x-gateway-cluster"
 ATTR_ID, ATTR_METHOD, ATTR_PATH, ATTR_AUTH = ("request.id", "request.method", "request.path",
                                               "request.headers['authorization']")
 
+# Envoy's total-budget timer and this process's clock need not agree to the millisecond
+_TOTAL_SLACK_S = 0.25
+
 _CHAT_PATH = "/v1/chat/completions"
 _EMB_PATH = "/v1/embeddings"
 _MODELS_PATH = "/v1/models"
@@ -67,6 +70,9 @@ class Gateway:
     # SPEC section 7: the longest gap allowed inside an upstream reply once it has started.  Envoy's
     # idle timers run from the start of the upstream request, so the ext_proc keeps this one.
     idle_timeout_s: float = 60.0
+    # SPEC section 7's total budget (Envoy's route timeout, which starts after the ext_proc let the
+    # request through): a stream Envoy ends at it was failed by the model server, not left by the client
+    total_timeout_s: float = 600.0
     # The longest an admission may wait on Redis and PostgreSQL before the request is answered 500
     # internal_error: well inside Envoy's ext_proc message_timeout (5 s, envoy/envoy.yaml), so that a
     # hung dependency gives the client SPEC's error, never Envoy's empty 504.
@@ -421,11 +427,9 @@ class Exchange:
         p = self.prepared
         assert p is not None
         metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, "upstream_timeout").inc()
-        if self.relay is None:
-            self.status = 502
-        else:
+        if self.relay is not None:
             self.cut = "idle"  # the model server failed the stream: what reached the client counts
-        await self.close()  # billed (and counted) as a reply that failed after it started
+        await self.close()  # (a non-streaming reply: logged 502, as the client gets)  # billed (and counted) as a reply that failed after it started
         return _error_answer(ApiError("upstream_timeout", "The model server timed out; retry with backoff."),
                              self.request_id)
 
@@ -460,12 +464,17 @@ class Exchange:
     def _bill_failure(self, p: Prepared) -> None:
         """The reply ended abnormally; SPEC section 4, "Billing on failure" (README, Billing)."""
         est_input = p.estimated_prompt_tokens
+        if (self.relay is not None and self.cut is None
+                and self.gw.clock() - self.started >= self.gw.total_timeout_s - _TOTAL_SLACK_S):
+            self.cut = "total"  # Envoy's total budget ended the stream
         if self.relay is not None and self.relay.usage is not None:
             self._bill(self.relay.usage)  # the client left after the usage chunk went by
         elif self.status == 0:
             # no reply yet: the client left (or gave up) after the request reached the model server
             self.status = 499
             self._bill((est_input, 0), estimated=True)
+        elif self.status >= 400 or self.status < 200:
+            self._bill(None)  # the model server's error reply, cut short: it produced no output
         elif self.relay is None:
             # a non-streaming reply that broke after the model server started it (the client got
             # Envoy's 502): its estimated input
