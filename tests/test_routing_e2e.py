@@ -149,10 +149,15 @@ def test_total_budget_ends_stream_without_done(gw: Gateway, key: str) -> None:
 def test_idle_gap_ends_stream_without_done(gw: Gateway, key: str) -> None:
     body = {"model": "polish-pro", "messages": MSG, "stream": True, "sim": {"stall_ms": 6000, "output_tokens": 6}}
     t0 = time.monotonic()
-    got = _broken_stream(gw, key, body)
+    got, rid = _broken_stream_and_id(gw, key, body)
     # the 0.6 s idle budget, plus Envoy's delayed close of the client connection (1 s, its default)
     assert time.monotonic() - t0 < 2.4
     assert b"data: " in got and b"[DONE]" not in got and b'"error"' not in got
+    # the model server failed the gap: billed the output that reached the client, status 200
+    pieces = got.count(b'"content":"') - got.count(b'"content":""')
+    row = wait_for(lambda: gw.sql("SELECT status, completion_tokens, estimated FROM usage_records "
+                                  "WHERE request_id = $1", rid))[0]
+    assert (row["status"], row["estimated"], row["completion_tokens"]) == (200, True, pieces) and pieces > 0
 
 
 def _broken_stream(gw: Gateway, key: str, body: dict) -> bytes:
