@@ -172,7 +172,7 @@ def _json_answer(doc: object) -> Answer:
 class Exchange:
     __slots__ = ("gw", "request_id", "method", "path", "key_hash", "admission", "prepared", "started",
                  "ttfb", "status", "relay", "output_seen", "finished", "idle", "settling", "cut",
-                 "delivered_events", "delivered_content", "_last_events", "_last_content")
+                 "delivered_pieces", "delivered_content", "_last_pieces", "_last_content")
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
@@ -190,11 +190,11 @@ class Exchange:
         self.finished = False
         # Envoy ended the call while the answer to this response phase was in flight (``cut_off``)
         self.cut: str | None = None
-        # what of a streamed reply reached the client: data events, and events carrying content (the
-        # output estimate); the last chunk's share is taken back if its answer was never read
-        self.delivered_events = 0
+        # what of a streamed reply reached the client: pieces with events, and events carrying content
+        # (the output estimate); the last piece's share is taken back if its answer was never read
+        self.delivered_pieces = 0
         self.delivered_content = 0
-        self._last_events = 0
+        self._last_pieces = 0
         self._last_content = 0
         # seconds the next message may take to come (None: no limit here); set once the reply started
         self.idle: float | None = None
@@ -389,9 +389,9 @@ class Exchange:
             if end_of_stream:
                 out += relay.end()
                 self._finish_stream()
-            self._last_events = out.count(b"data:")
+            self._last_pieces = 1 if out else 0  # (a piece with events: no pass over it to count them)
             self._last_content = relay.content_events - content
-            self.delivered_events += self._last_events
+            self.delivered_pieces += self._last_pieces
             self.delivered_content += self._last_content
             return Answer(body=out)
         if self.status >= 400 or self.status < 200:
@@ -429,7 +429,7 @@ class Exchange:
         metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, "upstream_timeout").inc()
         if self.relay is not None:
             self.cut = "idle"  # the model server failed the stream: what reached the client counts
-        await self.close()  # (a non-streaming reply: logged 502, as the client gets)  # billed (and counted) as a reply that failed after it started
+        await self.close()  # billed (and counted) as a reply that failed after it started (non-streaming: 502)
         return _error_answer(ApiError("upstream_timeout", "The model server timed out; retry with backoff."),
                              self.request_id)
 
@@ -443,9 +443,9 @@ class Exchange:
             return
         self.cut = phase
         if phase == "response_body":
-            self.delivered_events -= self._last_events
+            self.delivered_pieces -= self._last_pieces
             self.delivered_content -= self._last_content
-            self._last_events = self._last_content = 0
+            self._last_pieces = self._last_content = 0
 
     def undelivered(self) -> None:
         """Envoy ended the call before the answer that lets the request through (this process was late
@@ -491,7 +491,7 @@ class Exchange:
             # the stream was intact when the call ended: the client left
             self.status = 499
             self._bill((est_input, 0), estimated=True)
-        elif self.delivered_events == 0:
+        elif self.delivered_pieces == 0:
             # the model server broke the stream before any of its output reached the client (who
             # got Envoy's 502 when the headers had not gone out yet): nothing billed
             if self.cut == "response_headers":
