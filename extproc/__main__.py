@@ -63,7 +63,8 @@ async def serve(settings: Settings) -> None:
     await exit_unless_redis_accepts_login(store.fast)
     pool = await asyncpg.create_pool(settings.database_url, min_size=PG_POOL, max_size=PG_POOL)
     gw = Gateway(catalog=cat, store=store, directory=Directory(pool), pick=lambda a: a.pick_upstream(),
-                 max_body_bytes=settings.max_body_bytes, idle_timeout_s=settings.idle_timeout_s)
+                 max_body_bytes=settings.max_body_bytes, idle_timeout_s=settings.idle_timeout_s,
+                 total_timeout_s=settings.total_timeout_s)
     spans = tracing.tracer(settings.otlp_endpoint)
     server = Server({PROCESS_PATH: (Processor(gw, spans).process, ep.ProcessingRequest.FromString)})
     metrics.serve(settings.metrics_http_port, settings.metrics_host,

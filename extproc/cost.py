@@ -1,6 +1,7 @@
 """The billing rule (SPEC section 4, cost computation) and the token estimator. Pure, integers only."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,28 @@ def estimate_embedding_prompt(inputs: list[str]) -> int:
     return sum(estimate_tokens(len(s.encode())) for s in inputs)
 
 
+def estimate_reply_completion(body: bytes) -> int:
+    """Estimated completion tokens of a complete chat reply that reports no usage: the estimator over
+    the text of each choice's message (its content and its tool calls' arguments)."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return 0
+    choices = doc.get("choices") if isinstance(doc, dict) else None
+    total = 0
+    for c in choices if isinstance(choices, list) else []:
+        msg = c.get("message") if isinstance(c, dict) else None
+        if not isinstance(msg, dict):
+            continue
+        text = _text_bytes(msg.get("content"))
+        for call in msg.get("tool_calls") or []:
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict):
+                text += _text_bytes(fn.get("arguments"))
+        total += estimate_tokens(text)
+    return total
+
+
 def usage_json_tokens(usage: Any) -> tuple[int, int] | None:
     """(prompt, completion) from a Usage object, or None when it is not a valid one."""
     if not isinstance(usage, dict):
@@ -64,5 +87,5 @@ def usage_json_tokens(usage: Any) -> tuple[int, int] | None:
     return p, c
 
 
-__all__ = ["Prices", "cost_micro_pln", "estimate_tokens", "estimate_chat_prompt",
+__all__ = ["Prices", "cost_micro_pln", "estimate_tokens", "estimate_chat_prompt", "estimate_reply_completion",
            "estimate_embedding_prompt", "usage_json_tokens"]

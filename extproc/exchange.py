@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Callable
 
 from . import logs, metrics
 from .catalog import Alias, Catalog
-from .cost import cost_micro_pln
+from .cost import cost_micro_pln, estimate_reply_completion
 from .decisions import Admission, UsageRecord
 from .directory import Directory
 from .errors import ApiError, internal_error
@@ -34,6 +34,9 @@ CLUSTER_HEADER = "x-gateway-cluster"
 # skips the request-headers message (envoy/envoy.yaml, POST chat and embeddings with a body).
 ATTR_ID, ATTR_METHOD, ATTR_PATH, ATTR_AUTH = ("request.id", "request.method", "request.path",
                                               "request.headers['authorization']")
+
+# Envoy's total-budget timer and this process's clock need not agree to the millisecond
+_TOTAL_SLACK_S = 0.25
 
 _CHAT_PATH = "/v1/chat/completions"
 _EMB_PATH = "/v1/embeddings"
@@ -67,6 +70,9 @@ class Gateway:
     # SPEC section 7: the longest gap allowed inside an upstream reply once it has started.  Envoy's
     # idle timers run from the start of the upstream request, so the ext_proc keeps this one.
     idle_timeout_s: float = 60.0
+    # SPEC section 7's total budget (Envoy's route timeout, which starts after the ext_proc let the
+    # request through): a stream Envoy ends at it was failed by the model server, not left by the client
+    total_timeout_s: float = 600.0
     # The longest an admission may wait on Redis and PostgreSQL before the request is answered 500
     # internal_error: well inside Envoy's ext_proc message_timeout (5 s, envoy/envoy.yaml), so that a
     # hung dependency gives the client SPEC's error, never Envoy's empty 504.
@@ -165,7 +171,8 @@ def _json_answer(doc: object) -> Answer:
 
 class Exchange:
     __slots__ = ("gw", "request_id", "method", "path", "key_hash", "admission", "prepared", "started",
-                 "ttfb", "status", "relay", "output_seen", "finished", "idle", "settling")
+                 "ttfb", "status", "relay", "output_seen", "finished", "idle", "settling", "cut",
+                 "delivered_pieces", "delivered_content", "_last_pieces", "_last_content")
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
@@ -181,6 +188,14 @@ class Exchange:
         self.relay: StreamRelay | None = None
         self.output_seen = False
         self.finished = False
+        # Envoy ended the call while the answer to this response phase was in flight (``cut_off``)
+        self.cut: str | None = None
+        # what of a streamed reply reached the client: pieces with events, and events carrying content
+        # (the output estimate); the last piece's share is taken back if its answer was never read
+        self.delivered_pieces = 0
+        self.delivered_content = 0
+        self._last_pieces = 0
+        self._last_content = 0
         # seconds the next message may take to come (None: no limit here); set once the reply started
         self.idle: float | None = None
         # the request's release and usage record, decided but not yet handed to Redis (``settle``)
@@ -365,13 +380,19 @@ class Exchange:
         p = self.prepared
         if p is None:
             return Answer()
-        if self.relay is not None:
+        relay = self.relay
+        if relay is not None:
             if body:
                 self.output_seen = True
-            out = self.relay.feed(body)
+            content = relay.content_events
+            out = relay.feed(body)
             if end_of_stream:
-                out += self.relay.end()
+                out += relay.end()
                 self._finish_stream()
+            self._last_pieces = 1 if out else 0  # (a piece with events: no pass over it to count them)
+            self._last_content = relay.content_events - content
+            self.delivered_pieces += self._last_pieces
+            self.delivered_content += self._last_content
             return Answer(body=out)
         if self.status >= 400 or self.status < 200:
             self._bill(None)  # the model server produced no output
@@ -384,8 +405,9 @@ class Exchange:
             metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, err.code).inc()
             return self._reject(err)
         new, usage = rewrite_body(body, p.upstream_model, p.alias.id, embeddings=p.endpoint != CHAT)
-        if usage is None:
-            self._bill((p.estimated_prompt_tokens, 0), estimated=True)
+        if usage is None:  # a complete reply without usage: its input and its output estimated
+            output = estimate_reply_completion(body) if p.endpoint == CHAT else 0
+            self._bill((p.estimated_prompt_tokens, output), estimated=True)
         else:
             self._bill(usage)
         return Answer(body=new, set_headers={"content-length": str(len(new))})
@@ -405,13 +427,26 @@ class Exchange:
         p = self.prepared
         assert p is not None
         metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, "upstream_timeout").inc()
-        if self.relay is None:
-            self.status = 502
-        await self.close()  # billed (and counted) as a reply that failed after it started
+        if self.relay is not None:
+            self.cut = "idle"  # the model server failed the stream: what reached the client counts
+        await self.close()  # billed (and counted) as a reply that failed after it started (non-streaming: 502)
         return _error_answer(ApiError("upstream_timeout", "The model server timed out; retry with backoff."),
                              self.request_id)
 
     # ---- the end, however it came ----------------------------------------------------------
+    def cut_off(self, phase: str) -> None:
+        """Envoy ended the call while the answer to ``phase`` (response headers or a chunk of the reply)
+        was on its way: the answer was never read, so what it carried never reached the client.  That
+        is how a model server that drops the connection shows here (Envoy resets the client's stream at
+        once, dropping whatever the ext_proc still held); a client that leaves does so between chunks."""
+        if self.finished:
+            return
+        self.cut = phase
+        if phase == "response_body":
+            self.delivered_pieces -= self._last_pieces
+            self.delivered_content -= self._last_content
+            self._last_pieces = self._last_content = 0
+
     def undelivered(self) -> None:
         """Envoy ended the call before the answer that lets the request through (this process was late
         past Envoy's message timeout, or the client left): no model server ever saw the request, so its
@@ -423,14 +458,48 @@ class Exchange:
         """The gRPC stream ended.  A forwarded request not billed yet ended abnormally."""
         p = self.prepared
         if not self.finished and p is not None:
-            if self.relay is not None and self.relay.usage is not None:
-                self._bill(self.relay.usage)  # the client left after the usage chunk went by
-            elif self.relay is not None and self.output_seen:
-                self._bill((p.estimated_prompt_tokens, self.relay.content_events), estimated=True)
-            else:
-                # client gone or reply broken after the request reached the model server: input tokens
-                self._bill((p.estimated_prompt_tokens, 0), estimated=True)
+            self._bill_failure(p)
         await self.settle()
+
+    def _bill_failure(self, p: Prepared) -> None:
+        """The reply ended abnormally; SPEC section 4, "Billing on failure" (README, Billing)."""
+        est_input = p.estimated_prompt_tokens
+        if (self.relay is not None and self.cut is None
+                and self.gw.clock() - self.started >= self.gw.total_timeout_s - _TOTAL_SLACK_S):
+            self.cut = "total"  # Envoy's total budget ended the stream
+        if self.relay is not None and self.relay.usage is not None:
+            self._bill(self.relay.usage)  # the client left after the usage chunk went by
+        elif self.status == 0:
+            # no reply yet: the client left (or gave up) after the request reached the model server
+            self.status = 499
+            self._bill((est_input, 0), estimated=True)
+        elif self.status >= 400 or self.status < 200:
+            self._bill(None)  # the model server's error reply, cut short: it produced no output
+        elif self.relay is None:
+            # a non-streaming reply that broke after the model server started it (the client got
+            # Envoy's 502): its estimated input
+            self.status = 502
+            self._bill((est_input, 0), estimated=True)
+        elif not self.output_seen:
+            # the stream ended before the model server sent any of it: no output, nothing billed (a
+            # client that leaves in that moment cannot be told from a model server that failed: it
+            # is not billed either).  The client got Envoy's 502 if the headers had not gone out.
+            if self.cut == "response_headers":
+                self.status = 502
+            self._bill(None)
+        elif self.cut is None:
+            # the stream was intact when the call ended: the client left
+            self.status = 499
+            self._bill((est_input, 0), estimated=True)
+        elif self.delivered_pieces == 0:
+            # the model server broke the stream before any of its output reached the client (who
+            # got Envoy's 502 when the headers had not gone out yet): nothing billed
+            if self.cut == "response_headers":
+                self.status = 502
+            self._bill(None)
+        else:
+            # broken after some events reached the client: input and the output delivered, estimated
+            self._bill((est_input, self.delivered_content), estimated=True)
 
     def _record(self, tokens: tuple[int, int], estimated: bool, org_id: str, key_id: str) -> UsageRecord:
         p = self.prepared

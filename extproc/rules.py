@@ -6,6 +6,7 @@ or an ``ApiError`` out.  The body is parsed once and serialised once.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -44,9 +45,29 @@ _TOO_DEEP = ApiError("invalid_json",
                      f"The request body nests arrays and objects deeper than {MAX_JSON_DEPTH} levels.")
 
 
+def _no_constant(name: str) -> Any:
+    """NaN, Infinity and -Infinity are not JSON (RFC 8259); Python's parser takes them by default."""
+    raise ValueError(f"{name} is not JSON")
+
+
+# A UTF-16 surrogate can only come as a \u escape (UTF-8 bytes of one do not decode): a body without
+# such an escape is spared the check.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+_LONE_SURROGATE = ApiError("invalid_request", "The request body contains a lone UTF-16 surrogate "
+                           "(a \\ud800-\\udfff escape not part of a pair), which is not text.")
+
+
+def _lone_surrogate(doc: Any) -> bool:
+    try:
+        json.dumps(doc, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def _parse(raw: bytes) -> dict[str, Any] | ApiError:
     try:
-        doc = json.loads(raw)
+        doc = json.loads(raw, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError):
         return ApiError("invalid_json", "The request body is not valid JSON.")
     except RecursionError:  # deeper than the parser's own recursion limit (about 1,000 levels)
@@ -57,6 +78,9 @@ def _parse(raw: bytes) -> dict[str, Any] | ApiError:
     # memory speed); only a body with more is walked, once, through its arrays and objects.
     if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _deeper_than(doc, MAX_JSON_DEPTH):
         return _TOO_DEEP
+    # a lone surrogate is refused (README): no model server could read it, and no text holds one
+    if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw) and _lone_surrogate(doc):
+        return _LONE_SURROGATE
     return doc
 
 

@@ -102,6 +102,15 @@ def _to_message(phase: str, answer: Answer) -> ep.ProcessingResponse:
     return ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
 
 
+# A model server that drops the connection makes Envoy reset the client's stream at once, dropping the
+# piece of the reply the ext_proc still holds: the gRPC call then ends right after the answer to it
+# (measured: 5 us to 0.3 ms after it; 0.6 to 5 ms when Envoy had read the answer and the model server
+# failed just after).  A call that ends within this window of the answer to a piece of the reply is
+# taken as the model server's failure, and that piece as never delivered: a client is never billed for a
+# piece it may not have got.  Later, the client left.  A client that leaves within the window of a piece
+# is taken for a failed model server (README, Billing: billed the pieces it got but the last).
+CUT_WINDOW_S = 0.025
+
 PROCESS_PATH = b"/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 
 
@@ -115,6 +124,8 @@ class Processor:
     async def process(self, call: Call) -> None:
         ex = Exchange(self.gateway)
         parent = None
+        written = perf_counter()  # when the last answer went
+        open_reply: str | None = None  # the reply phase it answered, when more of the reply was due
         if self.tracer.enabled:
             parent = call.metadata("traceparent")
         try:
@@ -126,6 +137,8 @@ class Processor:
                     call.write(_to_message("", await ex.idle_gap()))
                     break
                 if req is EOF:
+                    if open_reply is not None and perf_counter() - written < CUT_WINDOW_S:
+                        ex.cut_off(open_reply)  # Envoy reset the client's stream: that answer was never read
                     break
                 assert isinstance(req, ep.ProcessingRequest)
                 phase = req.WhichOneof("request")
@@ -156,6 +169,10 @@ class Processor:
                                      {"gateway.request_id": ex.request_id, "gateway.phase": phase or "",
                                       "gateway.status": str(answer.reply[0]) if answer.reply else "continue"})
                 call.write(msg)
+                written = perf_counter()
+                open_reply = phase if answer.reply is None and (
+                    (phase == "response_headers" and not req.response_headers.end_of_stream)
+                    or (phase == "response_body" and not req.response_body.end_of_stream)) else None
                 if phase == "request_body" and answer.reply is None and call.ended:
                     ex.undelivered()  # Envoy gave up before this answer let the request through
                 if ex.settling is not None:  # checked here: no coroutine made for every stream chunk

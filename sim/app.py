@@ -678,6 +678,7 @@ class Simulator:
                 for at in range(0, len(data), step):
                     await resp.write(data[at:at + step])
                 rec.completion_tokens += ev.tokens
+                rec.events_sent += 1
                 if ev.usage:
                     rec.usage_reported = True
             await resp.write_eof()

@@ -19,6 +19,7 @@ class Record:
     status: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    events_sent: int = 0  # stream: events written whole (before a fail_after_chunks drop)
     usage_reported: bool = False
     completed: bool = False
     # how the request came (headers only, never a value that could be a key or text)

@@ -136,21 +136,35 @@ def test_idle_budget_starts_with_the_reply(gw: Gateway, key: str) -> None:
 def test_total_budget_ends_stream_without_done(gw: Gateway, key: str) -> None:
     body = {"model": "polish-pro", "messages": MSG, "stream": True, "sim": {"itl_ms": 250, "output_tokens": 30}}
     t0 = time.monotonic()
-    got = _broken_stream(gw, key, body)
+    got, rid = _broken_stream_and_id(gw, key, body)
     assert 3.5 < time.monotonic() - t0 < 5.5
     assert b"data: " in got and b"[DONE]" not in got and b'"error"' not in got
+    # the model server failed the budget, the client did not leave: billed the output it got, status 200
+    pieces = got.count(b'"content":"') - got.count(b'"content":""')
+    row = wait_for(lambda: gw.sql("SELECT status, completion_tokens, estimated FROM usage_records "
+                                  "WHERE request_id = $1", rid))[0]
+    assert (row["status"], row["estimated"], row["completion_tokens"]) == (200, True, pieces) and pieces > 0
 
 
 def test_idle_gap_ends_stream_without_done(gw: Gateway, key: str) -> None:
     body = {"model": "polish-pro", "messages": MSG, "stream": True, "sim": {"stall_ms": 6000, "output_tokens": 6}}
     t0 = time.monotonic()
-    got = _broken_stream(gw, key, body)
+    got, rid = _broken_stream_and_id(gw, key, body)
     # the 0.6 s idle budget, plus Envoy's delayed close of the client connection (1 s, its default)
     assert time.monotonic() - t0 < 2.4
     assert b"data: " in got and b"[DONE]" not in got and b'"error"' not in got
+    # the model server failed the gap: billed the output that reached the client, status 200
+    pieces = got.count(b'"content":"') - got.count(b'"content":""')
+    row = wait_for(lambda: gw.sql("SELECT status, completion_tokens, estimated FROM usage_records "
+                                  "WHERE request_id = $1", rid))[0]
+    assert (row["status"], row["estimated"], row["completion_tokens"]) == (200, True, pieces) and pieces > 0
 
 
 def _broken_stream(gw: Gateway, key: str, body: dict) -> bytes:
+    return _broken_stream_and_id(gw, key, body)[0]
+
+
+def _broken_stream_and_id(gw: Gateway, key: str, body: dict) -> tuple[bytes, str]:
     """What a stream delivered before it was cut: it started with 200, then the connection broke."""
     got = b""
     with httpx.stream("POST", gw.v1 + "/chat/completions", json=body,
@@ -159,7 +173,7 @@ def _broken_stream(gw: Gateway, key: str, body: dict) -> bytes:
         with pytest.raises(httpx.HTTPError):
             for chunk in s.iter_bytes():
                 got += chunk
-    return got
+    return got, s.headers["x-request-id"]
 
 
 def test_catalog_change_under_load_without_failures(gw: Gateway, key: str) -> None:

@@ -148,8 +148,8 @@ def test_chat_non_stream(client: httpx.Client) -> None:
     assert _chat(client).json()["choices"][0]["message"]["content"] == msg["content"]
     rec = _record(client, rid)
     assert rec == {"request_id": rid, "deployment": "dep-a", "model": CHAT, "endpoint": "chat", "stream": False,
-                   "status": 200, "prompt_tokens": prompt, "completion_tokens": 16, "usage_reported": True,
-                   "completed": True, "content_type": "application/json",
+                   "status": 200, "prompt_tokens": prompt, "completion_tokens": 16, "events_sent": 0,
+                   "usage_reported": True, "completed": True, "content_type": "application/json",
                    "content_length": str(rec["body_bytes"]), "transfer_encoding": None,
                    "body_bytes": rec["body_bytes"]}
     assert rec["body_bytes"] > 0
@@ -439,7 +439,7 @@ def test_records_endpoints(client: httpx.Client) -> None:
     data = client.get("/sim/requests").json()["data"]
     assert any(r["request_id"] == rid for r in data)
     assert all(set(r) == {"request_id", "deployment", "model", "endpoint", "stream", "status", "prompt_tokens",
-                          "completion_tokens", "usage_reported", "completed", "content_type",
+                          "completion_tokens", "events_sent", "usage_reported", "completed", "content_type",
                           "content_length", "transfer_encoding", "body_bytes"} for r in data)
     assert client.delete("/sim/requests").status_code == 200
     assert client.get("/sim/requests").json() == {"data": []}
