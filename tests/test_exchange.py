@@ -198,11 +198,12 @@ def test_reply_without_usage_is_estimated() -> None:
         await ex.response_headers({":status": "200", "content-type": "application/json"})
         doc = json.loads(chat_reply())
         del doc["usage"]
+        doc["choices"][0]["message"]["content"] = "x" * 40  # 40 bytes: 10 tokens at 4 bytes a token
         await ex.response_body(json.dumps(doc).encode(), True)
         await ex.close()
     run(go())
-    [rec] = store(gw).records
-    assert (rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (EST, 0, True)
+    [rec] = store(gw).records  # a complete reply: its input and its output are estimated (SPEC section 4)
+    assert (rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (EST, 10, True)
 
 
 def test_stream_relayed_with_the_alias_and_usage_hidden_unless_asked() -> None:

@@ -202,13 +202,25 @@ def test_stream_reset_by_envoy_mid_request_releases_and_bills_estimated_input() 
     assert store(gw).held() == 0
 
 
-def test_stream_reset_mid_stream_bills_the_content_sent() -> None:
+def test_stream_reset_mid_stream_bills_the_content_that_reached_the_client() -> None:
+    """Envoy resets the stream right after a piece was answered (within CUT_WINDOW_S): that piece never
+    reached the client (Envoy drops it with the reset), so only the earlier pieces' content is billed."""
     gw = gateway()
     process(gw, request_body(STREAM_BODY), response_headers(200, "text/event-stream"),
-            response_body(sse(chunk("a"), chunk("b"), chunk("c"), done=False), end_of_stream=False), EOF)
+            response_body(sse(chunk("a"), chunk("b"), done=False), end_of_stream=False),
+            response_body(sse(chunk("c"), done=False), end_of_stream=False), EOF)
     [rec] = store(gw).records
-    assert (rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (EST, 3, True)
+    assert (rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (EST, 2, True)
     assert store(gw).held() == 0
+
+
+def test_stream_reset_on_its_first_piece_bills_nothing() -> None:
+    """The reset came with the first piece: no output reached the client, nothing is billed (SPEC: no
+    output before the failure), and the slot is released."""
+    gw = gateway()
+    process(gw, request_body(STREAM_BODY), response_headers(200, "text/event-stream"),
+            response_body(sse(chunk("a"), chunk("b"), done=False), end_of_stream=False), EOF)
+    assert store(gw).records == [] and store(gw).held() == 0
 
 
 def test_a_failing_phase_is_spec_500_never_a_hang() -> None:
