@@ -237,6 +237,16 @@ def assert_error(r: httpx.Response, status: int, code: str, type_: str, param: s
     return dict(err)
 
 
+# a mixed load for the fault and hang tests: buffered chat, a stream, embeddings
+MIXED_BODIES = [
+    ("/chat/completions", {"model": "polish-pro", "messages": [{"role": "user", "content": "Ala ma kota"}],
+                           "sim": {"ttft_ms": 40, "output_tokens": 6}}),
+    ("/chat/completions", {"model": "polish-fast", "messages": [{"role": "user", "content": "Kot ma Alę"}],
+                           "stream": True, "sim": {"itl_ms": 10, "output_tokens": 8}}),
+    ("/embeddings", {"model": "embed", "input": ["jeden", "dwa trzy"], "sim": {"ttft_ms": 20}}),
+]
+
+
 def wait_for(pred: Callable[[], Any], timeout: float = 5.0, interval: float = 0.05,
              describe: Callable[[], Any] | None = None) -> Any:
     """``pred()``'s first true value, polled until the deadline; past it, an AssertionError (with

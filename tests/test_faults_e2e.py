@@ -9,16 +9,9 @@ from typing import Callable
 import httpx
 import pytest
 
-from conftest import Gateway, wait_for
+from conftest import MIXED_BODIES as BODIES, Gateway, wait_for
 from extproc.errors import TABLE
 
-BODIES = [
-    ("/chat/completions", {"model": "polish-pro", "messages": [{"role": "user", "content": "Ala ma kota"}],
-                           "sim": {"ttft_ms": 40, "output_tokens": 6}}),
-    ("/chat/completions", {"model": "polish-fast", "messages": [{"role": "user", "content": "Kot ma Alę"}],
-                           "stream": True, "sim": {"itl_ms": 10, "output_tokens": 8}}),
-    ("/embeddings", {"model": "embed", "input": ["jeden", "dwa trzy"], "sim": {"ttft_ms": 20}}),
-]
 
 
 def _load(gateway: Gateway, key: str, fault: Callable[[], None], before: int = 12, after: int = 12,

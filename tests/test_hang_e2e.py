@@ -17,17 +17,10 @@ import httpx
 import pytest
 import redis
 
-from conftest import Gateway, running_stack, wait_for
+from conftest import MIXED_BODIES as BODIES, Gateway, running_stack, wait_for
 
 MESSAGE_TIMEOUT_S = 5.0  # envoy/envoy.yaml: the ext_proc filter's message_timeout
 
-BODIES = [
-    ("/chat/completions", {"model": "polish-pro", "messages": [{"role": "user", "content": "Ala ma kota"}],
-                           "sim": {"ttft_ms": 40, "output_tokens": 6}}),
-    ("/chat/completions", {"model": "polish-fast", "messages": [{"role": "user", "content": "Kot ma Alę"}],
-                           "stream": True, "sim": {"itl_ms": 10, "output_tokens": 8}}),
-    ("/embeddings", {"model": "embed", "input": ["jeden", "dwa trzy"], "sim": {"ttft_ms": 20}}),
-]
 
 
 @dataclass
