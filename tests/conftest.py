@@ -262,6 +262,14 @@ def wait_for(pred: Callable[[], Any], timeout: float = 5.0, interval: float = 0.
         time.sleep(interval)
 
 
+def rate_window_with(seconds: float = 15.0) -> None:
+    """Returns once the per-key requests-per-minute window (a calendar minute of the Redis clock, which is
+    this machine's clock) has at least ``seconds`` left, so a test that counts requests against the limit
+    never straddles two windows (each with a budget of its own)."""
+    import time
+    wait_for(lambda: 60 - time.time() % 60 >= seconds, timeout=seconds + 2, interval=0.1)
+
+
 def usage_caught_up(gw: Gateway, key: str, timeout: float = 10.0) -> dict[str, Any]:
     """The positive event an absence check waits for: a later request with ``key`` whose usage record has
     landed in PostgreSQL.  The usage stream is written in order, so whatever an earlier request of the
@@ -274,4 +282,4 @@ def usage_caught_up(gw: Gateway, key: str, timeout: float = 10.0) -> dict[str, A
     return rows[0]
 
 
-__all__ = ["assert_error", "usage_caught_up", "wait_for", "json"]
+__all__ = ["assert_error", "rate_window_with", "usage_caught_up", "wait_for", "json"]

@@ -13,7 +13,7 @@ from typing import Any, Iterable
 import httpx
 import pytest
 
-from conftest import Gateway, assert_error, wait_for
+from conftest import Gateway, assert_error, rate_window_with, wait_for
 
 MiB = 1024 * 1024
 BODY_LIMIT = 20 * MiB
@@ -746,6 +746,7 @@ def test_embeddings_missing_or_null_model_400(client: httpx.Client, body: dict[s
 def test_rate_limit_429_has_retry_after(gateway: Gateway) -> None:
     org_id, kid, key = gateway.new_org(10_000_000)
     gateway.admin(lambda a: a.set_key_limits(kid, 2))
+    rate_window_with()  # every request below counts against one window
     with keyed(gateway, key) as c:
         statuses = []
         r = None

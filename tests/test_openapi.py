@@ -19,7 +19,7 @@ import yaml
 
 from extproc.errors import TABLE
 
-from conftest import Gateway, wait_for
+from conftest import Gateway, rate_window_with, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 OPENAPI = ROOT / "openapi.yaml"
@@ -330,6 +330,7 @@ def test_error_responses_validate(gateway: Gateway, oapi: Any, key: str) -> None
     # 429 per-key rate (Retry-After = the rest of the window) ...
     org, kid, limited = gateway.new_org()
     gateway.admin(lambda a: a.set_key_limits(kid, 1))
+    rate_window_with()  # every request below counts against one window
     for _ in range(3):
         r = call(gateway, "POST", chat, limited, CHAT)
         if r.status_code == 429:
