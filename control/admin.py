@@ -123,12 +123,33 @@ class Admin:
         return {"org": org_id, "balance_micro_pln": live, "balance_pln": micro_to_pln(live),
                 "ledger_micro_pln": ledger}
 
-    async def usage(self, org_id: str, limit: int = 50) -> list[dict[str, Any]]:
+    async def usage(self, org_id: str, limit: int = 50, *, status: str = "",
+                    request_id: str = "") -> list[dict[str, Any]]:
+        """The organisation's usage log, newest first: every request (refusals at cost 0).  ``status``:
+        "ok" (2xx), "errors" (anything else) or one status code; ``request_id``: that request only."""
         await self._org_exists(org_id)
+        where: list[str] = ["org_id = $1"]
+        args: list[Any] = [org_id]
+        try:
+            cond = status_condition(status)
+        except ValueError as e:
+            raise AdminError(str(e)) from None
+        if cond is not None:
+            sql, arg = cond
+            if arg is not None:
+                args.append(arg)
+                sql = sql.format(len(args))
+            where.append(sql)
+        if request_id:
+            args.append(request_id)
+            where.append(f"request_id = ${len(args)}")
+        args.append(limit)
         rows = await self.pool.fetch(
-            "SELECT request_id, key_id, alias, upstream_model, endpoint, status, stream, prompt_tokens,"
+            "SELECT request_id, key_id, alias, upstream_model, endpoint, status, error_code, stream, prompt_tokens,"
             " completion_tokens, estimated, cost_micro_pln, input_price, output_price, started_at, ttfb_ms,"
-            " ended_at FROM usage_records WHERE org_id = $1 ORDER BY started_at DESC LIMIT $2", org_id, limit)
+            " ended_at, (extract(epoch FROM ended_at - started_at) * 1000)::int AS latency_ms"
+            f" FROM usage_records WHERE {' AND '.join(where)} ORDER BY started_at DESC, request_id LIMIT ${len(args)}",
+            *args)
         out = []
         for r in rows:
             d = dict(r)
@@ -136,3 +157,17 @@ class Admin:
                 d[k] = d[k].isoformat()
             out.append(d)
         return out
+
+
+def status_condition(status: str) -> tuple[str, int | None] | None:
+    """The usage log's status filter as SQL on ``status`` ({} stands for the parameter's number), or
+    None for no filter; ValueError for a value that is none of "", "ok", "errors", or a status code."""
+    if not status:
+        return None
+    if status == "ok":
+        return "status BETWEEN 200 AND 299", None
+    if status == "errors":
+        return "status NOT BETWEEN 200 AND 299", None
+    if status.isdigit() and len(status) == 3 and 100 <= int(status) <= 599:
+        return "status = ${}", int(status)
+    raise ValueError("status must be ok, errors or a status code such as 429")

@@ -302,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     bal.add_parser("show").add_argument("org")
     sub.add_parser("status", help="health of every component")
     us = sub.add_parser("usage"); us.add_argument("org"); us.add_argument("--limit", type=int, default=50)
+    us.add_argument("--status", default="", help="ok, errors, or a status code (e.g. 429)")
+    us.add_argument("--request-id", default="", help="the request id of a reply or an error")
     for sp in list(sub.choices.values()):
         sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     for grp in (org, key, bal):
@@ -359,8 +361,9 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
         b = await a.balance(args.org)
         _print(args, b, f"{b['balance_pln']} PLN")
     elif c == "usage":
-        rows = await a.usage(args.org, args.limit)
-        lines = [f"{r['started_at']}  {r['request_id']}  {r['alias']:<12} {r['status']}  "
+        rows = await a.usage(args.org, args.limit, status=args.status, request_id=args.request_id)
+        lines = [f"{r['started_at']}  {r['request_id']}  {r['alias'] or '-':<12} {r['status']}"
+                 f"{' ' + r['error_code'] if r['error_code'] else ''}  {r['latency_ms']} ms  "
                  f"in={r['prompt_tokens']} out={r['completion_tokens']}  "
                  f"{micro_to_pln(r['cost_micro_pln'])} PLN{'  (estimated)' if r['estimated'] else ''}"
                  for r in rows]

@@ -46,6 +46,7 @@ class UsageRecord:
     started_at: float
     ttfb_ms: int | None
     ended_at: float
+    error_code: str = ""  # SPEC's error code of what the client got ("" when none); refusals cost 0
 
     def to_json(self) -> str:
         """``json.dumps`` of the fields, compact, written out by hand: twice per request, at a third of
@@ -57,7 +58,7 @@ class UsageRecord:
                 f'"estimated":{_B[self.estimated]},"cost_micro_pln":{self.cost_micro_pln:d},'
                 f'"input_price":{self.input_price:d},"output_price":{self.output_price:d},'
                 f'"started_at":{self.started_at!r},"ttfb_ms":{"null" if self.ttfb_ms is None else int(self.ttfb_ms)},'
-                f'"ended_at":{self.ended_at!r}}}')
+                f'"ended_at":{self.ended_at!r},"error_code":{_q(self.error_code)}}}')
 
 
 _B = {True: "true", False: "false"}

@@ -82,13 +82,14 @@ class Gateway:
     owner: str = field(default_factory=lambda: uuid.uuid4().hex)  # this process, in the in-flight journal
     _retrying: set[asyncio.Task[None]] = field(default_factory=set)
 
-    async def finish(self, org_id: str, request_id: str, record: UsageRecord | None) -> None:
+    async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, refused: bool = False) -> None:
         """Release and record through the store; while Redis is unreachable, keep retrying in the
         background (bounded by the slot's lease), so a served request's record is not lost."""
         try:
-            await self.store.finish(org_id, request_id, record)
+            await self.store.finish(org_id, request_id, record, refused=refused)
         except Exception:  # noqa: BLE001
-            self._retry(lambda: self.store.finish(org_id, request_id, record), f"usage record of request {request_id}")
+            self._retry(lambda: self.store.finish(org_id, request_id, record, refused=refused),
+                        f"usage record of request {request_id}")
 
     def cancel(self, request_id: str) -> None:
         """An admission given up on (``Store.cancel``), in the background until Redis takes it."""
@@ -171,7 +172,7 @@ def _json_answer(doc: object) -> Answer:
 
 class Exchange:
     __slots__ = ("gw", "request_id", "method", "path", "key_hash", "admission", "prepared", "started",
-                 "ttfb", "status", "relay", "output_seen", "finished", "idle", "settling", "cut",
+                 "ttfb", "status", "error_code", "relay", "output_seen", "finished", "idle", "settling", "cut",
                  "delivered_pieces", "delivered_content", "_last_pieces", "_last_content")
 
     def __init__(self, gw: Gateway) -> None:
@@ -185,6 +186,7 @@ class Exchange:
         self.started = gw.clock()
         self.ttfb: float | None = None
         self.status = 0
+        self.error_code = ""  # SPEC's code of the error the client got, for the usage log
         self.relay: StreamRelay | None = None
         self.output_seen = False
         self.finished = False
@@ -198,8 +200,9 @@ class Exchange:
         self._last_content = 0
         # seconds the next message may take to come (None: no limit here); set once the reply started
         self.idle: float | None = None
-        # the request's release and usage record, decided but not yet handed to Redis (``settle``)
-        self.settling: tuple[str, UsageRecord | None] | None = None
+        # the request's release and usage record, decided but not yet handed to Redis (``settle``), and
+        # whether it is a refusal (never admitted: only logged)
+        self.settling: tuple[str, UsageRecord | None, bool] | None = None
 
     # ---- metrics (bounded labels only) -------------------------------------------------------
     @property
@@ -215,7 +218,22 @@ class Exchange:
         kind = metrics.rejection_kind(err.code)
         if kind is not None:
             metrics.labelled(metrics.REJECTIONS, kind).inc()
+        self.status, self.error_code = err.status, err.code
+        if self.prepared is None:
+            self._log_refusal()
         return _error_answer(err, self.request_id)
+
+    def _log_refusal(self) -> None:
+        """A chat or embeddings request refused on the way in (400, 402, 403, 404, 429): it goes to the
+        usage log at cost 0 and touches no balance.  Only a caller whose key is known has a log (a 401,
+        a body over the size limit checked before the key, a Redis or PostgreSQL outage: none)."""
+        adm = self.admission
+        if (self.finished or adm is None or adm.identity is None or self.method != "POST"
+                or self.path not in (_CHAT_PATH, _EMB_PATH)):
+            return
+        self.finished = True
+        self.settling = (adm.identity.org_id, self._record((0, 0), False, adm.identity.org_id,
+                                                           adm.identity.key_id), True)
 
     def _ok(self, doc: object) -> Answer:
         self._count(200, "")
@@ -395,15 +413,18 @@ class Exchange:
             self.delivered_content += self._last_content
             return Answer(body=out)
         if self.status >= 400 or self.status < 200:
-            self._bill(None)  # the model server produced no output
             if body.startswith(b'{"error"') and self.request_id.encode() in body:
                 code = json.loads(body)["error"]["code"]  # Envoy's own reply, already in SPEC's shape
                 self._count(self.status, code)
                 metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, code).inc()
+                self.error_code = code
+                self._bill(None)  # the model server produced no output
                 return Answer()
             err = upstream_error(self.status, body, "messages" if p.endpoint == CHAT else "input")
             metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, err.code).inc()
-            return self._reject(err)
+            answer = self._reject(err)
+            self._bill(None)  # the model server produced no output
+            return answer
         new, usage = rewrite_body(body, p.upstream_model, p.alias.id, embeddings=p.endpoint != CHAT)
         if usage is None:  # a complete reply without usage: its input and its output estimated
             output = estimate_reply_completion(body) if p.endpoint == CHAT else 0
@@ -427,6 +448,7 @@ class Exchange:
         p = self.prepared
         assert p is not None
         metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, "upstream_timeout").inc()
+        self.error_code = "upstream_timeout"
         if self.relay is not None:
             self.cut = "idle"  # the model server failed the stream: what reached the client counts
         await self.close()  # billed (and counted) as a reply that failed after it started (non-streaming: 502)
@@ -502,20 +524,32 @@ class Exchange:
             self._bill((est_input, self.delivered_content), estimated=True)
 
     def _record(self, tokens: tuple[int, int], estimated: bool, org_id: str, key_id: str) -> UsageRecord:
+        """The request's usage record; without ``prepared`` (refused before an alias was chosen) it has
+        no alias, no prices and costs nothing."""
         p = self.prepared
-        assert p is not None
-        prices = p.alias.prices_at(self.started)
         prompt, completion = tokens
+        if p is None:
+            return UsageRecord(
+                request_id=self.request_id, org_id=org_id, key_id=key_id, alias="", upstream_model="",
+                endpoint=_ENDPOINTS[self.path], status=self.status or 500, stream=False, prompt_tokens=0,
+                completion_tokens=0, estimated=False, cost_micro_pln=0, input_price=0, output_price=0,
+                started_at=self.started, ttfb_ms=None, ended_at=self.gw.clock(), error_code=self.error_code)
+        prices = p.alias.prices_at(self.started)
         if p.endpoint != CHAT:
             completion = 0
+        status = self.status or 500
+        code = self.error_code
+        if not code and status >= 500 and self.finished:
+            # an ending the gateway decided after the reply began (a broken or cut reply)
+            code = "internal_error" if status == 500 else "upstream_unavailable"
         return UsageRecord(
             request_id=self.request_id, org_id=org_id, key_id=key_id, alias=p.alias.id,
-            upstream_model=p.upstream_model, endpoint=p.endpoint, status=self.status or 500,
+            upstream_model=p.upstream_model, endpoint=p.endpoint, status=status,
             stream=p.stream, prompt_tokens=prompt, completion_tokens=completion, estimated=estimated,
             cost_micro_pln=cost_micro_pln(prompt, completion, prices), input_price=prices.input,
             output_price=prices.output, started_at=self.started,
             ttfb_ms=None if self.ttfb is None else int((self.ttfb - self.started) * 1000),
-            ended_at=self.gw.clock())
+            ended_at=self.gw.clock(), error_code=code)
 
     def _pending(self) -> str:
         """The journal entry while in flight: what is billed if this process dies (estimated input)."""
@@ -523,7 +557,8 @@ class Exchange:
         return self.gw.owner + "|" + rec.to_json()
 
     def _bill(self, tokens: tuple[int, int] | None, *, estimated: bool = False) -> None:
-        """Release the slot and record the request once; ``None`` tokens: nothing billed."""
+        """Release the slot and record the request once; ``None`` tokens: nothing billed (the record,
+        at cost 0, still goes to the usage log)."""
         if self.finished:
             return
         self.finished = True
@@ -531,10 +566,10 @@ class Exchange:
         if adm is None or adm.identity is None or self.prepared is None:
             return
         ident = adm.identity
-        record = None if tokens is None else self._record(tokens, estimated, ident.org_id, ident.key_id)
-        if record is not None:
+        record = self._record((0, 0) if tokens is None else tokens, estimated, ident.org_id, ident.key_id)
+        if tokens is not None:
             self._observe(record)
-        self.settling = (ident.org_id, record)
+        self.settling = (ident.org_id, record, False)
 
     async def settle(self) -> None:
         """Hand the decided release and usage record to Redis.  The stream loop calls this right after
@@ -542,7 +577,7 @@ class Exchange:
         client's wait; ``close`` calls it too, so nothing decided is ever left behind."""
         pending, self.settling = self.settling, None
         if pending is not None:
-            await self.gw.finish(pending[0], self.request_id, pending[1])
+            await self.gw.finish(pending[0], self.request_id, pending[1], pending[2])
 
     def _observe(self, r: UsageRecord) -> None:
         self._count(r.status, "" if r.status == 200 else "aborted")

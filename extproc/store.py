@@ -79,8 +79,14 @@ return {'admitted', k[1], org}
 
 # The journal entry (gw:if) exists from admission to the first finish: removing it is what makes a
 # finish the first one, so a repeated finish (a retry, the reaper) debits and records nothing.
+# A refusal (ARGV[5] = '1') was never admitted: it has no journal entry, costs nothing and is only
+# queued for the usage log (a repeat is dropped by the usage record's primary key in PostgreSQL).
 _FINISH = """
 redis.call('ZREM', 'gw:c:' .. ARGV[1], ARGV[2])
+if ARGV[5] == '1' then
+  redis.call('XADD', KEYS[1], '*', 'r', ARGV[4])
+  return 1
+end
 if redis.call('HDEL', 'gw:if', ARGV[2]) == 0 or ARGV[4] == '' then return 0 end
 local ok = 'gw:o:' .. ARGV[1]
 if tonumber(ARGV[3]) > 0 and redis.call('HEXISTS', ok, 'balance') == 1 then
@@ -233,11 +239,14 @@ class Store:
                                          wait))
         return Admission(ident, CONCURRENCY)
 
-    async def finish(self, org_id: str, request_id: str, record: UsageRecord | None) -> None:
-        """Release the request's slot and, with a record, debit its cost and queue the record (once)."""
+    async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, *,
+                     refused: bool = False) -> None:
+        """Release the request's slot and, with a record, debit its cost and queue the record (once).
+        ``refused``: the request was never admitted; its record (cost 0) is only queued for the log."""
         payload = "" if record is None else record.to_json()
         await self.fast.evalsha(_FINISH, [USAGE_STREAM],
-                                [org_id, request_id, 0 if record is None else record.cost_micro_pln, payload])
+                                [org_id, request_id, 0 if record is None else record.cost_micro_pln, payload,
+                                 "1" if refused else ""])
 
     async def sync_clock(self) -> None:
         """Measure how far Redis's clock is from this host's (to within half a round trip), so that a

@@ -36,14 +36,15 @@ WITH r AS (
   SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(
     request_id text, org_id text, key_id text, alias text, upstream_model text, endpoint text, status int,
     stream bool, prompt_tokens int, completion_tokens int, estimated bool, cost_micro_pln bigint,
-    input_price bigint, output_price bigint, started_at float8, ttfb_ms int, ended_at float8)
+    input_price bigint, output_price bigint, started_at float8, ttfb_ms int, ended_at float8,
+    error_code text)
 ), new AS (
   INSERT INTO usage_records (request_id, org_id, key_id, alias, upstream_model, endpoint, status, stream,
     prompt_tokens, completion_tokens, estimated, cost_micro_pln, input_price, output_price,
-    started_at, ttfb_ms, ended_at)
+    started_at, ttfb_ms, ended_at, error_code)
   SELECT request_id, org_id, key_id, alias, upstream_model, endpoint, status, stream, prompt_tokens,
     completion_tokens, estimated, cost_micro_pln, input_price, output_price, to_timestamp(started_at),
-    ttfb_ms, to_timestamp(ended_at)
+    ttfb_ms, to_timestamp(ended_at), nullif(error_code, '')
   FROM r
   ON CONFLICT (request_id) DO NOTHING
   RETURNING request_id, org_id, cost_micro_pln

@@ -82,8 +82,13 @@ class FakeStore:
         held.add(request_id)
         return Admission(ident, None)
 
-    async def finish(self, org_id: str, request_id: str, record: UsageRecord | None) -> None:
+    async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, *,
+                     refused: bool = False) -> None:
         self.finishes.append((org_id, request_id, record))
+        if refused:  # never admitted: logged at cost 0, no slot, no balance
+            assert record is not None and record.cost_micro_pln == 0
+            self.records.append(record)
+            return
         held = self.slots.get(org_id, set())
         if request_id not in held:
             return  # a repeated finish: nothing more
@@ -246,3 +251,11 @@ class FakeCall:
 
     def write(self, message: ep.ProcessingResponse) -> None:
         self.written.append(message)
+
+
+def logged_free(store: "FakeStore") -> tuple[int, str]:
+    """The one usage record of a request that cost nothing: (status, error code) as the log shows it;
+    asserts it is the only record and carries no tokens and no cost."""
+    [rec] = store.records
+    assert (rec.prompt_tokens, rec.completion_tokens, rec.cost_micro_pln, rec.estimated) == (0, 0, 0, False), rec
+    return rec.status, rec.error_code

@@ -100,7 +100,12 @@ def test_model_server_error_bills_nothing(gateway: Gateway, fresh: tuple[str, st
     assert_error(r2, 502, "upstream_unavailable", "upstream_error")
     later = usage_caught_up(gateway, key)  # the writer has caught up past both failed requests
     wait_for(lambda: gateway.usage_drained(org))  # and nothing of the organisation is in flight or queued
-    assert [r["request_id"] for r in _records(gateway, org)] == [later["request_id"]]
+    rows = {r["request_id"]: r for r in _records(gateway, org)}
+    assert [rid for rid, row in rows.items() if row["cost_micro_pln"] > 0] == [later["request_id"]]
+    for failed in (r, r2):  # listed as the client saw them, at no cost
+        row = rows[failed.headers["x-request-id"]]
+        assert (row["status"], row["error_code"], row["prompt_tokens"], row["completion_tokens"],
+                row["cost_micro_pln"], row["estimated"]) == (502, "upstream_unavailable", 0, 0, 0, False)
     assert _ledger(gateway, org) == 10_000_000 - later["cost_micro_pln"]
 
 
@@ -179,5 +184,9 @@ def test_stream_broken_before_any_output_bills_nothing(gateway: Gateway, fresh: 
     marker = httpx.post(gateway.v1 + "/chat/completions", headers=_h(key),
                         json={"model": "polish-pro", "messages": MSGS, "sim": {"output_tokens": 1}})
     row = _record(gateway, marker.headers["x-request-id"])  # recorded after the three, in order
-    assert [r["request_id"] for r in _records(gateway, org)] == [row["request_id"]]
+    rows = _records(gateway, org)
+    assert [r["request_id"] for r in rows if r["cost_micro_pln"] > 0] == [row["request_id"]]
+    broken = [r for r in rows if r["request_id"] != row["request_id"]]  # logged as the client saw them
+    assert len(broken) == 3 and all(r["status"] in (200, 502) and (r["prompt_tokens"], r["completion_tokens"])
+                                    == (0, 0) for r in broken), broken
     assert _ledger(gateway, org) == 10_000_000 - row["cost_micro_pln"]

@@ -38,16 +38,21 @@ def _stream(gateway: Gateway, key: str, sim: dict[str, object]) -> tuple[httpx.R
     return s, got, broke
 
 
-def _settled(gateway: Gateway, org: str, key: str, rid: str) -> dict | None:
-    """The usage record of ``rid``, or None once a later request of the same key has been recorded
-    (records are written in order: no fixed sleep)."""
+def _settled(gateway: Gateway, org: str, key: str, rid: str) -> dict:
+    """The usage record of ``rid`` (every request is listed, billed or not), read once a later request of
+    the same key has been recorded (records are written in order: no fixed sleep)."""
     r = httpx.post(gateway.v1 + "/chat/completions", headers=_h(key),
                    json={"model": "polish-pro", "messages": MSGS, "sim": {"output_tokens": 1}})
     assert r.status_code == 200
     marker = r.headers["x-request-id"]
     wait_for(lambda: gateway.sql("SELECT 1 FROM usage_records WHERE request_id = $1", marker), 5)
-    rows = gateway.sql("SELECT * FROM usage_records WHERE request_id = $1", rid)
-    return rows[0] if rows else None
+    [row] = gateway.sql("SELECT * FROM usage_records WHERE request_id = $1", rid)
+    return dict(row)
+
+
+def _free(row: dict) -> bool:
+    """Listed, and billed nothing."""
+    return (row["prompt_tokens"], row["completion_tokens"], row["cost_micro_pln"], row["estimated"]) == (0, 0, 0, False)
 
 
 @pytest.mark.parametrize("gap_ms", [0, 5, 20, 100])
@@ -64,7 +69,7 @@ def test_a_broken_stream_is_billed_what_reached_the_client(gateway: Gateway, gap
     if r.status_code != 200:
         # too early for the reply's headers to have gone out: Envoy's 502, and nothing billed
         assert r.status_code == 502 and json.loads(got)["error"]["code"] == "upstream_unavailable"
-        assert row is None
+        assert _free(row) and (row["status"], row["error_code"]) == (502, "upstream_unavailable"), row
         return
     assert broke and b"[DONE]" not in got and b'"error"' not in got
     # Envoy drops the piece of the reply the ext_proc is still answering when the model server resets
@@ -73,7 +78,8 @@ def test_a_broken_stream_is_billed_what_reached_the_client(gateway: Gateway, gap
     assert len(events) <= sent
     if gap_ms:
         assert len(events) >= sent - 1
-    if row is None:
+    if _free(row):
+        assert row["status"] == 200  # what the client got: a 200 that broke
         # nothing billed: nothing reached the client, or only what came in the reply's last piece (the
         # gateway cannot tell whether that one got through, and does not bill it)
         assert not events or gap_ms == 0 or len(events) == 1

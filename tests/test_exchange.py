@@ -10,7 +10,7 @@ from typing import Any, Awaitable, TypeVar
 
 from extproc.cost import estimate_chat_prompt
 from extproc.exchange import CLUSTER_HEADER, Answer, Exchange
-from extproc_fakes import (CHAT_BODY, KEY, OTHER_KEY, chat_reply, chunk, gateway, sse, store,
+from extproc_fakes import (CHAT_BODY, KEY, OTHER_KEY, chat_reply, chunk, gateway, logged_free, sse, store,
                            usage_chunk)
 
 T = TypeVar("T")
@@ -116,6 +116,47 @@ def test_body_errors_take_no_slot() -> None:
     error_of(run(_forwarded(Exchange(gw), b'{"model": "polish-pro", "messages": []}')),
              400, "invalid_request", "messages")
     assert store(gw).held() == 0 and not store(gw).records
+
+
+async def _refused(ex: Exchange, body: bytes = CHAT_BODY) -> Answer:
+    """A request refused on the way in, to its end: the answer, then the close that follows it."""
+    a = await _forwarded(ex, body)
+    await ex.settle()
+    await ex.close()
+    return a
+
+
+def test_refusals_are_logged_at_no_cost() -> None:
+    """Every refused chat/embeddings request of a known key goes to the usage log: the status and SPEC
+    code the client got, no tokens, cost 0, no slot, no balance touched (issue 18, part 4)."""
+    cases = [(10_000_000, "active", b'{"model": "polish-pro", "messages": [', 400, "invalid_json"),
+             (10_000_000, "active", b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}', 404,
+              "model_not_found"),
+             (0, "active", CHAT_BODY, 402, "insufficient_quota"),
+             (10_000_000, "suspended", CHAT_BODY, 403, "org_suspended")]
+    for balance, org_status, body, status, code in cases:
+        gw = gateway(balance=balance, status=org_status)
+        a = run(_refused(Exchange(gw), body))
+        error_of(a, status, code, "model" if code == "model_not_found" else None)
+        assert logged_free(store(gw)) == (status, code)
+        [rec] = store(gw).records
+        assert (rec.request_id, rec.key_id, rec.endpoint, rec.alias) == ("rid-1", "key_1", "chat", "")
+        assert store(gw).held() == 0 and store(gw).orgs["org_1"].balance == balance
+
+
+def test_a_401_is_not_logged() -> None:
+    """No key, no organisation: nothing to list it under."""
+    gw = gateway()
+
+    async def go() -> None:
+        ex = Exchange(gw)
+        await ex.request_body(CHAT_BODY, {"request.id": "rid-1", "request.method": "POST",
+                                          "request.path": "/v1/chat/completions",
+                                          "request.headers['authorization']": "Bearer " + OTHER_KEY})
+        await ex.settle()
+        await ex.close()
+    run(go())
+    assert store(gw).records == [] and store(gw).finishes == []
 
 
 def test_body_over_the_limit() -> None:
@@ -244,7 +285,7 @@ def test_upstream_error_bills_nothing() -> None:
         await ex.close()
         return a
     error_of(run(go()), 502, "upstream_unavailable")
-    assert store(gw).records == [] and store(gw).held() == 0
+    assert logged_free(store(gw)) == (502, "upstream_unavailable") and store(gw).held() == 0
 
 
 def test_envoys_own_error_reply_passes_unchanged_and_bills_nothing() -> None:
@@ -263,7 +304,7 @@ def test_envoys_own_error_reply_passes_unchanged_and_bills_nothing() -> None:
         return a
     a = run(go())
     assert a.reply is None and a.body is None and a.set_headers == {}
-    assert store(gw).records == [] and store(gw).held() == 0
+    assert logged_free(store(gw)) == (504, "upstream_timeout") and store(gw).held() == 0
 
 
 def test_idle_gap_in_a_non_streaming_reply_is_502_and_billed_estimated_input() -> None:

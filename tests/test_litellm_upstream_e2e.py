@@ -223,5 +223,7 @@ def test_the_clients_key_never_authenticates_at_litellm(gw: Gateway, lite: Lite,
     ok = _post(gw, key, "/chat/completions", {"model": "lite-chat", "messages": MSGS})
     assert ok.status_code == 200, ok.text
     _billed(gw, org, ok.headers["x-request-id"], _tokens(ok.json()["usage"]), (P_IN, P_OUT))  # and no more
-    assert [row["request_id"] for row in gw.sql("SELECT request_id FROM usage_records WHERE org_id = $1", org)] == [
-        ok.headers["x-request-id"]]
+    rows = {row["request_id"]: row for row in gw.sql("SELECT * FROM usage_records WHERE org_id = $1", org)}
+    assert set(rows) == {ok.headers["x-request-id"], r.headers["x-request-id"]}
+    refused = rows[r.headers["x-request-id"]]  # listed as the client saw it, at no cost
+    assert (refused["status"], refused["error_code"], refused["cost_micro_pln"]) == (502, "upstream_unavailable", 0)

@@ -15,7 +15,7 @@ from extproc.cost import estimate_chat_prompt
 from extproc.exchange import CLUSTER_HEADER, Gateway
 from extproc.grpc_server import EOF
 from extproc.server import Processor
-from extproc_fakes import (CHAT_BODY, OTHER_KEY, STALL, FakeCall, chat_reply, chunk, gateway,
+from extproc_fakes import (CHAT_BODY, OTHER_KEY, STALL, FakeCall, chat_reply, chunk, gateway, logged_free,
                            request_body, request_headers, response_body, response_headers, sse, store,
                            usage_chunk)
 
@@ -156,7 +156,7 @@ def test_upstream_error_becomes_spec_502_and_bills_nothing() -> None:
                    response_body(b'{"detail": "CUDA out of memory"}'))
     r = immediate(call.written[-1], 502, "upstream_unavailable")
     assert "CUDA" not in json.dumps(r["body"])
-    assert store(gw).records == [] and store(gw).held() == 0
+    assert logged_free(store(gw)) == (502, "upstream_unavailable") and store(gw).held() == 0
 
 
 def test_envoys_local_reply_passes_through_unchanged() -> None:
@@ -171,7 +171,7 @@ def test_envoys_local_reply_passes_through_unchanged() -> None:
     assert last.WhichOneof("response") == "response_body"
     assert not last.response_body.response.HasField("body_mutation")
     assert not last.response_body.response.HasField("header_mutation")
-    assert store(gw).records == [] and store(gw).held() == 0
+    assert logged_free(store(gw)) == (503, "no_capacity") and store(gw).held() == 0
 
 
 def test_idle_gap_in_a_non_streaming_reply_is_an_immediate_502() -> None:
@@ -220,7 +220,7 @@ def test_stream_reset_on_its_first_piece_bills_nothing() -> None:
     gw = gateway()
     process(gw, request_body(STREAM_BODY), response_headers(200, "text/event-stream"),
             response_body(sse(chunk("a"), chunk("b"), done=False), end_of_stream=False), EOF)
-    assert store(gw).records == [] and store(gw).held() == 0
+    assert logged_free(store(gw)) == (200, "") and store(gw).held() == 0
 
 
 def test_a_failing_phase_is_spec_500_never_a_hang() -> None:

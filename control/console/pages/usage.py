@@ -11,7 +11,7 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from control.admin import micro_to_pln
+from control.admin import micro_to_pln, status_condition
 
 from ..web import console, need_viewer, render
 
@@ -20,20 +20,39 @@ PAGE_ROWS = 500
 CSV_ROWS = 100_000
 
 
+STATUSES = ("ok", "errors", "400", "402", "403", "404", "429", "499", "500", "502", "503", "504")
+
+
 @dataclass(frozen=True)
 class Filters:
     start: dt.date | None
     end: dt.date | None
     key: str
     alias: str
+    status: str = ""      # "ok", "errors" or a status code (``control.admin.status_condition``)
+    request_id: str = ""  # a request id (of an error reply, say): that request only
+    problems: tuple[str, ...] = ()  # what was wrong with the filters asked for (then nothing is listed)
 
     @classmethod
     def of(cls, q: Any) -> "Filters":
-        return cls(_date(q.get("from")), _date(q.get("to")), str(q.get("key", ""))[:64], str(q.get("alias", ""))[:64])
+        problems: list[str] = []
+        start = _date(q.get("from"), "From", problems)
+        end = _date(q.get("to"), "To", problems)
+        if start and end and start > end:
+            problems.append("The From date is after the To date.")
+        status = str(q.get("status", ""))[:8]
+        try:
+            status_condition(status)
+        except ValueError:
+            problems.append("Unknown status filter.")
+            status = ""
+        rid = str(q.get("request_id", "")).strip()[:100]
+        return cls(start, end, str(q.get("key", ""))[:64], str(q.get("alias", ""))[:64], status, rid,
+                   tuple(problems))
 
     def query(self) -> str:
         d = {"from": self.start.isoformat() if self.start else "", "to": self.end.isoformat() if self.end else "",
-             "key": self.key, "alias": self.alias}
+             "key": self.key, "alias": self.alias, "status": self.status, "request_id": self.request_id}
         return urlencode({k: v for k, v in d.items() if v})
 
     def where(self, org_id: str) -> tuple[str, list[Any]]:
@@ -52,13 +71,28 @@ class Filters:
         if self.alias:
             args.append(self.alias)
             sql.append(f"u.alias = ${len(args)}")
+        cond = status_condition(self.status)
+        if cond is not None:
+            text, arg = cond
+            if arg is not None:
+                args.append(arg)
+                text = text.format(len(args))
+            sql.append("u." + text)
+        if self.request_id:
+            args.append(self.request_id)
+            sql.append(f"u.request_id = ${len(args)}")
+        if self.problems:
+            sql.append("false")  # a filter that could not be read lists nothing rather than everything
         return " AND ".join(sql), args
 
 
-def _date(v: Any) -> dt.date | None:
+def _date(v: Any, name: str, problems: list[str]) -> dt.date | None:
+    if not v:
+        return None
     try:
-        return dt.date.fromisoformat(str(v)) if v else None
+        return dt.date.fromisoformat(str(v))
     except ValueError:
+        problems.append(f"The {name} date is not a date (YYYY-MM-DD).")
         return None
 
 
@@ -66,6 +100,7 @@ async def _rows(request: web.Request, org_id: str, f: Filters, limit: int) -> li
     where, args = f.where(org_id)
     return list(await console(request).pool.fetch(
         "SELECT u.request_id, u.started_at, u.alias, u.key_id, k.name AS key_name, k.prefix, u.status, u.endpoint,"
+        " u.error_code, (extract(epoch FROM u.ended_at - u.started_at) * 1000)::int AS latency_ms,"
         " u.prompt_tokens, u.completion_tokens, u.cost_micro_pln, u.estimated"
         f" FROM usage_records u LEFT JOIN api_keys k ON k.id = u.key_id AND k.org_id = u.org_id WHERE {where}"
         f" ORDER BY u.started_at DESC, u.request_id LIMIT {int(limit)}", *args))
@@ -108,8 +143,11 @@ async def usage_page(request: web.Request) -> web.Response:
     f = Filters.of(request.query)
     keys = await c.pool.fetch("SELECT id, name, prefix FROM api_keys WHERE org_id = $1 ORDER BY created_at", v.org_id)
     aliases = sorted(c_alias for c_alias in await _aliases(request, v.org_id))
-    return render(request, "usage.html", f=f, q=f.query(), keys=keys, aliases=aliases,
+    resp = render(request, "usage.html", f=f, q=f.query(), keys=keys, aliases=aliases, statuses=STATUSES,
                   **await _live(request, v.org_id, f))
+    if f.problems:
+        resp.set_status(400)
+    return resp
 
 
 async def _aliases(request: web.Request, org_id: str) -> set[str]:
@@ -141,14 +179,18 @@ def cell(text: str) -> str:
 @routes.get("/usage.csv")
 async def usage_csv(request: web.Request) -> web.Response:
     v = need_viewer(request)
-    rows = await _rows(request, v.org_id, Filters.of(request.query), CSV_ROWS)
+    f = Filters.of(request.query)
+    if f.problems:
+        raise web.HTTPBadRequest(text=" ".join(f.problems))
+    rows = await _rows(request, v.org_id, f, CSV_ROWS)
     out = io.StringIO()
     w = csv.writer(out)
-    w.writerow(["started_at", "request_id", "key_id", "key_name", "alias", "endpoint", "status", "prompt_tokens",
-                "completion_tokens", "cost_pln", "cost_micro_pln", "estimated"])
+    w.writerow(["started_at", "request_id", "key_id", "key_name", "alias", "endpoint", "status", "error_code",
+                "latency_ms", "prompt_tokens", "completion_tokens", "cost_pln", "cost_micro_pln", "estimated"])
     for r in rows:
         w.writerow([r["started_at"].isoformat(), cell(r["request_id"]), cell(r["key_id"]), cell(r["key_name"] or ""),
-                    cell(r["alias"]), cell(r["endpoint"]), r["status"], r["prompt_tokens"], r["completion_tokens"],
+                    cell(r["alias"]), cell(r["endpoint"]), r["status"], cell(r["error_code"] or ""), r["latency_ms"],
+                    r["prompt_tokens"], r["completion_tokens"],
                     micro_to_pln(r["cost_micro_pln"]), r["cost_micro_pln"], "yes" if r["estimated"] else "no"])
     return web.Response(text=out.getvalue(), content_type="text/csv",
                         headers={"Content-Disposition": 'attachment; filename="usage.csv"'})
