@@ -119,7 +119,7 @@ async def ensure_demo(admin: Admin, s: Settings) -> dict[str, str]:
 
 
 def cmd_up(args: argparse.Namespace, s: Settings) -> int:
-    from .launcher import Stack
+    from .launcher import GaveUp, Stack
     if args.port:
         s = Settings.from_env(gateway_port=args.port)
     stack = Stack(s)
@@ -153,6 +153,9 @@ Try it:
 
 Ctrl-C stops every process.""", flush=True)
         stack.supervise(lambda: stopping)
+    except GaveUp as e:
+        print(f"gateway: stopping: {e}", file=sys.stderr)
+        return 1
     except (StartError, RuntimeError, OSError) as e:
         print(f"gateway: not started: {e}", file=sys.stderr)
         return 1

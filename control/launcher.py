@@ -27,6 +27,7 @@ from extproc import catalog as catalog_mod
 from extproc.settings import ENV_VARS, Settings
 
 from . import embedded, envoy_config
+from .restarts import GiveUp, Restarts
 
 
 def _bindable(port: int) -> bool:
@@ -74,6 +75,10 @@ class Proc:
     @property
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
+
+
+class GaveUp(RuntimeError):
+    """A component kept dying right after each restart: the launcher stopped restarting it."""
 
 
 class Stack:
@@ -414,9 +419,12 @@ class Stack:
         with embedded.private_umask():
             envoy_config.write_cds(cat, self.s)
 
-    def supervise(self, should_stop: Callable[[], bool]) -> None:
-        """Foreground loop of ``gateway up``: restart a component that died and apply a changed
-        catalog, until told to stop."""
+    def supervise(self, should_stop: Callable[[], bool], restarts: Restarts | None = None) -> None:
+        """Foreground loop of ``gateway up``: restart a component that died (with a growing delay,
+        ``control.restarts``; ``GaveUp`` when one keeps dying) and apply a changed catalog, until told
+        to stop."""
+        restarts = restarts or Restarts()
+        due: dict[str, float] = {}  # component -> when to start it again
         catalog = Path(self.s.catalog)
         seen = catalog.stat().st_mtime_ns
         while not should_stop():
@@ -429,10 +437,24 @@ class Stack:
                 except Exception as e:  # noqa: BLE001 - a bad catalog is refused, the old one stays
                     print(f"gateway: catalog not applied: {e}", file=sys.stderr)
             for name, p in list(self.procs.items()):
-                if not p.alive and not should_stop():
-                    print(f"gateway: {name} exited; restarting", file=sys.stderr)
+                if p.alive or should_stop():
+                    continue
+                now = time.monotonic()
+                if name not in due:
+                    decision = restarts.died(name, now)
+                    code = p.popen.returncode if p.popen is not None else None
+                    if isinstance(decision, GiveUp):
+                        raise GaveUp(f"{name} exited {decision.deaths} times in a row soon after starting"
+                                     f" (last exit code {code}); not restarting it. See"
+                                     f" {self.logs / (name.replace(':', '-') + '.log')}")
+                    due[name] = decision.at
+                    print(f"gateway: {name} exited (code {code}); restarting in {decision.at - now:.1f} s",
+                          file=sys.stderr)
+                elif now >= due[name]:
+                    del due[name]
                     try:
                         self.restart(name)
-                    except RuntimeError as e:
+                    except RuntimeError as e:  # died again while starting: seen dead on the next pass
                         print(f"gateway: {e}", file=sys.stderr)
-            time.sleep(0.5)
+                    restarts.started(name, time.monotonic())
+            time.sleep(0.1 if due else 0.5)
