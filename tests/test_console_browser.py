@@ -147,3 +147,79 @@ def test_the_whole_console_flow_in_a_browser(gateway: Gateway, browser: Any) -> 
 def _micro(text: str) -> int:
     whole, frac = text.replace(" PLN", "").split(".")
     return int(whole) * 1_000_000 + int(frac)
+
+
+PAGES_SIGNED_IN = ["/", "/keys", "/usage", "/billing", "/members", "/docs/api"]
+PAGES_SIGNED_OUT = ["/login", "/signup", "/reset", "/docs/api"]
+
+
+def _sql(gateway: Gateway, query: str, *args: Any) -> list[dict[str, Any]]:
+    """``gateway.sql`` from a thread of its own: Playwright's sync API keeps an event loop in this one."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(1) as ex:
+        return ex.submit(gateway.sql, query, *args).result()
+
+
+def _too_wide(page: Any, con: str, paths: list[str]) -> dict[str, int]:
+    """The pages among ``paths`` wider than the screen: path -> the page's scroll width."""
+    wide = {}
+    for path in paths:
+        page.goto(con + path)
+        width = page.evaluate("document.documentElement.scrollWidth")
+        if width > page.evaluate("window.innerWidth"):
+            wide[path] = width
+    return wide
+
+
+def test_first_call_from_what_the_pages_show_on_a_phone(gateway: Gateway, browser: Any) -> None:
+    """Issue 19, part 3: from sign-up to a first 200 at 390 px, using only what the pages show: the
+    captured confirmation mail, the trial explained on Overview, the key page's curl snippet run as it is
+    shown.  Revoking asks first.  Every page fits the screen."""
+    import json
+    import subprocess
+    expect = sync_api.expect
+    con = gateway.console
+    ctx = browser.new_context(viewport={"width": 390, "height": 844})
+    page = ctx.new_page()
+    page.set_default_timeout(15_000)
+    assert _too_wide(page, con, PAGES_SIGNED_OUT) == {}
+    email = new_email()
+    page.goto(con + "/signup")
+    page.fill("input[name=email]", email)
+    page.fill("input[name=password]", PASSWORD)
+    page.fill("input[name=org]", "Piekarnia Kowalski")
+    page.click("button[type=submit]")
+    page.goto(captured_link(page, con, email, "/confirm/"))
+    page.click("#confirm")
+    expect(page.locator("#trial")).to_contain_text("trial credit of 5.000000 PLN")
+    assert page.locator("link[rel=icon]").get_attribute("href") == "/static/favicon.svg"
+    assert page.request.get(con + "/static/favicon.svg").ok
+    page.locator("#trial a[href='/keys']").click()
+    page.fill("input[name=name]", "first")
+    page.click("form.row button[type=submit]")
+    key = page.locator("#new-key").inner_text().strip()
+    curl = page.locator("#snippet-curl").inner_text()
+    assert key in curl and key in page.locator("#snippet-python").inner_text()
+    assert key in page.locator("#snippet-js").inner_text()
+    shot(page, "10-first-call-390")
+    out = subprocess.run(["bash", "-c", curl + " -sS -w '\\n%{http_code}'"], capture_output=True, text=True,
+                         timeout=30)
+    body, _, code = out.stdout.rpartition("\n")
+    assert code == "200", (out.stdout, out.stderr)
+    reply = json.loads(body)
+    assert reply["object"] == "chat.completion" and reply["model"] in curl and reply["usage"]["prompt_tokens"] > 0
+    assert page.locator("nav a[href='/docs/api']").count() == 1
+
+    # revoking asks first: dismissed, nothing happens; accepted, the key is revoked
+    page.goto(con + "/keys")
+    asked: list[str] = []
+    page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
+    page.click("form.revoke button")
+    assert asked and "Revoke the key “first”" in asked[0]
+    assert _sql(gateway, "SELECT revoked_at FROM api_keys WHERE name = 'first' AND created_by ="
+                       " (SELECT id FROM users WHERE email = $1)", email)[0]["revoked_at"] is None
+    page.once("dialog", lambda d: d.accept())
+    page.click("form.revoke button")
+    expect(page.locator(".message")).to_contain_text("The key is revoked")
+    assert _too_wide(page, con, PAGES_SIGNED_IN) == {}
+    ctx.close()

@@ -137,3 +137,34 @@ def test_no_key_password_or_token_in_any_log(gateway: Gateway) -> None:
         text = f.read_text(errors="replace")
         found = [s[:12] for s in secrets_ if s and s in text]
         assert not found, (f.name, found)
+
+
+def test_a_reload_never_creates_a_second_key(gateway: Gateway) -> None:
+    """The key form is sent again by a reload of the page that showed the new key: it is turned away
+    (303 with a message), nothing is created; a fresh form creates a key.  The new key's page is not cached."""
+    c, _, org = signed_up(gateway)
+    c.get("/keys")
+    form_id = c.form_id
+    first = c.post("/keys", {"name": "once"})
+    assert first.status_code == 200 and KEY.search(first.text) and first.headers["cache-control"] == "no-store"
+    again = c.post("/keys", {"name": "once", "form_id": form_id})  # what a reload sends
+    assert again.status_code == 303 and again.headers["location"] == "/keys?msg=key_form_used"
+    assert "nothing new was created" in c.get(again.headers["location"]).text
+    assert c.post("/keys", {"name": "forged", "form_id": ""}).status_code == 303  # no form, no key
+    assert [r["name"] for r in gateway.sql("SELECT name FROM api_keys WHERE org_id = $1", org)] == ["once"]
+    c.get("/keys")
+    assert c.form_id != form_id and c.post("/keys", {"name": "second"}).status_code == 200
+    assert sorted(r["name"] for r in gateway.sql("SELECT name FROM api_keys WHERE org_id = $1", org)) == [
+        "once", "second"]
+
+
+def test_the_new_key_page_shows_first_call_snippets(gateway: Gateway) -> None:
+    c, _, org = signed_up(gateway)
+    kid, key = create_key(c, "snippets")
+    page = c.last.text
+    for sid in ("snippet-curl", "snippet-python", "snippet-js"):
+        block = re.search(rf'<pre id="{sid}">(.*?)</pre>', page, re.S)
+        assert block and key in block.group(1) and "polish-pro" in block.group(1) and gateway.v1 in block.group(1), sid
+    assert 'href="/docs/api"' in page and 'data-copy="new-key"' in page
+    overview = c.get("/").text
+    assert 'id="trial"' in overview and "trial credit of 5.000000 PLN" in overview

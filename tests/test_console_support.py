@@ -16,6 +16,7 @@ from control.console.limits import Limit
 
 PASSWORD = "correct horse battery"
 _CSRF = re.compile(r'name="csrf" value="([0-9a-f]+)"')
+_FORM_ID = re.compile(r'name="form_id" value="([^"]+)"')
 
 
 class ConsoleClient:
@@ -32,6 +33,7 @@ class ConsoleClient:
         self.jar: dict[str, str] = {}
         self.raw_cookies: list[str] = []
         self.csrf = ""
+        self.form_id = ""
         self.last: httpx.Response | None = None
 
     def close(self) -> None:
@@ -55,6 +57,9 @@ class ConsoleClient:
         m = _CSRF.search(r.text) if r.headers.get("content-type", "").startswith("text/html") else None
         if m:
             self.csrf = m.group(1)
+        f = _FORM_ID.search(r.text) if r.headers.get("content-type", "").startswith("text/html") else None
+        if f:
+            self.form_id = f.group(1)  # the key form's one-time id, sent as a browser would
         self.last = r
         return r
 
@@ -76,6 +81,8 @@ class ConsoleClient:
              csrf: str | None = None) -> httpx.Response:
         d = dict(data or {})
         d.setdefault("csrf", self.csrf if csrf is None else csrf)
+        if path == "/keys" and self.form_id:
+            d.setdefault("form_id", self.form_id)
         r = self._send("POST", path, data=d)
         return self._follow(r) if follow else r
 

@@ -32,6 +32,8 @@ MESSAGES = {
     "reset_done": "Your password is changed; log in with the new one.",
     "unverified": "Confirm your e-mail address first: we sent you a new link.",
     "key_revoked": "The key is revoked; the gateway refuses it from now on.",
+    "key_form_used": "That form was already sent and its key created (a key is shown only once); "
+                     "nothing new was created. Create another key below if you need one.",
     "invited": "The invitation is sent.",
     "member_removed": "The member is removed; the keys they created still work.",
     "member_removed_keys_revoked": "The member is removed and the keys they created are revoked.",

@@ -48,8 +48,10 @@ async def overview(request: web.Request) -> web.Response:
     recent = await c.pool.fetch("SELECT started_at, alias, status, cost_micro_pln, estimated FROM usage_records"
                                 " WHERE org_id = $1 ORDER BY started_at DESC LIMIT 5", v.org_id)
     nkeys = await c.pool.fetchval("SELECT count(*) FROM api_keys WHERE org_id = $1 AND revoked_at IS NULL", v.org_id)
+    trial = await c.pool.fetchval("SELECT amount_micro_pln FROM ledger WHERE org_id = $1 AND kind = 'trial'"
+                                  " ORDER BY created_at LIMIT 1", v.org_id)
     return render(request, "overview.html", balance=bal["balance_micro_pln"], recent=recent, nkeys=nkeys,
-                  gateway=f"http://{c.settings.gateway_host}:{c.settings.gateway_port}/v1")
+                  trial=trial, gateway=f"http://{c.settings.gateway_host}:{c.settings.gateway_port}/v1")
 
 
 @routes.get("/signup")

@@ -2,6 +2,8 @@
 their own keys, an owner any key of the organisation)."""
 from __future__ import annotations
 
+import secrets
+
 from aiohttp import web
 
 from ..store import Viewer, name_problem
@@ -22,25 +24,51 @@ def may_revoke(v: Viewer, created_by: str | None) -> bool:
     return v.owner or (created_by is not None and created_by == v.user_id)
 
 
+FORM_TTL_S = 24 * 3600  # a key form left open this long can still be sent once
+
+
+def _example_alias(request: web.Request) -> str:
+    """A chat alias of the catalog in force, for the first-call snippets."""
+    from extproc import catalog
+    try:
+        aliases = catalog.load(console(request).settings.catalog).aliases
+    except (OSError, ValueError):
+        return "polish-pro"
+    chat = sorted(a for a, v in aliases.items() if "chat" in v.capabilities)
+    return "polish-pro" if "polish-pro" in chat else (chat[0] if chat else "polish-pro")
+
+
+async def _page(request: web.Request, v: Viewer, *, status: int = 200, new_key: dict[str, str] | None = None,
+                error: str | None = None) -> web.Response:
+    c = console(request)
+    return render(request, "keys.html", status=status, keys=await _keys(request, v.org_id), new_key=new_key,
+                  error=error, may_revoke=may_revoke, form_id=secrets.token_urlsafe(16),
+                  gateway=f"http://{c.settings.gateway_host}:{c.settings.gateway_port}/v1",
+                  alias=_example_alias(request))
+
+
 @routes.get("/keys")
 async def keys_page(request: web.Request) -> web.Response:
-    v = need_viewer(request)
-    return render(request, "keys.html", keys=await _keys(request, v.org_id), new_key=None, error=None,
-                  may_revoke=may_revoke)
+    return await _page(request, need_viewer(request))
 
 
 @routes.post("/keys")
 async def create_key(request: web.Request) -> web.Response:
     v = need_viewer(request)
-    name = str((await request.post()).get("name", "")).strip(" ")
+    form = await request.post()
+    name = str(form.get("name", "")).strip(" ")
     problem = name_problem(name, "key's name")
     if problem:
-        return render(request, "keys.html", status=400, keys=await _keys(request, v.org_id), new_key=None,
-                      error=problem, may_revoke=may_revoke)
+        return await _page(request, v, status=400, error=problem)
+    # Each form creates one key at most: a reload of this page (the browser sending the same form
+    # again) is turned away rather than creating a second key.  The new key itself is never stored
+    # anywhere (only its hash), so it is shown in this answer only, which is not cached.
+    form_id = str(form.get("form_id", ""))[:64]
+    if not form_id or not await console(request).redis.set(f"console:form:{form_id}", "1", nx=True,
+                                                            ex=FORM_TTL_S):
+        see_other("/keys?msg=key_form_used")
     kid, key = await console(request).admin.create_key(v.org_id, name, created_by=v.user_id)
-    # Shown in this answer only (not a redirect target, not cached): only its hash is stored.
-    return render(request, "keys.html", keys=await _keys(request, v.org_id),
-                  new_key={"id": kid, "name": name, "value": key}, error=None, may_revoke=may_revoke)
+    return await _page(request, v, new_key={"id": kid, "name": name, "value": key})
 
 
 @routes.post("/keys/{key_id}/revoke")
