@@ -98,7 +98,8 @@ def start_gateway(tmp: Path, up: tuple[int, int], workers: int = 1) -> tuple[Sys
     only Envoy's worker count is set to 1 like every other Envoy here (the launcher uses 2).
     ``workers``: GATEWAY_EXTPROC_WORKERS (ext_proc processes behind that one Envoy)."""
     from control.admin import Admin
-    from control.launcher import Proc, Stack, free_port_base
+    from control.launcher import Stack, free_port_base
+    from control.procs import Proc
     from extproc.settings import Settings
 
     class BenchStack(Stack):

@@ -9,6 +9,7 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
+from extproc import redis_keys as rk
 from extproc.keys import key_hash, new_key
 
 # Keep the cached balance in step with a ledger entry only where the balance is cached.
@@ -68,7 +69,7 @@ class Admin:
         h = key_hash(key)
         await self.pool.execute("INSERT INTO api_keys (id, org_id, key_hash, prefix, name, created_by)"
                                 " VALUES ($1,$2,$3,$4,$5,$6)", kid, org_id, h, key[:15], name, created_by)
-        await self.r.delete("gw:k:" + h)  # drop a cached "unknown key"
+        await self.r.delete(rk.key(h))  # drop a cached "unknown key"
         return kid, key
 
     async def revoke_key(self, key_id: str) -> None:
@@ -77,16 +78,16 @@ class Admin:
         if h is None:
             raise AdminError(f"no such key: {key_id}")
         async with self.r.pipeline(transaction=True) as p:
-            p.delete("gw:k:" + h)
-            p.hset("gw:k:" + h, "none", "1")
-            p.expire("gw:k:" + h, 86400)
+            p.delete(rk.key(h))
+            p.hset(rk.key(h), "none", "1")
+            p.expire(rk.key(h), 86400)
             await p.execute()
 
     async def set_status(self, org_id: str, status: str) -> None:
         n = await self.pool.execute("UPDATE orgs SET status = $2 WHERE id = $1", org_id, status)
         if n.endswith(" 0"):
             raise AdminError(f"no such organisation: {org_id}")
-        await self.r.hset("gw:o:" + org_id, "status", status)
+        await self.r.hset(rk.org(org_id), "status", status)
 
     async def set_limits(self, org_id: str, rpm: int | None, concurrency: int | None) -> None:
         await self._org_exists(org_id)
@@ -94,13 +95,13 @@ class Admin:
                                 " WHERE id = $1", org_id, rpm, concurrency)
         mapping: dict[Any, Any] = {k: v for k, v in (("rpm", rpm), ("conc", concurrency)) if v is not None}
         if mapping:
-            await self.r.hset("gw:o:" + org_id, mapping=mapping)
+            await self.r.hset(rk.org(org_id), mapping=mapping)
 
     async def set_key_limits(self, key_id: str, rpm: int) -> None:
         h = await self.pool.fetchval("UPDATE api_keys SET rpm = $2 WHERE id = $1 RETURNING key_hash", key_id, rpm)
         if h is None:
             raise AdminError(f"no such key: {key_id}")
-        await self.r.delete("gw:k:" + h)
+        await self.r.delete(rk.key(h))
 
     async def credit(self, org_id: str, micro: int, *, ref: str | None = None, kind: str = "topup") -> bool:
         """Write a credit once per ``ref`` (idempotent); True if it was new."""
@@ -111,14 +112,14 @@ class Admin:
             " ON CONFLICT (ref) DO NOTHING RETURNING id", org_id, micro, kind, ref)
         if new is None:
             return False
-        await self.r.eval(_CREDIT, 1, "gw:o:" + org_id, micro)
+        await self.r.eval(_CREDIT, 1, rk.org(org_id), micro)
         return True
 
     async def balance(self, org_id: str) -> dict[str, Any]:
         await self._org_exists(org_id)
         ledger = int(await self.pool.fetchval(
             "SELECT COALESCE(SUM(amount_micro_pln), 0) FROM ledger WHERE org_id = $1", org_id))
-        cached = await self.r.hget("gw:o:" + org_id, "balance")
+        cached = await self.r.hget(rk.org(org_id), "balance")
         live = int(cached) if cached is not None else ledger
         return {"org": org_id, "balance_micro_pln": live, "balance_pln": micro_to_pln(live),
                 "ledger_micro_pln": ledger}

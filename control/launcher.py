@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Callable
 
@@ -27,6 +27,7 @@ from extproc import catalog as catalog_mod
 from extproc.settings import ENV_VARS, Settings
 
 from . import embedded, envoy_config
+from .procs import Proc, http_ok, port_open
 from .restarts import GiveUp, Restarts
 
 
@@ -48,33 +49,6 @@ def free_port_base(span: int = 20) -> int:
         if all(_bindable(base + i) for i in range(span)):
             return base
     raise RuntimeError("no free port range")
-
-
-def _port_open(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.2)
-        return s.connect_ex((host, port)) == 0
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=0.5) as r:
-            return 200 <= int(r.status) < 300
-    except Exception:  # noqa: BLE001
-        return False
-
-
-@dataclass
-class Proc:
-    name: str
-    argv: list[str]
-    ready: Callable[[], bool]
-    env: dict[str, str] = field(default_factory=dict)
-    popen: subprocess.Popen[bytes] | None = None
-
-    @property
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
 
 
 class GaveUp(RuntimeError):
@@ -139,7 +113,7 @@ class Stack:
                                f"appendfsync everysec\nsave \"\"\ndaemonize no\nloglevel warning\n"
                                f"maxmemory-policy noeviction\nrequirepass {password}\n")
         self.redis_url = f"redis://:{password}@127.0.0.1:{port}/0"
-        return Proc("redis", [str(binary), str(conf)], ready=lambda: _port_open(port))
+        return Proc("redis", [str(binary), str(conf)], ready=lambda: port_open(port))
 
     def _sim_procs(self) -> list[Proc]:
         cat = catalog_mod.load(self.s.catalog)
@@ -159,10 +133,10 @@ class Stack:
                 ctx = max((a.context_length for a in cat.aliases.values()
                            if any(u.model == m for u in a.upstreams)), default=8192)
                 argv += [f"--{kinds.get(m, 'chat')}-model", f"{m}@{ctx}"]
-            procs.append(Proc(f"sim:{name}", argv, ready=functools.partial(_http_ok, f"http://127.0.0.1:{port}/health")))
+            procs.append(Proc(f"sim:{name}", argv, ready=functools.partial(http_ok, f"http://127.0.0.1:{port}/health")))
         return procs
 
-    def _child_env(self) -> dict[str, str]:
+    def child_env(self) -> dict[str, str]:
         """Every setting in force, as the environment of the processes the stack starts."""
         env = dict(os.environ)
         for f in fields(Settings):
@@ -178,22 +152,19 @@ class Stack:
         metrics port (envoy_config.extproc_workers); Envoy balances the requests' streams across them."""
         procs: list[Proc] = []
         for name, grpc_port, metrics_port in envoy_config.extproc_workers(self.s):
-            env = self._child_env()
+            env = self.child_env()
             env.update({"GATEWAY_EXTPROC_PORT": str(grpc_port), "GATEWAY_METRICS_PORT": str(metrics_port),
                         # Envoy's statistics are served beside the first worker's metrics only
                         "GATEWAY_METRICS_ENVOY": "1" if not procs else "0"})
             procs.append(Proc(name, [sys.executable, "-m", "extproc"],
-                              ready=functools.partial(_port_open, grpc_port), env=env))
+                              ready=functools.partial(port_open, grpc_port), env=env))
         return procs
 
     def _writer_proc(self) -> Proc:
         """The usage writer: Redis usage stream -> PostgreSQL, and billing what a dead ext_proc left."""
         port = self.s.writer_metrics_http_port
         return Proc("usage-writer", [sys.executable, "-m", "extproc.usage_writer"],
-                    ready=functools.partial(_port_open, port), env=self._child_env())
-
-    def _extproc_proc(self) -> Proc:
-        return self._extproc_procs()[0]
+                    ready=functools.partial(port_open, port), env=self.child_env())
 
     def _envoy_proc(self) -> Proc:
         envoy = shutil.which("envoy", path=str(Path(sys.executable).parent)) or shutil.which("envoy")
@@ -207,15 +178,15 @@ class Stack:
         # killed Envoy leaves behind, and a later Envoy of another account with the same id cannot open
         return Proc("envoy", [envoy, "-c", str(boot), "--concurrency", "2", "--log-level", "warn",
                               "--disable-hot-restart"],
-                    ready=lambda: _http_ok(f"http://127.0.0.1:{admin}/ready"))
+                    ready=lambda: http_ok(f"http://127.0.0.1:{admin}/ready"))
 
     def _smtp_proc(self) -> Proc:
         from .console.launch import smtp_proc
-        return smtp_proc(self)
+        return smtp_proc(self.s, self.state)
 
     def _console_proc(self) -> Proc:
         from .console.launch import console_proc
-        return console_proc(self)
+        return console_proc(self.child_env(), self.s)
 
     # ---- lifecycle --------------------------------------------------------------------------
     def start_proc(self, p: Proc, timeout: float = 30.0) -> None:

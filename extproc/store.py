@@ -1,17 +1,7 @@
 """The request path's one narrow interface to Redis: one round trip on the way in (``admit``), one on the
 way out (``finish``).  Cache fills on a miss come from ``directory`` (PostgreSQL) and are rare.
 
-Redis layout (all keys under ``gw:``):
-  gw:k:<sha256>    hash  id, org, rpm   | none=1 (unknown or revoked; written by revocation)  TTL-bounded
-  gw:o:<org>       hash  status, balance (micro-PLN), rpm, conc   (no TTL; kept current by control)
-  gw:rl:<key>:<minute>  counter of the key's requests in that minute
-  gw:c:<org>       zset  request id -> lease expiry (unix s): the organisation's in-flight requests
-  gw:usage         stream of usage records, drained into PostgreSQL by the usage writer
-  gw:if            hash  request id -> "key|org|owner|pending record": requests admitted and not finished
-                   yet (the first finish removes the entry: no double debit), so that a
-                   request whose ext_proc process died is still billed (see ``reap``)
-  gw:hb:<owner>    an ext_proc process's heartbeat (expires 3 s after the process stops)
-  gw:x:<request>   an admission its caller gave up on (``cancel``): should it still reach Redis, it refuses itself
+The Redis key layout is ``extproc.redis_keys``'s.
 
 A hung Redis (SIGSTOP) keeps accepting connections and queues commands: an admission whose caller timed
 out would run when Redis resumes, take a slot and journal a request no model server ever sees.  So the
@@ -35,34 +25,35 @@ from .decisions import Admission, Identity, UsageRecord
 from .errors import ApiError
 from .resp import RespClient, RespSetupError
 from .settings import Settings
+from . import redis_keys as rk
+from .redis_keys import USAGE_STREAM
 from .urls import RedisTarget, parse_redis
 
-USAGE_STREAM = "gw:usage"
 
-_ADMIT = """
+_ADMIT = rk.lua("""
 if ARGV[8] ~= '' then
   local t = redis.call('TIME')
   if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[8]) then return {'late'} end
-  if redis.call('EXISTS', 'gw:x:' .. ARGV[3]) == 1 then return {'late'} end
+  if redis.call('EXISTS', '@CANCELLED@' .. ARGV[3]) == 1 then return {'late'} end
 end
-local k = redis.call('HMGET', 'gw:k:' .. ARGV[1], 'id', 'org', 'rpm', 'none')
+local k = redis.call('HMGET', '@KEY@' .. ARGV[1], 'id', 'org', 'rpm', 'none')
 if k[4] then return {'bad_key'} end
 if not k[1] then return {'miss_key'} end
 local org = k[2]
-local o = redis.call('HMGET', 'gw:o:' .. org, 'status', 'balance', 'rpm', 'conc')
+local o = redis.call('HMGET', '@ORG@' .. org, 'status', 'balance', 'rpm', 'conc')
 if not o[1] or not o[2] then return {'miss_org', k[1], org} end
 if o[1] ~= 'active' then return {'suspended', k[1], org} end
 if ARGV[2] == '0' then return {'ok', k[1], org} end
 if tonumber(o[2]) <= 0 then return {'quota', k[1], org} end
 local now = tonumber(redis.call('TIME')[1])
-local rk = 'gw:rl:' .. k[1] .. ':' .. math.floor(now / 60)
+local rk = '@RATE@' .. k[1] .. ':' .. math.floor(now / 60)
 local n = redis.call('INCR', rk)
 if n == 1 then redis.call('EXPIRE', rk, 61) end
 if n > tonumber(k[3] or o[3] or ARGV[4]) then
   redis.call('DECR', rk)
   return {'rate', k[1], org, tostring(60 - (now % 60))}
 end
-local ck = 'gw:c:' .. org
+local ck = '@IN_FLIGHT@' .. org
 local conc = tonumber(o[4] or ARGV[5])
 if redis.call('ZCARD', ck) >= conc then
   -- leases left by a process that died are swept only when they could matter: at the limit
@@ -73,38 +64,38 @@ if redis.call('ZCARD', ck) >= conc then
   end
 end
 redis.call('ZADD', ck, now + tonumber(ARGV[6]), ARGV[3])
-if ARGV[7] ~= '' then redis.call('HSET', 'gw:if', ARGV[3], k[1] .. '|' .. org .. '|' .. ARGV[7]) end
+if ARGV[7] ~= '' then redis.call('HSET', '@JOURNAL@', ARGV[3], k[1] .. '|' .. org .. '|' .. ARGV[7]) end
 return {'admitted', k[1], org}
-"""
+""")
 
 # The journal entry (gw:if) exists from admission to the first finish: removing it is what makes a
 # finish the first one, so a repeated finish (a retry, the reaper) debits and records nothing.
 # A refusal (ARGV[5] = '1') was never admitted: it has no journal entry, costs nothing and is only
 # queued for the usage log (a repeat is dropped by the usage record's primary key in PostgreSQL).
-_FINISH = """
-redis.call('ZREM', 'gw:c:' .. ARGV[1], ARGV[2])
+_FINISH = rk.lua("""
+redis.call('ZREM', '@IN_FLIGHT@' .. ARGV[1], ARGV[2])
 if ARGV[5] == '1' then
   redis.call('XADD', KEYS[1], '*', 'r', ARGV[4])
   return 1
 end
-if redis.call('HDEL', 'gw:if', ARGV[2]) == 0 or ARGV[4] == '' then return 0 end
-local ok = 'gw:o:' .. ARGV[1]
+if redis.call('HDEL', '@JOURNAL@', ARGV[2]) == 0 or ARGV[4] == '' then return 0 end
+local ok = '@ORG@' .. ARGV[1]
 if tonumber(ARGV[3]) > 0 and redis.call('HEXISTS', ok, 'balance') == 1 then
   redis.call('HINCRBY', ok, 'balance', -tonumber(ARGV[3]))
 end
 redis.call('XADD', KEYS[1], '*', 'r', ARGV[4])
 return 1
-"""
+""")
 
 # An admission given up on: mark it refused (for one still queued) and undo one that ran (slot, journal).
-_CANCEL = """
-redis.call('SET', 'gw:x:' .. ARGV[1], '1', 'EX', ARGV[2])
-local v = redis.call('HGET', 'gw:if', ARGV[1])
+_CANCEL = rk.lua("""
+redis.call('SET', '@CANCELLED@' .. ARGV[1], '1', 'EX', ARGV[2])
+local v = redis.call('HGET', '@JOURNAL@', ARGV[1])
 if not v then return 0 end
-redis.call('HDEL', 'gw:if', ARGV[1])
-redis.call('ZREM', 'gw:c:' .. string.match(v, '^[^|]*|([^|]*)|'), ARGV[1])
+redis.call('HDEL', '@JOURNAL@', ARGV[1])
+redis.call('ZREM', '@IN_FLIGHT@' .. string.match(v, '^[^|]*|([^|]*)|'), ARGV[1])
 return 1
-"""
+""")
 
 # Fill a cache entry unless something (a revocation, a suspension) wrote it first.
 _FILL_KEY = """
@@ -264,20 +255,20 @@ class Store:
     async def fill_key(self, key_hash: str, fields: dict[str, Any] | None) -> None:
         """Cache a key (fields) or its absence (None, for a short time)."""
         if fields is None:
-            await self._fill_key(keys=["gw:k:" + key_hash], args=[5, "none", "1"])
+            await self._fill_key(keys=[rk.key(key_hash)], args=[5, "none", "1"])
             return
         flat: list[Any] = [self._key_ttl]
         for k, v in fields.items():
             if v is not None:
                 flat += [k, v]
-        await self._fill_key(keys=["gw:k:" + key_hash], args=flat)
+        await self._fill_key(keys=[rk.key(key_hash)], args=flat)
 
     async def fill_org(self, org_id: str, fields: dict[str, Any]) -> None:
         flat: list[Any] = []
         for k, v in fields.items():
             if v is not None:
                 flat += [k, v]
-        await self._fill_org(keys=["gw:o:" + org_id], args=flat)
+        await self._fill_org(keys=[rk.org(org_id)], args=flat)
 
 
 def _s(v: Any) -> str:
@@ -285,12 +276,12 @@ def _s(v: Any) -> str:
 
 
 async def heartbeat(r: aioredis.Redis, owner: str) -> None:
-    await r.set("gw:hb:" + owner, "1", ex=3)
+    await r.set(rk.heartbeat(owner), "1", ex=3)
 
 
 async def orphans(r: aioredis.Redis) -> list[tuple[str, str, str, dict[str, Any]]]:
     """In-flight entries whose ext_proc process is gone: (request id, key id, org id, pending record)."""
-    entries: Any = await r.hgetall("gw:if")
+    entries: Any = await r.hgetall(rk.JOURNAL)
     if not entries:
         return []
     parsed = []
@@ -298,6 +289,6 @@ async def orphans(r: aioredis.Redis) -> list[tuple[str, str, str, dict[str, Any]
         key_id, org, owner, payload = v.decode().split("|", 3)
         parsed.append((rid.decode(), key_id, org, owner, payload))
     owners = sorted({p[3] for p in parsed})
-    alive = dict(zip(owners, await r.mget(["gw:hb:" + o for o in owners])))
+    alive = dict(zip(owners, await r.mget([rk.heartbeat(o) for o in owners])))
     return [(rid, key_id, org, json.loads(payload)) for rid, key_id, org, owner, payload in parsed
             if alive[owner] is None]

@@ -24,7 +24,8 @@ from . import metrics
 from .decisions import UsageRecord
 from .process import run, until_stopped
 from .settings import Settings
-from .store import USAGE_STREAM, Store, exit_unless_redis_accepts_login, open_store, orphans, redis_client
+from .redis_keys import USAGE_STREAM
+from .store import Store, exit_unless_redis_accepts_login, open_store, orphans, redis_client
 
 log = logging.getLogger("extproc.usage")
 GROUP = "writers"

@@ -131,7 +131,7 @@ def p24_console(gateway: Gateway) -> Iterator[tuple[str, FakeP24]]:
                             p24_pos_id=POS, p24_crc=CRC, p24_api_key=API_KEY, p24_api_url=fake.url,
                             # a configured SMTP server (the capture server, as a plain SMTP server)
                             smtp_host="127.0.0.1", smtp_port=gateway.stack.s.smtp_capture_port, smtp_tls="none")
-    gateway.stack.start_proc(console_proc(gateway.stack, s, name="console-p24"))
+    gateway.stack.start_proc(console_proc(gateway.stack.child_env(), s, name="console-p24"))
     try:
         yield f"http://127.0.0.1:{port}", fake
     finally:

@@ -33,7 +33,7 @@ from extproc.settings import Settings
 # ---- 1. development mode ------------------------------------------------------------------------
 
 def _console_env(gateway: Gateway, **overrides: str) -> dict[str, str]:
-    env = gateway.stack._child_env()
+    env = gateway.stack.child_env()
     env.update({"GATEWAY_DEV": "0", "GATEWAY_SMTP_HOST": "", "GATEWAY_PAYMENT_PROVIDER": "",
                 "GATEWAY_HOST": "0.0.0.0", "GATEWAY_CONSOLE_PORT": str(free_base(span=1))})
     env.update(overrides)
@@ -116,7 +116,7 @@ def public_dev_console(gateway: Gateway) -> Iterator[int]:
     """A development-mode console listening on every address (GATEWAY_HOST=0.0.0.0)."""
     port = free_base(span=1)
     s = dataclasses.replace(gateway.stack.s, console_port=port, gateway_host="0.0.0.0", dev=True)
-    gateway.stack.start_proc(console_proc(gateway.stack, s, name="console-public"))
+    gateway.stack.start_proc(console_proc(gateway.stack.child_env(), s, name="console-public"))
     try:
         yield port
     finally:
@@ -439,7 +439,7 @@ def console_behind_one_proxy(gateway: Gateway) -> Iterator[str]:
     """A console told that one proxy (appending X-Forwarded-For) stands in front of it."""
     port = free_base(span=1)
     s = dataclasses.replace(gateway.stack.s, console_port=port, trusted_hops=1)
-    gateway.stack.start_proc(console_proc(gateway.stack, s, name="console-hops"))
+    gateway.stack.start_proc(console_proc(gateway.stack.child_env(), s, name="console-hops"))
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

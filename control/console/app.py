@@ -17,7 +17,7 @@ from .mail import Mailer
 from .payments import make_provider
 from .security import load_secret
 from .store import Store
-from .web import ANON_COOKIE, CONSOLE, HERE, SESSION_COOKIE, Console, PageError, csrf_ok, render, templates
+from .web import ANON_COOKIE, CONSOLE, HERE, SESSION_COOKIE, Console, PageError, cookie, csrf_ok, render, templates
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -35,10 +35,6 @@ HEADERS = {
     "Cross-Origin-Opener-Policy": "same-origin",
     "Strict-Transport-Security": "max-age=31536000",
 }
-
-
-def cookie(resp: web.StreamResponse, name: str, value: str, max_age: int | None) -> None:
-    resp.set_cookie(name, value, max_age=max_age, path="/", secure=True, httponly=True, samesite="Lax")
 
 
 class SafeAccessLogger(AbstractAccessLogger):

@@ -1,16 +1,14 @@
-"""The console's processes for ``control.launcher.Stack``: the web app and, in development mode
+"""The console's processes for the launcher (``control.launcher.Stack``): the web app and, in development mode
 without an SMTP server, the local capture SMTP server; and the check that refuses a start that would
 need a development convenience outside development mode."""
 from __future__ import annotations
 
 import sys
 from dataclasses import fields
-from typing import TYPE_CHECKING
+from pathlib import Path
 
+from control.procs import Proc, http_ok, port_open
 from extproc.settings import ENV_VARS, Settings
-
-if TYPE_CHECKING:
-    from control.launcher import Proc, Stack
 
 CONSOLE_FIELDS = ("dev", "trusted_hops", "console_port", "console_url", "console_secret", "smtp_host", "smtp_port", "smtp_user",
                   "smtp_password", "smtp_tls", "mail_from", "payment_provider", "p24_merchant_id", "p24_pos_id",
@@ -56,18 +54,16 @@ def console_env(s: Settings) -> dict[str, str]:
             for n in CONSOLE_FIELDS}
 
 
-def console_proc(stack: "Stack", settings: Settings | None = None, name: str = "console") -> "Proc":
-    from control.launcher import Proc, _http_ok
-    s = settings or stack.s
-    env = stack._child_env()
-    env.update(console_env(s))
+def console_proc(env: dict[str, str], s: Settings, name: str = "console") -> Proc:
+    """The console web app with ``s``'s settings; ``env``: the stack's environment for its children
+    (``Stack.child_env``: where PostgreSQL and Redis are)."""
+    env = {**env, **console_env(s)}
     port = s.console_http_port
     return Proc(name, [sys.executable, "-m", "control.console"], env=env,
-                ready=lambda: _http_ok(f"http://127.0.0.1:{port}/healthz"))
+                ready=lambda: http_ok(f"http://127.0.0.1:{port}/healthz"))
 
 
-def smtp_proc(stack: "Stack") -> "Proc":
-    from control.launcher import Proc, _port_open
-    port = stack.s.smtp_capture_port
+def smtp_proc(s: Settings, state: Path) -> Proc:
+    port = s.smtp_capture_port
     return Proc("smtp", [sys.executable, "-m", "control.console.smtp_capture", "--port", str(port),
-                         "--dir", str(stack.state / "mail")], ready=lambda: _port_open(port))
+                         "--dir", str(state / "mail")], ready=lambda: port_open(port))

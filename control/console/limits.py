@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-PREFIX = "gw:console:lim:"
+from extproc.redis_keys import CONSOLE_LIMITS
+
+PREFIX = CONSOLE_LIMITS
 
 
 @dataclass(frozen=True)

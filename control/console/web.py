@@ -81,6 +81,10 @@ def templates() -> jinja2.Environment:
     return env
 
 
+def cookie(resp: web.StreamResponse, name: str, value: str, max_age: int | None) -> None:
+    resp.set_cookie(name, value, max_age=max_age, path="/", secure=True, httponly=True, samesite="Lax")
+
+
 def viewer(request: web.Request) -> Viewer | None:
     return request.get("viewer")
 

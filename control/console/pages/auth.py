@@ -9,10 +9,9 @@ from aiohttp import web
 from control.admin import pln_to_micro
 
 from .. import limits, mail
-from ..app import cookie
 from ..security import check_password, hash_password, new_token, password_problem
 from ..store import SESSION_DAYS, name_problem, normal_email, valid_email
-from ..web import SESSION_COOKIE, Console, client_ip, console, need_viewer, raise_page, render, safe_next, see_other, viewer
+from ..web import SESSION_COOKIE, Console, client_ip, console, cookie, need_viewer, raise_page, render, safe_next, see_other, viewer
 
 routes = web.RouteTableDef()
 

@@ -25,7 +25,7 @@ import aiohttp
 
 from extproc.settings import Settings
 
-from . import BadNotification, Notification, Payment, PaymentError
+from .base import BadNotification, Notification, Payment, PaymentError
 
 LIVE = "https://secure.przelewy24.pl"
 SANDBOX = "https://sandbox.przelewy24.pl"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..security import sub_key
-from . import BadNotification, Notification, Payment
+from .base import BadNotification, Notification, Payment
 
 
 @dataclass

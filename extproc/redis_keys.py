@@ -1,0 +1,54 @@
+"""The Redis key layout, owned here: the ext_proc's scripts, the reaper, the usage writer and the
+operator's ``Admin`` all name keys through this module (a test holds every other module to it).
+
+All keys under ``gw:``:
+  gw:k:<sha256>    hash  id, org, rpm   | none=1 (unknown or revoked; written by revocation)  TTL-bounded
+  gw:o:<org>       hash  status, balance (micro-PLN), rpm, conc   (no TTL; kept current by control)
+  gw:rl:<key>:<minute>  counter of the key's requests in that minute
+  gw:c:<org>       zset  request id -> lease expiry (unix s): the organisation's in-flight requests
+  gw:usage         stream of usage records, drained into PostgreSQL by the usage writer
+  gw:if            hash  request id -> "key|org|owner|pending record": requests admitted and not finished
+                   yet (the first finish removes the entry: no double debit), so that a
+                   request whose ext_proc process died is still billed (the usage writer's ``reap``)
+  gw:hb:<owner>    an ext_proc process's heartbeat (expires 3 s after the process stops)
+  gw:x:<request>   an admission its caller gave up on (``cancel``): should it still reach Redis, it refuses itself
+  gw:console:lim:<name>:<who>  the console's attempt counters (control/console/limits.py)
+"""
+from __future__ import annotations
+
+KEY = "gw:k:"
+ORG = "gw:o:"
+RATE = "gw:rl:"
+IN_FLIGHT = "gw:c:"
+USAGE_STREAM = "gw:usage"
+JOURNAL = "gw:if"
+HEARTBEAT = "gw:hb:"
+CANCELLED = "gw:x:"
+CONSOLE_LIMITS = "gw:console:lim:"
+
+_LUA = {"@KEY@": KEY, "@ORG@": ORG, "@RATE@": RATE, "@IN_FLIGHT@": IN_FLIGHT, "@JOURNAL@": JOURNAL,
+        "@CANCELLED@": CANCELLED}
+
+
+def key(key_hash: str) -> str:
+    return KEY + key_hash
+
+
+def org(org_id: str) -> str:
+    return ORG + org_id
+
+
+def heartbeat(owner: str) -> str:
+    return HEARTBEAT + owner
+
+
+def lua(script: str) -> str:
+    """A Lua script with its key prefixes written as @KEY@, @ORG@ … filled in from this layout."""
+    for mark, prefix in _LUA.items():
+        script = script.replace(mark, prefix)
+    assert "@" not in script, "an unknown key prefix mark"
+    return script
+
+
+__all__ = ["CANCELLED", "CONSOLE_LIMITS", "HEARTBEAT", "IN_FLIGHT", "JOURNAL", "KEY", "ORG", "RATE",
+           "USAGE_STREAM", "heartbeat", "key", "lua", "org"]

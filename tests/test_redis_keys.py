@@ -1,0 +1,51 @@
+"""One owner for the Redis key layout (issue 21, part 5): no module but ``extproc.redis_keys`` spells a
+``gw:`` key, and the scripts get their prefixes filled in from it."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from extproc import redis_keys as rk
+from extproc import store
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the docstring constants of a module, its classes and functions."""
+    out = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+            out.add(id(body[0].value))
+    return out
+
+
+def spelled_keys(root: Path) -> list[str]:
+    """Where code (not a docstring) outside the layout module holds a string with ``gw:``."""
+    found = []
+    for pkg in ("extproc", "control", "sim", "bench"):
+        for f in sorted((root / pkg).rglob("*.py")):
+            rel = f.relative_to(root)
+            if any(p.startswith(".") for p in rel.parts) or rel == Path("extproc/redis_keys.py"):
+                continue
+            tree = ast.parse(f.read_text())
+            docs = _docstrings(tree)
+            found += [f"{rel}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                      and isinstance(n.value, str) and "gw:" in n.value and id(n) not in docs]
+    return found
+
+
+def test_no_other_module_spells_a_key() -> None:
+    assert spelled_keys(ROOT) == []
+
+
+def test_scripts_carry_the_layouts_prefixes() -> None:
+    assert "'gw:k:' .." in store._ADMIT and "'gw:if'" in store._FINISH and "'gw:x:' .." in store._CANCEL
+    assert "@" not in store._ADMIT + store._FINISH + store._CANCEL
+    with pytest.raises(AssertionError):
+        rk.lua("redis.call('GET', '@NOPE@')")
+    assert rk.key("abc") == "gw:k:abc" and rk.org("o1") == "gw:o:o1" and rk.heartbeat("h") == "gw:hb:h"
