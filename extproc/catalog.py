@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import yaml
 
@@ -78,6 +79,10 @@ class Alias:
         x = (rnd or random).randrange(self._cum[-1])
         return self.upstreams[bisect.bisect_right(self._cum, x)].model
 
+    def scheduled(self, now: float) -> list[PriceStep]:
+        """The price changes still to come (``effective`` after ``now``), soonest first."""
+        return [s for s in self.price_steps if s.effective > now]
+
     def model_object(self, now: float) -> dict[str, Any]:
         p = self.prices_at(now)
         return {
@@ -133,11 +138,22 @@ def _deployment(d: Any, name: str, i: int, w: str) -> Deployment:
                       d.get("ca_file"), d.get("sni"))
 
 
+WARSAW = ZoneInfo("Europe/Warsaw")
+
+
 def _ts(value: Any, where: str) -> int:
+    """An ``effective`` time as unix seconds.  A date alone (``2026-12-01``) is the start of that day in
+    Poland (00:00 Europe/Warsaw, when a Polish customer expects a new price list to start); a date-time
+    names its offset (``Z``, ``+01:00``), and one without an offset is read as UTC."""
+    if isinstance(value, str) and len(value.strip()) == 10:
+        try:
+            value = dt.date.fromisoformat(value.strip())
+        except ValueError:
+            raise CatalogError(f"{where}: not an ISO date-time: {value!r}") from None
     if isinstance(value, dt.datetime):
         d = value
     elif isinstance(value, dt.date):
-        d = dt.datetime(value.year, value.month, value.day)
+        d = dt.datetime(value.year, value.month, value.day, tzinfo=WARSAW)
     elif isinstance(value, str):
         try:
             d = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))

@@ -77,7 +77,10 @@ def make_catalog(base: int, extra: dict[str, Any] | None = None) -> dict[str, An
             "polish-fast": {"capabilities": ["chat"], "context_length": 8192, "max_output_tokens": 2048,
                             "prices": price(800000, 1600000), "upstreams": [{"model": "up-fast"}]},
             "polish-pro": {"capabilities": ["chat"], "context_length": 8192, "max_output_tokens": 2048,
-                           "prices": price(1500000, 3000000), "upstreams": [{"model": "up-pro"}]},
+                           # a change scheduled far ahead (a date alone: 00:00 in Warsaw), shown by the console
+                           "prices": price(1500000, 3000000) + [{"effective": "2099-01-01", "input_micro_pln_per_1m":
+                                                                 1400000, "output_micro_pln_per_1m": 2900000}],
+                           "upstreams": [{"model": "up-pro"}]},
             "advanced": {"capabilities": ["chat"], "context_length": 32768, "max_output_tokens": 4096,
                          "prices": price(4000000, 8000000), "upstreams": [{"model": "up-adv"}]},
             "embed": {"capabilities": ["embeddings"], "context_length": 8192, "max_output_tokens": 0,

@@ -112,7 +112,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 def make_app(settings: Settings) -> web.Application:
-    from .pages import api_docs, auth, billing, dev, keys, members, usage
+    from .pages import api_docs, auth, billing, changelog, dev, keys, members, usage
     app = web.Application(middlewares=[session_mw, errors_mw, csrf_mw], client_max_size=64 * 1024)
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
@@ -130,7 +130,7 @@ def make_app(settings: Settings) -> web.Application:
     app.on_response_prepare.append(on_prepare)
     app.router.add_get("/healthz", healthz)
     app.router.add_static("/static", HERE / "static")
-    for mod in (auth, keys, usage, billing, members, dev, api_docs):
+    for mod in (auth, keys, usage, billing, members, dev, api_docs, changelog):
         app.add_routes(mod.routes)
     return app
 

@@ -73,11 +73,19 @@ def console(request: web.Request) -> Console:
     return request.app[CONSOLE]
 
 
+def warsaw_time(unix_s: int | float) -> str:
+    """A moment as Polish customers read it: Europe/Warsaw with the zone shown (CET or CEST)."""
+    import datetime as dt
+    from extproc.catalog import WARSAW
+    return dt.datetime.fromtimestamp(unix_s, WARSAW).strftime("%Y-%m-%d %H:%M %Z")
+
+
 def templates() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")),
                              autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters["pln"] = lambda v: micro_to_pln(int(v or 0))
     env.filters["dt"] = lambda v: v.strftime("%Y-%m-%d %H:%M:%S") if v else ""
+    env.filters["warsaw"] = warsaw_time
     return env
 
 

@@ -33,13 +33,15 @@ async def _ledger(request: web.Request, org_id: str) -> list[dict[str, object]]:
 
 
 def _prices(request: web.Request) -> list[dict[str, object]]:
+    """Each alias's prices in force and its scheduled changes (``scheduled``: effective time, prices)."""
     from extproc import catalog
     try:
         cat = catalog.load(console(request).settings.catalog)
     except (OSError, ValueError):
         return []
     now = time.time()
-    return [a.model_object(now) for a in sorted(cat.aliases.values(), key=lambda a: a.id)]
+    return [{**a.model_object(now), "scheduled": a.scheduled(now)}
+            for a in sorted(cat.aliases.values(), key=lambda a: a.id)]
 
 
 @routes.get("/billing")

@@ -1,0 +1,47 @@
+"""``/changelog``: the history of prices and models, generated from the catalog in force (no login
+needed: prices are public).  Each entry is a model's arrival (its ``created`` time) or a price step
+(its ``effective`` time, past or scheduled), newest first, in Warsaw time."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from extproc import catalog
+
+from ..web import console, render
+
+routes = web.RouteTableDef()
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    at: int          # unix seconds
+    alias: str
+    what: str        # "model" or "price"
+    input: int       # micro-PLN per 1M tokens (prices only)
+    output: int
+    scheduled: bool  # still to come
+
+
+def entries(cat: catalog.Catalog, now: float) -> list[Entry]:
+    out = []
+    for a in cat.aliases.values():
+        out.append(Entry(a.created, a.id, "model", 0, 0, a.created > now))
+        before = None
+        for step in a.price_steps:
+            if before is None or step.prices != before:
+                out.append(Entry(step.effective, a.id, "price", step.prices.input, step.prices.output,
+                                 step.effective > now))
+            before = step.prices
+    return sorted(out, key=lambda e: (-e.at, e.alias, e.what))
+
+
+@routes.get("/changelog")
+async def changelog_page(request: web.Request) -> web.Response:
+    try:
+        cat = catalog.load(console(request).settings.catalog)
+    except (OSError, ValueError):
+        return render(request, "changelog.html", status=503, entries=[], error="The catalog cannot be read now.")
+    return render(request, "changelog.html", entries=entries(cat, time.time()), error=None)
