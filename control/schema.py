@@ -134,6 +134,12 @@ MIGRATIONS: list[str] = [
     ALTER TABLE usage_records ADD COLUMN error_code text;
     CREATE INDEX usage_org_status ON usage_records (org_id, status, started_at DESC);
     """,
+    # 5: a pending top-up can be cancelled by its organisation (a provider's later "paid" still credits)
+    """
+    ALTER TABLE payments DROP CONSTRAINT payments_status_check;
+    ALTER TABLE payments ADD CONSTRAINT payments_status_check
+      CHECK (status IN ('pending', 'paid', 'failed', 'cancelled'));
+    """,
 ]
 
 

@@ -81,9 +81,48 @@ def test_cancelled_payment_is_not_credited(gateway: Gateway) -> None:
     pid = start_topup(c, "50")
     c.get(f"/sandbox/pay/{pid}")
     r = c.post(f"/sandbox/pay/{pid}", {"action": "cancel"}, follow=True)
-    assert "cancelled" in r.text
+    # one banner, neutral: not a green "cancelled" beside a red "did not go through"
+    assert _banners(r.text) == [("unpaid", "The payment of 50.000000 PLN was not completed: nothing was charged.")]
+    assert 'id="retry"' in r.text and "refresh" not in r.text
     wait_for(lambda: gateway.sql("SELECT status FROM payments WHERE id = $1", pid)[0]["status"] == "failed", timeout=10)
     assert balance(gateway, org) == TRIAL
+    assert _banners(c.get(f"/billing?payment={pid}").text)[0][0] == "unpaid"
+
+
+def _banners(page: str) -> list[tuple[str, str]]:
+    """(kind, text) of every banner on a page: the payment's and the generic message."""
+    found = [(m.group(1), re.sub(r"\s+", " ", re.sub(r"<form.*?</form>", "", m.group(2), flags=re.S)).strip())
+             for m in re.finditer(r'<div class="message ([a-z]+)" id="payment-state" role="status">(.*?)</div>', page, re.S)]
+    found += [("message", m.group(1)) for m in re.finditer(r'<p class="message" role="status">(.*?)</p>', page)]
+    return found
+
+
+def test_a_pending_payment_can_be_cancelled_and_retried(gateway: Gateway) -> None:
+    c, _, org = signed_up(gateway)
+    pid = start_topup(c, "12,34")  # any amount in range, a decimal comma as Polish users write it
+    page = c.get(f"/billing?payment={pid}").text
+    assert [b[0] for b in _banners(page)] == ["pending"] and 'id="cancel-payment"' in page
+    r = c.post(f"/billing/payment/{pid}/cancel", {})
+    assert r.status_code == 303 and r.headers["location"] == f"/billing?payment={pid}"
+    assert gateway.sql("SELECT status FROM payments WHERE id = $1", pid) == [{"status": "cancelled"}]
+    assert _banners(c.get(r.headers["location"]).text) == [
+        ("unpaid", "The payment of 12.340000 PLN was not completed: nothing was charged.")]
+    # retry: a new payment of the same amount, sent to the provider
+    r = c.post(f"/billing/payment/{pid}/retry", {})
+    assert r.status_code == 303
+    new = re.fullmatch(r".*/sandbox/pay/(pay_[0-9a-f]+)", r.headers["location"])
+    assert new and new.group(1) != pid
+    assert gateway.sql("SELECT amount_micro_pln, status FROM payments WHERE id = $1", new.group(1)) == [
+        {"amount_micro_pln": 12_340_000, "status": "pending"}]
+    # a paid one is not retried, and a cancelled one the provider still reports paid is credited
+    sb = sandbox(gateway)
+    url = gateway.console + "/payments/notify/sandbox"
+    assert httpx.post(url, json=sb.notification(pid, 12_340_000, True)).json() == {"status": "paid", "credited": True}
+    assert balance(gateway, org) == TRIAL + 12_340_000
+    assert c.post(f"/billing/payment/{pid}/retry", {}).headers["location"] == f"/billing?payment={pid}"
+    other, _, _ = signed_up(gateway)
+    other.get("/billing")
+    assert other.post(f"/billing/payment/{pid}/cancel", {}).status_code == 404  # another organisation's
 
 
 def test_topup_amount_is_validated(gateway: Gateway) -> None:

@@ -39,7 +39,6 @@ MESSAGES = {
     "member_removed_keys_revoked": "The member is removed and the keys they created are revoked.",
     "invite_revoked": "The invitation is withdrawn.",
     "joined": "You joined the organisation.",
-    "payment_cancelled": "The payment was cancelled.",
     "bad_link": "That link is invalid, used or expired.",
 }
 

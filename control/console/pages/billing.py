@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
 from aiohttp import web
@@ -14,6 +14,7 @@ from control.admin import AdminError, pln_to_micro
 
 from .. import billing
 from ..payments import BadNotification, PaymentError
+from ..store import Viewer
 from ..web import console, dev_only, need_owner, need_viewer, raise_page, render, see_other
 
 routes = web.RouteTableDef()
@@ -51,23 +52,21 @@ async def billing_page(request: web.Request) -> web.Response:
     bal = await c.admin.balance(v.org_id)
     pid = request.query.get("payment", "")
     watched = await billing.payment_of(c.pool, v.org_id, pid) if pid else None
+    # one banner per outcome: paid, waiting (with Cancel), or not paid (cancelled or failed, with Retry)
+    outcome = None
+    if watched is not None:
+        outcome = {"paid": "paid", "pending": "pending"}.get(watched["status"], "unpaid")
+        if outcome == "pending" and request.query.get("cancelled"):
+            outcome = "unpaid"  # the buyer cancelled at the provider; its notice may still be on its way
     return render(request, "billing.html", balance=bal["balance_micro_pln"], ledger=await _ledger(request, v.org_id),
                   prices=_prices(request), payments=await billing.recent_payments(c.pool, v.org_id),
-                  amounts=AMOUNTS, watched=watched, provider=c.provider.name, error=None)
+                  amounts=AMOUNTS, watched=watched, outcome=outcome, provider=c.provider.name, error=None,
+                  min_pln=billing.MIN_TOPUP_PLN, max_pln=billing.MAX_TOPUP_PLN)
 
 
-@routes.post("/billing/topup")
-async def topup(request: web.Request) -> web.Response:
-    v = need_owner(request)
+async def _start_topup(request: web.Request, v: Viewer, micro: int) -> NoReturn:
+    """Register a payment of ``micro`` with the provider and send the buyer there."""
     c = console(request)
-    raw = str((await request.post()).get("amount", "")).strip().replace(",", ".")
-    try:
-        micro = pln_to_micro(raw)
-    except AdminError:
-        micro = 0
-    if not billing.MIN_TOPUP_PLN * 1_000_000 <= micro <= billing.MAX_TOPUP_PLN * 1_000_000 or micro % 10_000:
-        raise_page(request, 400, f"Choose an amount from {billing.MIN_TOPUP_PLN} to {billing.MAX_TOPUP_PLN} PLN"
-                                 " (at most 2 decimal places).")
     pid = await billing.create_payment(c.pool, c.provider.name, v.org_id, micro, v.user_id)
     row = await billing.payment_of(c.pool, v.org_id, pid)
     assert row is not None
@@ -82,6 +81,46 @@ async def topup(request: web.Request) -> web.Response:
     see_other(url)
 
 
+@routes.post("/billing/topup")
+async def topup(request: web.Request) -> web.Response:
+    v = need_owner(request)
+    raw = str((await request.post()).get("amount", "")).strip().replace(",", ".")
+    try:
+        micro = pln_to_micro(raw)
+    except AdminError:
+        micro = 0
+    if not billing.MIN_TOPUP_PLN * 1_000_000 <= micro <= billing.MAX_TOPUP_PLN * 1_000_000 or micro % 10_000:
+        raise_page(request, 400, f"Choose an amount from {billing.MIN_TOPUP_PLN} to {billing.MAX_TOPUP_PLN} PLN"
+                                 " (at most 2 decimal places).")
+    await _start_topup(request, v, micro)
+
+
+@routes.post("/billing/payment/{payment_id}/cancel")
+async def cancel_payment(request: web.Request) -> web.Response:
+    """Give up on a pending top-up (the buyer left the provider's page).  Should the provider still
+    report it paid, it is credited all the same: money received is never lost."""
+    v = need_owner(request)
+    c = console(request)
+    pid = request.match_info["payment_id"]
+    if await billing.payment_of(c.pool, v.org_id, pid) is None:
+        raise_page(request, 404, "There is no such payment in this organisation.")
+    await c.pool.execute("UPDATE payments SET status = 'cancelled' WHERE id = $1 AND status = 'pending'", pid)
+    see_other(f"/billing?payment={pid}")
+
+
+@routes.post("/billing/payment/{payment_id}/retry")
+async def retry_payment(request: web.Request) -> web.Response:
+    """A new top-up of the same amount as one that was cancelled or failed."""
+    v = need_owner(request)
+    c = console(request)
+    row = await billing.payment_of(c.pool, v.org_id, request.match_info["payment_id"])
+    if row is None:
+        raise_page(request, 404, "There is no such payment in this organisation.")
+    if row["status"] not in ("failed", "cancelled"):
+        see_other(f"/billing?payment={row['id']}")
+    await _start_topup(request, v, row["amount_micro_pln"])
+
+
 @routes.get("/billing/return/{payment_id}")
 async def payment_return(request: web.Request) -> web.Response:
     """The buyer's browser comes back: this credits nothing, it only shows the payment's state."""
@@ -90,7 +129,7 @@ async def payment_return(request: web.Request) -> web.Response:
     if await billing.payment_of(console(request).pool, v.org_id, pid) is None:
         raise_page(request, 404, "There is no such payment in this organisation.")
     if request.query.get("cancelled"):
-        see_other(f"/billing?payment={pid}&msg=payment_cancelled")
+        see_other(f"/billing?payment={pid}&cancelled=1")
     see_other(f"/billing?payment={pid}")
 
 
