@@ -134,8 +134,11 @@ MIGRATIONS: list[str] = [
     ALTER TABLE usage_records ADD COLUMN error_code text;
     CREATE INDEX usage_org_status ON usage_records (org_id, status, started_at DESC);
     """,
-    # 5: a pending top-up can be cancelled by its organisation (a provider's later "paid" still credits)
+    # 5: a pending top-up can be cancelled by its organisation (a provider's later "paid" still credits);
+    # an owner's low-balance threshold and when its e-mail went out (NULL: not sent since the last rise)
     """
+    ALTER TABLE orgs ADD COLUMN low_balance_micro_pln bigint CHECK (low_balance_micro_pln > 0);
+    ALTER TABLE orgs ADD COLUMN low_balance_mailed_at timestamptz;
     ALTER TABLE payments DROP CONSTRAINT payments_status_check;
     ALTER TABLE payments ADD CONSTRAINT payments_status_check
       CHECK (status IN ('pending', 'paid', 'failed', 'cancelled'));

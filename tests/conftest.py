@@ -196,6 +196,7 @@ def running_stack(prefix: str, catalog: Callable[[int], dict[str, Any]] = make_c
     env = dict(os.environ)
     # development mode: the console's tests read mail at /dev/mail and pay with the sandbox provider
     stack = Stack(Settings.from_env(**{"gateway_port": base, "metrics_port": base + 19, "dev": True,
+                                       "low_balance_check_s": 0.3,
                                        "state_dir": str(tmp / "state"), "catalog": str(cat), **overrides}))
     try:
         stack.start()

@@ -148,3 +148,34 @@ def test_balance_follows_usage(gateway: Gateway) -> None:
     page = c.get("/billing").text
     assert f"{left // 1_000_000}.{left % 1_000_000:06d} PLN" in page
     assert "usage, 1 requests that day" in page
+
+
+def test_low_balance_email_once_per_fall_under_the_threshold(gateway: Gateway) -> None:
+    """The owner sets a threshold; a fall under it mails the owners once (not again while it stays
+    under); after a top-up lifts it back, the next fall mails again.  Bad thresholds are refused."""
+    from test_console_support import mails
+    c, email, org = signed_up(gateway)
+    c.get("/billing")
+    for bad in ("0", "-1", "abc", "100000.01", "1.001"):
+        assert c.post("/billing/low-balance", {"threshold": bad}).status_code == 400, bad
+    r = c.post("/billing/low-balance", {"threshold": "4,50"})  # under it? the trial is 5 PLN: not yet
+    assert r.status_code == 303 and "low_balance_set" in r.headers["location"]
+    assert gateway.sql("SELECT low_balance_micro_pln FROM orgs WHERE id = $1", org) == [
+        {"low_balance_micro_pln": 4_500_000}]
+    assert 'value="4.500000"' in c.get("/billing").text
+    low = lambda: [m for m in mails(gateway, email) if m["subject"].startswith("Low balance")]  # noqa: E731
+    gateway.admin(lambda a: a.credit(org, -1_000_000, ref="test-spend-1", kind="correction"))  # 4 PLN left
+    first = wait_for(low, timeout=10)
+    assert len(first) == 1 and "4.000000 PLN" in first[0]["body"] and "4.500000 PLN" in first[0]["body"]
+    assert gateway.console + "/billing" in first[0]["body"]
+    # still under: no second mail (the check runs every 0.3 s in the test stack; a later change of
+    # state, here a top-up, is the positive event waited for)
+    gateway.admin(lambda a: a.credit(org, -100_000, ref="test-spend-2", kind="correction"))
+    wait_for(lambda: gateway.sql("SELECT low_balance_mailed_at FROM orgs WHERE id = $1", org)[0]["low_balance_mailed_at"])
+    gateway.admin(lambda a: a.credit(org, 2_000_000, ref="test-topup", kind="topup"))  # 5.9 PLN: re-armed
+    wait_for(lambda: gateway.sql("SELECT low_balance_mailed_at FROM orgs WHERE id = $1", org)[0]["low_balance_mailed_at"] is None)
+    assert len(low()) == 1
+    gateway.admin(lambda a: a.credit(org, -2_000_000, ref="test-spend-3", kind="correction"))  # 3.9 PLN
+    wait_for(lambda: len(low()) == 2, timeout=10)
+    assert c.post("/billing/low-balance", {"threshold": ""}).headers["location"].endswith("low_balance_off")
+    assert gateway.sql("SELECT low_balance_micro_pln FROM orgs WHERE id = $1", org) == [{"low_balance_micro_pln": None}]

@@ -1,6 +1,7 @@
 """The console's aiohttp application: cookies, CSRF, security headers, safe access log, routes."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 from typing import AsyncIterator, Awaitable, Callable
@@ -13,6 +14,7 @@ from control.admin import Admin
 from extproc.settings import Settings
 from extproc.store import redis_client
 
+from . import low_balance
 from .mail import Mailer
 from .payments import make_provider
 from .security import load_secret
@@ -121,7 +123,9 @@ def make_app(settings: Settings) -> web.Application:
         secret = load_secret(settings.console_secret, settings.state)
         app[CONSOLE] = Console(settings, pool, r, Admin(pool, r), Store(pool), Mailer(settings),
                                make_provider(settings, secret), secret, templates())
+        watcher = asyncio.create_task(low_balance.watch(app[CONSOLE]))
         yield
+        watcher.cancel()
         await app[CONSOLE].background.drain()
         await pool.close()
         await r.aclose()

@@ -77,3 +77,10 @@ def invite(org_name: str, inviter: str, link: str) -> tuple[str, str]:
     return (f"Invitation to {org_name}",
             f"{inviter} invites you to the organisation \"{org_name}\" on the gateway console.\n\n"
             f"Accept here:\n\n{link}\n\nThe invitation expires in 7 days.\n")
+
+
+def low_balance(org_name: str, balance: str, threshold: str, link: str) -> tuple[str, str]:
+    return (f"Low balance: {org_name}",
+            f"The prepaid balance of \"{org_name}\" is {balance} PLN, under the {threshold} PLN you set.\n\n"
+            f"When it reaches zero the API answers 402 until it is topped up. Top up here:\n\n{link}\n\n"
+            "This message is sent once each time the balance falls under the threshold.\n")

@@ -40,6 +40,8 @@ MESSAGES = {
     "invite_revoked": "The invitation is withdrawn.",
     "joined": "You joined the organisation.",
     "bad_link": "That link is invalid, used or expired.",
+    "low_balance_set": "Saved: the owners get an e-mail when the balance falls under the threshold.",
+    "low_balance_off": "Saved: no low-balance e-mail.",
 }
 
 

@@ -61,6 +61,7 @@ async def billing_page(request: web.Request) -> web.Response:
     return render(request, "billing.html", balance=bal["balance_micro_pln"], ledger=await _ledger(request, v.org_id),
                   prices=_prices(request), payments=await billing.recent_payments(c.pool, v.org_id),
                   amounts=AMOUNTS, watched=watched, outcome=outcome, provider=c.provider.name, error=None,
+                  low_balance=await c.pool.fetchval("SELECT low_balance_micro_pln FROM orgs WHERE id = $1", v.org_id),
                   min_pln=billing.MIN_TOPUP_PLN, max_pln=billing.MAX_TOPUP_PLN)
 
 
@@ -93,6 +94,29 @@ async def topup(request: web.Request) -> web.Response:
         raise_page(request, 400, f"Choose an amount from {billing.MIN_TOPUP_PLN} to {billing.MAX_TOPUP_PLN} PLN"
                                  " (at most 2 decimal places).")
     await _start_topup(request, v, micro)
+
+
+LOW_BALANCE_MAX_PLN = 100_000
+
+
+@routes.post("/billing/low-balance")
+async def set_low_balance(request: web.Request) -> web.Response:
+    """The owner's threshold for the low-balance e-mail (PLN; empty: no e-mail)."""
+    v = need_owner(request)
+    c = console(request)
+    raw = str((await request.post()).get("threshold", "")).strip().replace(",", ".")
+    micro: int | None = None
+    if raw:
+        try:
+            micro = pln_to_micro(raw)
+        except AdminError:
+            micro = 0
+        if not 0 < micro <= LOW_BALANCE_MAX_PLN * 1_000_000 or micro % 10_000:
+            raise_page(request, 400, f"Enter a threshold from 0.01 to {LOW_BALANCE_MAX_PLN} PLN (at most 2 decimal places), or nothing to"
+                                     " turn the e-mail off.")
+    await c.pool.execute("UPDATE orgs SET low_balance_micro_pln = $2, low_balance_mailed_at = NULL WHERE id = $1",
+                         v.org_id, micro)
+    see_other("/billing?msg=" + ("low_balance_set" if micro else "low_balance_off"))
 
 
 @routes.post("/billing/payment/{payment_id}/cancel")

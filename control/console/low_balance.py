@@ -1,0 +1,53 @@
+"""Low-balance e-mails: every ``GATEWAY_LOW_BALANCE_CHECK_S`` the console compares each organisation's
+live balance with the threshold its owner set and mails the owners once per fall under it (sent again
+only after the balance has risen back to the threshold).  Off the request path, and one mail even with
+several console instances (the ``UPDATE … WHERE low_balance_mailed_at IS NULL`` decides who sends)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from control.admin import micro_to_pln
+
+from . import mail
+from .web import Console
+
+log = logging.getLogger("console.low_balance")
+
+
+async def check_once(c: Console) -> int:
+    """One pass: mail the organisations newly under their threshold; re-arm those back above it.
+    Returns how many mails were sent."""
+    sent = 0
+    rows = await c.pool.fetch("SELECT id, name, low_balance_micro_pln AS threshold, low_balance_mailed_at AS mailed"
+                              " FROM orgs WHERE low_balance_micro_pln IS NOT NULL")
+    for r in rows:
+        balance = int((await c.admin.balance(r["id"]))["balance_micro_pln"])
+        if balance >= r["threshold"]:
+            if r["mailed"] is not None:
+                await c.pool.execute("UPDATE orgs SET low_balance_mailed_at = NULL WHERE id = $1", r["id"])
+            continue
+        if r["mailed"] is not None:
+            continue
+        won = await c.pool.fetchval("UPDATE orgs SET low_balance_mailed_at = now() WHERE id = $1"
+                                    " AND low_balance_mailed_at IS NULL RETURNING id", r["id"])
+        if won is None:
+            continue  # another console instance sent it
+        owners = await c.pool.fetch("SELECT u.email FROM memberships m JOIN users u ON u.id = m.user_id"
+                                    " WHERE m.org_id = $1 AND m.role = 'owner'", r["id"])
+        subject, text = mail.low_balance(r["name"], micro_to_pln(balance), micro_to_pln(r["threshold"]),
+                                         f"{c.base_url}/billing")
+        for o in owners:
+            await c.mailer.send(o["email"], subject, text)
+            sent += 1
+    return sent
+
+
+async def watch(c: Console) -> None:
+    """Runs for the console's lifetime."""
+    while True:
+        try:
+            await check_once(c)
+        except Exception as e:  # noqa: BLE001 - a database or Redis outage: try again next time
+            log.warning("low-balance check failed: %s", type(e).__name__)
+        await asyncio.sleep(c.settings.low_balance_check_s)
