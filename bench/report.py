@@ -366,4 +366,9 @@ def update_markdown(doc: dict[str, Any]) -> None:
         parts.append("Not run yet: `make bench SOAK=600`.")
     parts += ["", SOAK_NOTE]
     parts += ["", "<!-- bench-data", json.dumps(data, separators=(",", ":")), "-->", ""]
-    MD.write_text("\n".join(parts))
+    # Sections written by hand or by the single-purpose scripts (bench/refusal_cost.py,
+    # bench/event_loop.py) follow the data comment; they are kept as they are.
+    old = MD.read_text() if MD.exists() else ""
+    kept = DATA_RE.search(old)
+    extra = old[kept.end():].strip() if kept else ""
+    MD.write_text("\n".join(parts) + ("\n" + extra + "\n" if extra else ""))

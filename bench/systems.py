@@ -93,7 +93,7 @@ def gateway_catalog(up: tuple[int, int]) -> dict[str, Any]:
     }
 
 
-def start_gateway(tmp: Path, up: tuple[int, int], workers: int = 1) -> tuple[System, Any]:
+def start_gateway(tmp: Path, up: tuple[int, int], workers: int = 1, event_loop: str | None = None) -> tuple[System, Any]:
     """The full stack through control.launcher.Stack (Envoy, ext_proc, PostgreSQL, Redis, usage writer);
     only Envoy's worker count is set to 1 like every other Envoy here (the launcher uses 2).
     ``workers``: GATEWAY_EXTPROC_WORKERS (ext_proc processes behind that one Envoy)."""
@@ -116,7 +116,7 @@ def start_gateway(tmp: Path, up: tuple[int, int], workers: int = 1) -> tuple[Sys
     cat.write_text(yaml.safe_dump(gateway_catalog(up)))
     # A later stack (another worker count) reuses the state directory: no second initdb.
     settings = Settings.from_env(gateway_port=base, gateway_host="127.0.0.1", state_dir=str(tmp / "gateway"),
-                                 extproc_workers=workers,
+                                 extproc_workers=workers, **({"event_loop": event_loop} if event_loop else {}),
                                  catalog=str(cat), database_url="", redis_url="", extproc_port=0,
                                  admin_port=0, pg_port=0, redis_port=0, run_sim=False, dev=True,
                                  default_rpm=1_000_000_000, default_concurrency=1_000_000)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, cast
 
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2
@@ -148,10 +148,10 @@ class _Protocol(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # a stream transport (uvloop's are not subclasses of asyncio.Transport, only alike)
+        self.transport = cast(asyncio.Transport, transport)
         self.server._protocols.add(self)
-        transport.write(self.conn.data_to_send())
+        self.transport.write(self.conn.data_to_send())
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server._protocols.discard(self)

@@ -17,7 +17,16 @@ def run(serve: Callable[[Settings], Coroutine[Any, Any, None]]) -> None:
     """JSON-lines logging at ``GATEWAY_LOG_LEVEL``, then ``serve`` with the settings of the environment."""
     logs.setup(getattr(logging, os.environ.get("GATEWAY_LOG_LEVEL", "INFO").upper(), logging.INFO))
     try:
-        asyncio.run(serve(Settings.from_env()))
+        settings = Settings.from_env()
+        if settings.event_loop == "uvloop":
+            import uvloop
+            uvloop.run(serve(settings))
+        elif settings.event_loop == "asyncio":
+            asyncio.run(serve(settings))
+        else:
+            logging.getLogger("extproc").error("GATEWAY_EVENT_LOOP must be asyncio or uvloop, not %r",
+                                               settings.event_loop)
+            raise SystemExit(2)
     except RedisUrlError as e:  # a configuration error: said in one line (the password masked), no traceback
         logging.getLogger("extproc").error("%s", e)
         raise SystemExit(2) from None

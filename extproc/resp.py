@@ -14,7 +14,7 @@ import hashlib
 import ssl
 from collections import deque
 from ssl import SSLContext
-from typing import Any
+from typing import Any, cast
 
 from .urls import parse_redis
 
@@ -92,8 +92,8 @@ class _Conn(asyncio.Protocol):
         self._out: list[bytes] = []  # commands of this turn of the event loop, sent in one write
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # a stream transport (uvloop's are not subclasses of asyncio.Transport, only alike)
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         for reply in self.parser.feed(data):

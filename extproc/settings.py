@@ -22,6 +22,7 @@ class Settings:
     default_rpm: int = 600                   # GATEWAY_DEFAULT_RPM: requests per minute per key
     default_concurrency: int = 32            # GATEWAY_DEFAULT_CONCURRENCY: concurrent requests per organisation
     trial_balance_pln: str = "5"             # GATEWAY_TRIAL_BALANCE_PLN: demo organisation's first credit
+    event_loop: str = "asyncio"              # GATEWAY_EVENT_LOOP: asyncio | uvloop, for the ext_proc and the usage writer
     low_balance_check_s: float = 60.0        # GATEWAY_LOW_BALANCE_CHECK_S: how often the console looks for balances under their owners' threshold
     key_cache_ttl_s: int = 60                # GATEWAY_KEY_CACHE_TTL_S: backstop lifetime of a cached key in Redis
     max_body_bytes: int = 20 * 1024 * 1024   # GATEWAY_MAX_BODY_BYTES: request body cap (400 above it)
@@ -121,7 +122,7 @@ _ENV = {
     "extproc_port": "GATEWAY_EXTPROC_PORT", "extproc_workers": "GATEWAY_EXTPROC_WORKERS", "admin_port": "GATEWAY_ADMIN_PORT",
     "default_rpm": "GATEWAY_DEFAULT_RPM", "default_concurrency": "GATEWAY_DEFAULT_CONCURRENCY",
     "trial_balance_pln": "GATEWAY_TRIAL_BALANCE_PLN", "key_cache_ttl_s": "GATEWAY_KEY_CACHE_TTL_S",
-    "low_balance_check_s": "GATEWAY_LOW_BALANCE_CHECK_S",
+    "low_balance_check_s": "GATEWAY_LOW_BALANCE_CHECK_S", "event_loop": "GATEWAY_EVENT_LOOP",
     "max_body_bytes": "GATEWAY_MAX_BODY_BYTES", "max_reply_bytes": "GATEWAY_MAX_REPLY_BYTES",
     "first_byte_timeout_s": "GATEWAY_FIRST_BYTE_TIMEOUT_S", "idle_timeout_s": "GATEWAY_IDLE_TIMEOUT_S",
     "total_timeout_s": "GATEWAY_TOTAL_TIMEOUT_S", "run_sim": "GATEWAY_RUN_SIM",

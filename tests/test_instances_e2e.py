@@ -16,6 +16,9 @@ from extproc.settings import Settings
 CHAT = {"model": "polish-fast", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
 
 
+SECOND: dict[str, Stack] = {}
+
+
 @pytest.fixture(scope="module")
 def second(gateway: Gateway) -> Iterator[str]:
     s = gateway.stack.s
@@ -23,9 +26,12 @@ def second(gateway: Gateway) -> Iterator[str]:
     other = Stack(Settings.from_env(gateway_port=base, metrics_port=base + 19, state_dir=str(s.state) + "-second", catalog=s.catalog,
                                     database_url=gateway.stack.database_url, redis_url=gateway.stack.redis_url,
                                     run_sim=False, dev=True, default_rpm=s.default_rpm,
-                                    default_concurrency=s.default_concurrency))
+                                    default_concurrency=s.default_concurrency,
+                                    # the second instance runs its ext_proc and usage writer on uvloop
+                                    event_loop="uvloop"))
     try:
         other.start()
+        SECOND["stack"] = other
         yield f"http://127.0.0.1:{base}/v1"
     finally:
         other.stop()
@@ -34,6 +40,20 @@ def second(gateway: Gateway) -> Iterator[str]:
 def _post(v1: str, key: str, body: dict = CHAT, timeout: float = 30) -> httpx.Response:
     return httpx.post(v1 + "/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"},
                       timeout=timeout)
+
+
+def test_the_second_instance_runs_on_uvloop(gateway: Gateway, second: str) -> None:
+    """GATEWAY_EVENT_LOOP=uvloop reaches the second instance's ext_proc: it serves (and the first,
+    on asyncio, serves alike)."""
+    org, _, key = gateway.new_org()
+    assert _post(second, key).status_code == 200 and _post(gateway.v1, key).status_code == 200
+
+    def uvloop_loaded(stack: Stack, name: str) -> bool:
+        proc = stack.procs[name].popen
+        assert proc is not None
+        return "uvloop" in open(f"/proc/{proc.pid}/maps").read()
+    assert uvloop_loaded(SECOND["stack"], "extproc") and uvloop_loaded(SECOND["stack"], "usage-writer")
+    assert not uvloop_loaded(gateway.stack, "extproc")
 
 
 def test_rate_limit_is_one_budget_across_instances(gateway: Gateway, second: str) -> None:
