@@ -143,6 +143,35 @@ MIGRATIONS: list[str] = [
     ALTER TABLE payments ADD CONSTRAINT payments_status_check
       CHECK (status IN ('pending', 'paid', 'failed', 'cancelled'));
     """,
+    # 6: VAT invoices: the organisation's billing details, a gap-free counter per year, one invoice per
+    # paid top-up with the buyer's details as they were when it was issued (control/console/invoices.py)
+    """
+    ALTER TABLE orgs ADD COLUMN billing_name text;
+    ALTER TABLE orgs ADD COLUMN billing_nip text;
+    ALTER TABLE orgs ADD COLUMN billing_address text;
+    ALTER TABLE orgs ADD COLUMN billing_person boolean NOT NULL DEFAULT false;
+    CREATE TABLE invoice_counters (year integer PRIMARY KEY, last integer NOT NULL);
+    CREATE TABLE invoices (
+      id text PRIMARY KEY,
+      number text NOT NULL UNIQUE,
+      year integer NOT NULL,
+      seq integer NOT NULL,
+      org_id text NOT NULL REFERENCES orgs(id),
+      payment_id text NOT NULL UNIQUE REFERENCES payments(id),
+      issued_at timestamptz NOT NULL,
+      gross_grosze bigint NOT NULL,
+      net_grosze bigint NOT NULL,
+      vat_grosze bigint NOT NULL,
+      vat_pct integer NOT NULL,
+      buyer_name text NOT NULL,
+      buyer_nip text,
+      buyer_address text,
+      buyer_person boolean NOT NULL,
+      UNIQUE (year, seq),
+      CHECK (net_grosze + vat_grosze = gross_grosze)
+    );
+    CREATE INDEX invoices_org ON invoices (org_id, issued_at DESC);
+    """,
 ]
 
 

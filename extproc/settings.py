@@ -23,6 +23,9 @@ class Settings:
     default_concurrency: int = 32            # GATEWAY_DEFAULT_CONCURRENCY: concurrent requests per organisation
     trial_balance_pln: str = "5"             # GATEWAY_TRIAL_BALANCE_PLN: demo organisation's first credit
     event_loop: str = "asyncio"              # GATEWAY_EVENT_LOOP: asyncio | uvloop, for the ext_proc and the usage writer
+    seller_name: str = ""                    # GATEWAY_SELLER_NAME: the seller on VAT invoices (company name)
+    seller_nip: str = ""                     # GATEWAY_SELLER_NIP: the seller's NIP
+    seller_address: str = ""                 # GATEWAY_SELLER_ADDRESS: the seller's address
     low_balance_check_s: float = 60.0        # GATEWAY_LOW_BALANCE_CHECK_S: how often the console looks for balances under their owners' threshold
     key_cache_ttl_s: int = 60                # GATEWAY_KEY_CACHE_TTL_S: backstop lifetime of a cached key in Redis
     max_body_bytes: int = 20 * 1024 * 1024   # GATEWAY_MAX_BODY_BYTES: request body cap (400 above it)
@@ -123,6 +126,7 @@ _ENV = {
     "default_rpm": "GATEWAY_DEFAULT_RPM", "default_concurrency": "GATEWAY_DEFAULT_CONCURRENCY",
     "trial_balance_pln": "GATEWAY_TRIAL_BALANCE_PLN", "key_cache_ttl_s": "GATEWAY_KEY_CACHE_TTL_S",
     "low_balance_check_s": "GATEWAY_LOW_BALANCE_CHECK_S", "event_loop": "GATEWAY_EVENT_LOOP",
+    "seller_name": "GATEWAY_SELLER_NAME", "seller_nip": "GATEWAY_SELLER_NIP", "seller_address": "GATEWAY_SELLER_ADDRESS",
     "max_body_bytes": "GATEWAY_MAX_BODY_BYTES", "max_reply_bytes": "GATEWAY_MAX_REPLY_BYTES",
     "first_byte_timeout_s": "GATEWAY_FIRST_BYTE_TIMEOUT_S", "idle_timeout_s": "GATEWAY_IDLE_TIMEOUT_S",
     "total_timeout_s": "GATEWAY_TOTAL_TIMEOUT_S", "run_sim": "GATEWAY_RUN_SIM",

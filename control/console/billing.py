@@ -11,6 +11,8 @@ import asyncpg
 
 from control.admin import Admin
 
+from . import invoices, mail
+from .mail import Mailer
 from .payments import BadNotification, Notification, Payment, Provider
 
 log = logging.getLogger("console.billing")
@@ -45,7 +47,7 @@ async def handle_notification(admin: Admin, provider: Provider, body: bytes, con
     if n.amount_micro_pln != pay["amount_micro_pln"]:
         raise BadNotification("amount differs from the registered one")
     if pay["status"] == "paid":
-        return {"status": "paid", "credited": False}
+        return {"status": "paid", "credited": False, "payment_id": pay["id"]}
     if not n.paid:
         await admin.pool.execute("UPDATE payments SET status = 'failed' WHERE id = $1 AND status = 'pending'", pay["id"])
         return {"status": "failed", "credited": False}
@@ -55,7 +57,18 @@ async def handle_notification(admin: Admin, provider: Provider, body: bytes, con
     await admin.pool.execute("UPDATE payments SET status = 'paid', paid_at = COALESCE(paid_at, now()),"
                              " provider_ref = $2 WHERE id = $1", pay["id"], n.provider_ref)
     log.info("payment %s settled (credited=%s)", pay["id"], credited)
-    return {"status": "paid", "credited": credited}
+    return {"status": "paid", "credited": credited, "payment_id": pay["id"]}
+
+
+async def mail_invoice(pool: asyncpg.Pool, mailer: Mailer, base_url: str, inv: Any, seller: invoices.Seller) -> None:
+    """The payment e-mail to the organisation's owners, the invoice's PDF attached."""
+    pdf = invoices.render_pdf(inv, seller)
+    owners = await pool.fetch("SELECT u.email FROM memberships m JOIN users u ON u.id = m.user_id"
+                              " WHERE m.org_id = $1 AND m.role = 'owner'", inv["org_id"])
+    subject, text = mail.paid(invoices.pln_text(inv["gross_grosze"]), inv["number"], f"{base_url}/billing")
+    for o in owners:
+        await mailer.send(o["email"], subject, text,
+                          attachment=(f"{inv['number'].replace('/', '-')}.pdf", "application/pdf", pdf))
 
 
 def payment_for(row: asyncpg.Record, email: str, org_name: str) -> Payment:

@@ -13,7 +13,7 @@ from extproc.settings import ENV_VARS, Settings
 CONSOLE_FIELDS = ("dev", "trusted_hops", "console_port", "console_url", "console_secret", "smtp_host", "smtp_port", "smtp_user",
                   "smtp_password", "smtp_tls", "mail_from", "payment_provider", "p24_merchant_id", "p24_pos_id",
                   "p24_crc", "p24_api_key", "p24_sandbox", "p24_api_url", "trial_balance_pln", "gateway_host",
-                  "low_balance_check_s")
+                  "low_balance_check_s", "seller_name", "seller_nip", "seller_address")
 
 
 class ConfigError(RuntimeError):

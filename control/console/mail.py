@@ -37,11 +37,17 @@ class Mailer:
                 smtp.login(self.user, self.password)
             smtp.send_message(msg)
 
-    async def send(self, to: str, subject: str, text: str) -> bool:
+    async def send(self, to: str, subject: str, text: str,
+                   attachment: tuple[str, str, bytes] | None = None) -> bool:
+        """``attachment``: (file name, media type, bytes)."""
         try:
             msg = EmailMessage()
             msg["From"], msg["To"], msg["Subject"] = self.sender, to, subject
             msg.set_content(text)
+            if attachment is not None:
+                name, media, data = attachment
+                main, sub = media.split("/", 1)
+                msg.add_attachment(data, maintype=main, subtype=sub, filename=name)
         except ValueError:  # a header that would carry a line break: never sent (the forms refuse it first)
             log.warning("refused to send %r: invalid header", subject.split(" ", 1)[0])
             return False
@@ -84,3 +90,9 @@ def low_balance(org_name: str, balance: str, threshold: str, link: str) -> tuple
             f"The prepaid balance of \"{org_name}\" is {balance} PLN, under the {threshold} PLN you set.\n\n"
             f"When it reaches zero the API answers 402 until it is topped up. Top up here:\n\n{link}\n\n"
             "This message is sent once each time the balance falls under the threshold.\n")
+
+
+def paid(amount: str, number: str, link: str) -> tuple[str, str]:
+    return (f"Payment received: {amount}",
+            f"Thank you: {amount} is credited to your prepaid balance.\n\nThe VAT invoice {number} is attached;"
+            f" it is also on the Billing page:\n\n{link}\n")

@@ -35,7 +35,7 @@ class CaptureHandler:
 
 
 def read_messages(directory: Path, to: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-    """Captured messages, newest first: to, subject, date (unix), body (text)."""
+    """Captured messages, newest first: to, subject, date (unix), body (text), attachments (file names)."""
     if not directory.is_dir():
         return []
     out = []
@@ -47,7 +47,8 @@ def read_messages(directory: Path, to: str | None = None, limit: int = 100) -> l
         body = msg.get_body(preferencelist=("plain",))
         out.append({"id": f.stem, "to": ", ".join(rcpts), "subject": str(msg["Subject"] or ""),
                     "at": int(f.stem.split("-")[0]) / 1e9,
-                    "body": body.get_content() if body is not None else ""})
+                    "body": body.get_content() if body is not None else "",
+                    "attachments": [str(a.get_filename()) for a in msg.iter_attachments()]})
         if len(out) >= limit:
             break
     return out

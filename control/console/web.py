@@ -42,6 +42,7 @@ MESSAGES = {
     "bad_link": "That link is invalid, used or expired.",
     "low_balance_set": "Saved: the owners get an e-mail when the balance falls under the threshold.",
     "low_balance_off": "Saved: no low-balance e-mail.",
+    "details_saved": "Saved: the next invoices carry these billing details.",
 }
 
 

@@ -12,9 +12,9 @@ from aiohttp import web
 
 from control.admin import AdminError, pln_to_micro
 
-from .. import billing
+from .. import billing, invoices
 from ..payments import BadNotification, PaymentError
-from ..store import Viewer
+from ..store import Viewer, name_problem
 from ..web import console, dev_only, need_owner, need_viewer, raise_page, render, see_other
 
 routes = web.RouteTableDef()
@@ -62,6 +62,11 @@ async def billing_page(request: web.Request) -> web.Response:
                   prices=_prices(request), payments=await billing.recent_payments(c.pool, v.org_id),
                   amounts=AMOUNTS, watched=watched, outcome=outcome, provider=c.provider.name, error=None,
                   low_balance=await c.pool.fetchval("SELECT low_balance_micro_pln FROM orgs WHERE id = $1", v.org_id),
+                  details=await c.pool.fetchrow("SELECT billing_name, billing_nip, billing_address, billing_person"
+                                                " FROM orgs WHERE id = $1", v.org_id),
+                  invoices=await c.pool.fetch("SELECT id, number, issued_at, gross_grosze FROM invoices"
+                                              " WHERE org_id = $1 ORDER BY issued_at DESC LIMIT 50", v.org_id),
+                  grosze_text=invoices.pln_text,
                   min_pln=billing.MIN_TOPUP_PLN, max_pln=billing.MAX_TOPUP_PLN)
 
 
@@ -97,6 +102,43 @@ async def topup(request: web.Request) -> web.Response:
 
 
 LOW_BALANCE_MAX_PLN = 100_000
+
+
+@routes.post("/billing/details")
+async def set_details(request: web.Request) -> web.Response:
+    """The organisation's billing details for its invoices: a company (name, NIP checked by its
+    checksum, address) or a private person (name, address).  Invoices already issued keep theirs."""
+    v = need_owner(request)
+    form = await request.post()
+    person = form.get("person") == "1"
+    name = str(form.get("name", "")).strip()
+    nip = invoices.normal_nip(str(form.get("nip", "")))
+    address = str(form.get("address", "")).strip().replace("\r\n", "\n")
+    problems = [p for p in (name_problem(name, "name"),) if p]
+    if not name or len(name) > 200:
+        problems.append("Enter the name to put on invoices (at most 200 characters).")
+    if not address or len(address) > 300:
+        problems.append("Enter the address (at most 300 characters).")
+    if not person and not invoices.nip_valid(nip):
+        problems.append("The NIP is not valid: 10 digits whose last one is the checksum.")
+    if problems:
+        raise_page(request, 400, " ".join(problems))
+    await console(request).pool.execute(
+        "UPDATE orgs SET billing_name = $2, billing_nip = $3, billing_address = $4, billing_person = $5 WHERE id = $1",
+        v.org_id, name, None if person else nip, address, person)
+    see_other("/billing?msg=details_saved")
+
+
+@routes.get("/billing/invoices/{invoice_id}.pdf")
+async def invoice_pdf(request: web.Request) -> web.Response:
+    v = need_owner(request)
+    inv = await console(request).pool.fetchrow("SELECT * FROM invoices WHERE id = $1 AND org_id = $2",
+                                                request.match_info["invoice_id"], v.org_id)
+    if inv is None:
+        raise_page(request, 404, "There is no such invoice in this organisation.")
+    pdf = invoices.render_pdf(inv, invoices.Seller.of(console(request).settings))
+    return web.Response(body=pdf, content_type="application/pdf", headers={
+        "Content-Disposition": f'attachment; filename="{inv["number"].replace("/", "-")}.pdf"'})
 
 
 @routes.post("/billing/low-balance")
@@ -180,6 +222,14 @@ async def notify(request: web.Request) -> web.Response:
     except PaymentError as e:
         log.warning("notification not verified: %s", e)
         return web.Response(status=502, text="not verified")
+    paid = result.pop("payment_id", None)
+    if paid is not None:
+        # the invoice is issued before the provider is answered (a failure here makes it retry; the
+        # credit and the invoice are both once per payment); its e-mail goes out off this answer
+        inv, created = await invoices.issue_for_payment(c.pool, paid)
+        if created and inv is not None:
+            c.background.run(billing.mail_invoice(c.pool, c.mailer, c.base_url, inv, invoices.Seller.of(c.settings)),
+                             "invoice mail")
     return web.json_response(result)
 
 
