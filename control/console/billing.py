@@ -14,6 +14,7 @@ from control.admin import Admin
 from . import invoices, mail
 from .mail import Mailer
 from .payments import BadNotification, Notification, Payment, Provider
+from .store import owner_emails
 
 log = logging.getLogger("console.billing")
 
@@ -63,11 +64,9 @@ async def handle_notification(admin: Admin, provider: Provider, body: bytes, con
 async def mail_invoice(pool: asyncpg.Pool, mailer: Mailer, base_url: str, inv: Any, seller: invoices.Seller) -> None:
     """The payment e-mail to the organisation's owners, the invoice's PDF attached."""
     pdf = invoices.render_pdf(inv, seller)
-    owners = await pool.fetch("SELECT u.email FROM memberships m JOIN users u ON u.id = m.user_id"
-                              " WHERE m.org_id = $1 AND m.role = 'owner'", inv["org_id"])
     subject, text = mail.paid(invoices.pln_text(inv["gross_grosze"]), inv["number"], f"{base_url}/billing")
-    for o in owners:
-        await mailer.send(o["email"], subject, text,
+    for owner in await owner_emails(pool, inv["org_id"]):
+        await mailer.send(owner, subject, text,
                           attachment=(f"{inv['number'].replace('/', '-')}.pdf", "application/pdf", pdf))
 
 

@@ -10,6 +10,7 @@ import logging
 from control.admin import micro_to_pln
 
 from . import mail
+from .store import owner_emails
 from .web import Console
 
 log = logging.getLogger("console.low_balance")
@@ -33,12 +34,10 @@ async def check_once(c: Console) -> int:
                                     " AND low_balance_mailed_at IS NULL RETURNING id", r["id"])
         if won is None:
             continue  # another console instance sent it
-        owners = await c.pool.fetch("SELECT u.email FROM memberships m JOIN users u ON u.id = m.user_id"
-                                    " WHERE m.org_id = $1 AND m.role = 'owner'", r["id"])
         subject, text = mail.low_balance(r["name"], micro_to_pln(balance), micro_to_pln(r["threshold"]),
                                          f"{c.base_url}/billing")
-        for o in owners:
-            await c.mailer.send(o["email"], subject, text)
+        for owner in await owner_emails(c.pool, r["id"]):
+            await c.mailer.send(owner, subject, text)
             sent += 1
     return sent
 

@@ -69,6 +69,13 @@ def name_problem(name: str, what: str) -> str | None:
     return None
 
 
+async def owner_emails(pool: asyncpg.Pool, org_id: str) -> list[str]:
+    """Where the organisation's billing mail goes: its owners' addresses."""
+    rows = await pool.fetch("SELECT u.email FROM memberships m JOIN users u ON u.id = m.user_id"
+                            " WHERE m.org_id = $1 AND m.role = 'owner' ORDER BY u.email", org_id)
+    return [r["email"] for r in rows]
+
+
 class Store:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
