@@ -49,60 +49,118 @@ def _rewrite(body: bytes, table: dict[str, str]) -> bytes | None:
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-class Minimal(ep_grpc.ExternalProcessorServicer):
-    async def Process(self, it: AsyncIterator[ep.ProcessingRequest],  # noqa: N802
-                      context: grpc.aio.ServicerContext) -> AsyncIterator[ep.ProcessingResponse]:
-        sse: tuple[bytes, bytes] | None = None
-        async for req in it:
-            phase = req.WhichOneof("request")
-            if phase == "request_headers":
-                yield ep.ProcessingResponse(request_headers=ep.HeadersResponse())
-            elif phase == "request_body":
-                common = ep.CommonResponse()
-                new = _rewrite(req.request_body.body, ALIASES)
+class PassThrough:
+    """One call's answers, whatever server carries them (the same work on each: see ``--server``)."""
+
+    def __init__(self) -> None:
+        self.sse: tuple[bytes, bytes] | None = None
+
+    def answer(self, req: ep.ProcessingRequest) -> ep.ProcessingResponse:
+        phase = req.WhichOneof("request")
+        if phase == "request_headers":
+            return ep.ProcessingResponse(request_headers=ep.HeadersResponse())
+        if phase == "request_body":
+            common = ep.CommonResponse()
+            new = _rewrite(req.request_body.body, ALIASES)
+            if new is not None:
+                common.body_mutation.body = new
+                _length(common, len(new))
+            return ep.ProcessingResponse(request_body=ep.BodyResponse(response=common))
+        if phase == "response_headers":
+            msg = ep.ProcessingResponse(response_headers=ep.HeadersResponse())
+            for h in req.response_headers.headers.headers:
+                if h.key == "content-type":
+                    value = h.raw_value or h.value.encode()
+                    if value.startswith(b"text/event-stream"):
+                        msg.mode_override.CopyFrom(_STREAMED)
+                        self.sse = (b"", b"")  # filled from the first chunk's model
+            return msg
+        if phase == "response_body":
+            body = req.response_body.body
+            common = ep.CommonResponse()
+            sse = self.sse
+            if sse is not None:
+                if not sse[0]:
+                    for up, alias in _TO_ALIAS.items():
+                        if up.encode() in body:
+                            self.sse = sse = (b'"model":"' + up.encode() + b'"', b'"model":"' + alias.encode() + b'"')
+                            break
+                if sse[0] and body:
+                    common.body_mutation.body = body.replace(sse[0], sse[1])
+            elif len(body) > _JSON_LIMIT:
+                # Large replies (the embeddings one): the first "model" at the bytes level.
+                for up, alias in _TO_ALIAS.items():
+                    key = b'"model":"' + up.encode() + b'"'
+                    if key in body:
+                        new = body.replace(key, b'"model":"' + alias.encode() + b'"', 1)
+                        common.body_mutation.body = new
+                        _length(common, len(new))
+                        break
+            else:
+                new = _rewrite(body, _TO_ALIAS)
                 if new is not None:
                     common.body_mutation.body = new
                     _length(common, len(new))
-                yield ep.ProcessingResponse(request_body=ep.BodyResponse(response=common))
-            elif phase == "response_headers":
-                msg = ep.ProcessingResponse(response_headers=ep.HeadersResponse())
-                for h in req.response_headers.headers.headers:
-                    if h.key == "content-type":
-                        value = h.raw_value or h.value.encode()
-                        if value.startswith(b"text/event-stream"):
-                            msg.mode_override.CopyFrom(_STREAMED)
-                            sse = (b"", b"")  # filled from the first chunk's model
-                yield msg
-            elif phase == "response_body":
-                body = req.response_body.body
-                common = ep.CommonResponse()
-                if sse is not None:
-                    if not sse[0]:
-                        for up, alias in _TO_ALIAS.items():
-                            if up.encode() in body:
-                                sse = (b'"model":"' + up.encode() + b'"', b'"model":"' + alias.encode() + b'"')
-                                break
-                    if sse[0] and body:
-                        common.body_mutation.body = body.replace(sse[0], sse[1])
-                elif len(body) > _JSON_LIMIT:
-                    # Large replies (the embeddings one): the first "model" at the bytes level.
-                    for up, alias in _TO_ALIAS.items():
-                        key = b'"model":"' + up.encode() + b'"'
-                        if key in body:
-                            new = body.replace(key, b'"model":"' + alias.encode() + b'"', 1)
-                            common.body_mutation.body = new
-                            _length(common, len(new))
-                            break
-                else:
-                    new = _rewrite(body, _TO_ALIAS)
-                    if new is not None:
-                        common.body_mutation.body = new
-                        _length(common, len(new))
-                yield ep.ProcessingResponse(response_body=ep.BodyResponse(response=common))
-            elif phase == "request_trailers":
-                yield ep.ProcessingResponse(request_trailers=ep.TrailersResponse())
-            else:
-                yield ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
+            return ep.ProcessingResponse(response_body=ep.BodyResponse(response=common))
+        if phase == "request_trailers":
+            return ep.ProcessingResponse(request_trailers=ep.TrailersResponse())
+        return ep.ProcessingResponse(response_trailers=ep.TrailersResponse())
+
+
+class Minimal(ep_grpc.ExternalProcessorServicer):
+    async def Process(self, it: AsyncIterator[ep.ProcessingRequest],  # noqa: N802
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[ep.ProcessingResponse]:
+        p = PassThrough()
+        async for req in it:
+            yield p.answer(req)
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def serve_own(port: int) -> None:
+    """The same processor on the gateway's own HTTP/2 server (extproc/grpc_server.py)."""
+    from extproc.grpc_server import EOF, Call, Server
+    from extproc.server import PROCESS_PATH
+
+    async def process(call: Call) -> None:
+        p = PassThrough()
+        while True:
+            req = await call.read(None)
+            if req is EOF:
+                return
+            call.write(p.answer(req))
+
+    server = Server({PROCESS_PATH: (process, ep.ProcessingRequest.FromString)})
+    await server.start("127.0.0.1", port)
+    await _until_signalled()
+
+
+async def serve_grpclib(port: int) -> None:
+    """The same processor on grpclib (pure-Python gRPC over the h2 library)."""
+    from grpclib.const import Cardinality, Handler
+    from grpclib.server import Server, Stream
+
+    class Service:
+        async def process(self, stream: Stream[ep.ProcessingRequest, ep.ProcessingResponse]) -> None:
+            p = PassThrough()
+            async for req in stream:
+                await stream.send_message(p.answer(req))
+
+        def __mapping__(self) -> dict[str, Handler]:
+            return {"/envoy.service.ext_proc.v3.ExternalProcessor/Process": Handler(
+                self.process, Cardinality.STREAM_STREAM, ep.ProcessingRequest, ep.ProcessingResponse)}
+
+    server = Server([Service()])
+    await server.start("127.0.0.1", port)
+    await _until_signalled()
+    server.close()
+    await server.wait_closed()
 
 
 async def serve(port: int) -> None:
@@ -111,18 +169,20 @@ async def serve(port: int) -> None:
     ep_grpc.add_ExternalProcessorServicer_to_server(Minimal(), server)
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await _until_signalled()
     await server.stop(grace=1)
+
+
+SERVERS = {"grpcio": serve, "own": serve_own, "grpclib": serve_grpclib}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
-    asyncio.run(serve(ap.parse_args().port))
+    ap.add_argument("--server", choices=sorted(SERVERS), default="grpcio",
+                    help="grpcio's asyncio server (the reference), the gateway's own HTTP/2 server, or grpclib")
+    args = ap.parse_args()
+    asyncio.run(SERVERS[args.server](args.port))
 
 
 if __name__ == "__main__":

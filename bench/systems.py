@@ -62,14 +62,21 @@ def start_bare(procs: Procs, tmp: Path, up: tuple[int, int]) -> System:
                   note="same listener/route/cluster shape as the gateway, no ext_proc")
 
 
-def start_minimal(procs: Procs, tmp: Path, up: tuple[int, int]) -> System:
+def start_minimal(procs: Procs, tmp: Path, up: tuple[int, int], server: str = "grpcio") -> System:
+    """The minimal pass-through processor behind an Envoy of its own; ``server``: the gRPC server it runs
+    on (grpcio, the reference; or own, grpclib: bench/grpc_servers.py)."""
     g, p, a = free_port(), free_port(), free_port()
-    proc = procs.start("minimal-extproc", [sys.executable, "-m", "bench.minimal_extproc", "--port", str(g)],
-                       cwd=str(ROOT))
-    procs.wait_ready("minimal-extproc", lambda: port_open(g), 30)
-    _envoy(procs, "minimal-envoy", envoys.proxy(p, a, up[0], up[1], tmp / "minimal-access.log", g), tmp, p, a)
-    return System("minimal_extproc", "minimal ext_proc", p, pid=proc.pid,
-                  note="bench/minimal_extproc.py behind the gateway's ext_proc filter settings")
+    suffix = "" if server == "grpcio" else f"-{server}"
+    proc = procs.start(f"minimal-extproc{suffix}", [sys.executable, "-m", "bench.minimal_extproc", "--port", str(g),
+                                                    "--server", server], cwd=str(ROOT))
+    procs.wait_ready(f"minimal-extproc{suffix}", lambda: port_open(g), 30)
+    _envoy(procs, f"minimal-envoy{suffix}", envoys.proxy(p, a, up[0], up[1], tmp / f"minimal{suffix}-access.log", g),
+           tmp, p, a)
+    if server == "grpcio":
+        return System("minimal_extproc", "minimal ext_proc", p, pid=proc.pid,
+                      note="bench/minimal_extproc.py behind the gateway's ext_proc filter settings")
+    return System(f"minimal_{server}", f"minimal ext_proc on {server}", p, pid=proc.pid,
+                  note=f"bench/minimal_extproc.py --server {server}")
 
 
 # ---- the gateway: the real stack ------------------------------------------------------------
