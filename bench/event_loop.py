@@ -6,17 +6,15 @@ microseconds per request (utime + stime from /proc over the cell) and the ratio 
 ``python -m bench.event_loop [--seconds 5] [--rounds 2]``; prints one JSON line last."""
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from .load import SCENARIOS, write_bodies, wrk
-from .procs import Procs
-from .systems import start_gateway, start_upstream
+from .harness import harness, round_args
+from .load import SCENARIOS, wrk
+from .systems import start_gateway
 
 LOOPS = ("asyncio", "uvloop")
 CELLS = (("chat", 64), ("stream", 64))
@@ -47,26 +45,14 @@ def run_loop(tmp: Path, up: tuple[int, int], loop: str, seconds: float, bodies: 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--rounds", type=int, default=2)
-    args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-loop-") as t:
-        tmp = Path(t)
-        procs = Procs(tmp / "logs")
-        bodies = tmp / "bodies"
-        bodies.mkdir()
-        write_bodies(bodies)
-        try:
-            up = start_upstream(procs, tmp)
-            runs: dict[str, list[dict[str, Any]]] = {loop: [] for loop in LOOPS}
-            for i in range(args.rounds):
-                for loop in (LOOPS if i % 2 == 0 else LOOPS[::-1]):
-                    res = run_loop(tmp, up, loop, args.seconds, bodies)
-                    runs[loop].append(res)
-                    print(f"round {i + 1} {loop}: {json.dumps(res)}", flush=True)
-        finally:
-            procs.stop_all()
+    args = round_args(__doc__)
+    runs: dict[str, list[dict[str, Any]]] = {loop: [] for loop in LOOPS}
+    with harness("bench-loop-") as (tmp, _, bodies, up):
+        for i in range(args.rounds):
+            for loop in (LOOPS if i % 2 == 0 else LOOPS[::-1]):
+                res = run_loop(tmp, up, loop, args.seconds, bodies)
+                runs[loop].append(res)
+                print(f"round {i + 1} {loop}: {json.dumps(res)}", flush=True)
     summary: dict[str, Any] = {}
     for scenario, _ in CELLS:
         for loop in LOOPS:

