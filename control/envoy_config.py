@@ -13,6 +13,7 @@ from extproc.catalog import Catalog, CatalogError, Deployment
 from extproc.settings import Settings
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "envoy" / "envoy.yaml"
+SSE_RELAY = TEMPLATE.parent / "sse_relay.lua"  # Envoy's relay of a streamed reply (Lua)
 
 
 def idle_budget(s: Settings) -> float:
@@ -68,7 +69,8 @@ def with_extproc_failover(text: str) -> str:
         for chain in listener.get("filter_chains", []):
             for f in chain.get("filters", []):
                 for hf in f.get("typed_config", {}).get("http_filters", []):
-                    svc = hf.get("typed_config", {}).get("grpc_service", {})
+                    tc = hf.get("typed_config", {})
+                    svc = tc.get("extension_config", {}).get("typed_config", tc).get("grpc_service", {})
                     if svc.get("envoy_grpc", {}).get("cluster_name") == "extproc" and "retry_policy" not in svc:
                         svc["retry_policy"] = {
                             "retry_on": "connect-failure,refused-stream", "num_retries": 2,
@@ -114,7 +116,7 @@ def _substitute(s: Settings) -> str:
         TOTAL_TIMEOUT=s.total_timeout_s, IDLE_TIMEOUT=idle_budget(s),
         FIRST_BYTE_TIMEOUT=s.first_byte_timeout_s, HEADERS_TIMEOUT=s.request_headers_timeout_s,
         CONNECTION_IDLE_TIMEOUT=s.connection_idle_timeout_s, MAX_CONNECTIONS=s.max_connections,
-        MAX_STREAMS=s.max_streams_per_connection, TRUSTED_HOPS=trusted_hops(s))
+        MAX_STREAMS=s.max_streams_per_connection, TRUSTED_HOPS=trusted_hops(s), SSE_RELAY=str(SSE_RELAY))
 
 
 def trusted_hops(s: Settings) -> int:

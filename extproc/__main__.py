@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from . import catalog as catalog_mod
-from . import metrics, tracing
+from . import access_log, metrics, tracing
 from .directory import Directory
 from .exchange import Gateway
 from .grpc_server import Server
@@ -66,7 +66,8 @@ async def serve(settings: Settings) -> None:
                  max_body_bytes=settings.max_body_bytes, idle_timeout_s=settings.idle_timeout_s,
                  total_timeout_s=settings.total_timeout_s)
     spans = tracing.tracer(settings.otlp_endpoint)
-    server = Server({PROCESS_PATH: (Processor(gw, spans).process, ep.ProcessingRequest.FromString)})
+    server = Server({PROCESS_PATH: (Processor(gw, spans).process, ep.ProcessingRequest.FromString),
+                     access_log.ALS_PATH: (access_log.ClientsLeft(store).stream, access_log.parse)})
     metrics.serve(settings.metrics_http_port, settings.metrics_host,
                   settings.envoy_admin_port if settings.metrics_envoy else None)
     try:

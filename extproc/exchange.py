@@ -24,7 +24,6 @@ from .errors import ApiError, internal_error
 from .keys import bearer_key, key_hash
 from .responses import rewrite_body, upstream_error
 from .rules import CHAT, Prepared, prepare_chat, prepare_embeddings
-from .sse import StreamRelay
 from .store import INVALID_KEY, Late, Miss, Store
 
 log = logging.getLogger("extproc")
@@ -35,8 +34,11 @@ CLUSTER_HEADER = "x-gateway-cluster"
 ATTR_ID, ATTR_METHOD, ATTR_PATH, ATTR_AUTH = ("request.id", "request.method", "request.path",
                                               "request.headers['authorization']")
 
-# Envoy's total-budget timer and this process's clock need not agree to the millisecond
-_TOTAL_SLACK_S = 0.25
+# Names a streamed reply for Envoy's relay and the stream watch (``stream_context``).
+STREAM_HEADER = "x-gateway-stream"
+# How long after the end of a call a stream it handed over may still be billed by the stream watch
+# (Envoy keeps the watch's call open 1 s after the stream ended, envoy/envoy.yaml deferred_close_timeout).
+HAND_OVER_GRACE_S = 5.0
 
 _CHAT_PATH = "/v1/chat/completions"
 _EMB_PATH = "/v1/embeddings"
@@ -53,7 +55,9 @@ class Answer:
     body: bytes | None = None
     cluster: str | None = None  # the upstream cluster chosen (Envoy routes by it, envoy/envoy.yaml)
     clear_route_cache: bool = False
-    stream_response: bool = False  # switch the response body to streamed mode
+    # a streamed reply handed over to Envoy's relay and the stream watch (``observer``): the body is no
+    # longer sent here, the end of the stream still is (as the trailers phase, which may never come)
+    hand_over: bool = False
     reply: tuple[int, bytes, dict[str, str]] | None = None
 
 
@@ -91,6 +95,15 @@ class Gateway:
             self._retry(lambda: self.store.finish(org_id, request_id, record, refused=refused),
                         f"usage record of request {request_id}")
 
+    def finish_later(self, org_id: str, request_id: str, record: UsageRecord) -> None:
+        """``finish`` after ``HAND_OVER_GRACE_S``: a record that counts only if no other came first."""
+        async def later() -> None:
+            await asyncio.sleep(HAND_OVER_GRACE_S)
+            await self.finish(org_id, request_id, record)
+        task = asyncio.create_task(later())
+        self._retrying.add(task)
+        task.add_done_callback(self._retrying.discard)
+
     def cancel(self, request_id: str) -> None:
         """An admission given up on (``Store.cancel``), in the background until Redis takes it."""
         self._retry(lambda: self.store.cancel(request_id), f"cancellation of request {request_id}", first=0.0)
@@ -124,6 +137,40 @@ class Gateway:
     def upstream_for(self, alias: Alias) -> str | None:
         up = self.pick(alias)
         return up if up is not None and self.catalog.has_capacity(up) else None
+
+
+def stream_context(p: Prepared, request_id: str, org_id: str, key_id: str, started: float,
+                   ttfb_ms: int | None) -> str:
+    """What Envoy's relay (envoy/sse_relay.lua: "a", "u", "w") and the stream watch (``observer``) need to
+    know of a streamed reply, as one JSON object (ASCII: a header value)."""
+    prices = p.alias.prices_at(started)
+    return json.dumps({"a": p.alias.id, "u": p.upstream_model, "w": int(p.client_wants_usage), "r": request_id,
+                       "o": org_id, "k": key_id, "s": started, "t": ttfb_ms, "i": prices.input,
+                       "x": prices.output, "p": p.estimated_prompt_tokens}, separators=(",", ":"))
+
+
+def count(alias: str, endpoint: str, status: int, code: str) -> None:
+    metrics.labelled(metrics.REQUESTS, alias, endpoint, str(status), code).inc()
+
+
+def account(r: UsageRecord) -> None:
+    """A billed request's metrics and its log line (metadata only)."""
+    count(r.alias, r.endpoint, r.status, "" if r.status == 200 else "aborted")
+    logs.request_line(request_id=r.request_id, alias=r.alias, endpoint=r.endpoint, status=r.status,
+                      prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
+                      estimated=r.estimated, cost_micro_pln=r.cost_micro_pln,
+                      duration_ms=int((r.ended_at - r.started_at) * 1000), ttfb_ms=r.ttfb_ms)
+    alias = r.alias
+    metrics.labelled(metrics.TOKENS, "input", alias, alias).observe(r.prompt_tokens)
+    if r.endpoint == CHAT:
+        metrics.labelled(metrics.TOKENS, "output", alias, alias).observe(r.completion_tokens)
+    metrics.labelled(metrics.BILLED, alias).inc(r.cost_micro_pln)
+    metrics.labelled(metrics.DURATION, alias, r.endpoint).observe(r.ended_at - r.started_at)
+    if r.ttfb_ms is not None:
+        ttfb = r.started_at + r.ttfb_ms / 1000
+        metrics.labelled(metrics.TTFT, alias).observe(ttfb - r.started_at)
+        if r.stream and r.completion_tokens > 1:
+            metrics.labelled(metrics.TPOT, alias).observe((r.ended_at - ttfb) / (r.completion_tokens - 1))
 
 
 def _forget(task: "asyncio.Future[Any]") -> None:
@@ -172,8 +219,7 @@ def _json_answer(doc: object) -> Answer:
 
 class Exchange:
     __slots__ = ("gw", "request_id", "method", "path", "key_hash", "admission", "prepared", "started",
-                 "ttfb", "status", "error_code", "relay", "output_seen", "finished", "idle", "settling", "cut",
-                 "delivered_pieces", "delivered_content", "_last_pieces", "_last_content")
+                 "ttfb", "status", "error_code", "handed_over", "finished", "idle", "settling", "cut")
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
@@ -187,17 +233,11 @@ class Exchange:
         self.ttfb: float | None = None
         self.status = 0
         self.error_code = ""  # SPEC's code of the error the client got, for the usage log
-        self.relay: StreamRelay | None = None
-        self.output_seen = False
+        # a streamed reply went to Envoy's relay: the stream watch (``observer``) bills it
+        self.handed_over = False
         self.finished = False
         # Envoy ended the call while the answer to this response phase was in flight (``cut_off``)
         self.cut: str | None = None
-        # what of a streamed reply reached the client: pieces with events, and events carrying content
-        # (the output estimate); the last piece's share is taken back if its answer was never read
-        self.delivered_pieces = 0
-        self.delivered_content = 0
-        self._last_pieces = 0
-        self._last_content = 0
         # seconds the next message may take to come (None: no limit here); set once the reply started
         self.idle: float | None = None
         # the request's release and usage record, decided but not yet handed to Redis (``settle``), and
@@ -210,8 +250,7 @@ class Exchange:
         return _ENDPOINTS.get(self.path) or ("models" if self.path.startswith(_MODELS_PATH) else "other")
 
     def _count(self, status: int, code: str) -> None:
-        alias = self.prepared.alias.id if self.prepared is not None else "-"
-        metrics.labelled(metrics.REQUESTS, alias, self._endpoint, str(status), code).inc()
+        count(self.prepared.alias.id if self.prepared is not None else "-", self._endpoint, status, code)
 
     def _reject(self, err: ApiError) -> Answer:
         self._count(err.status, err.code)
@@ -389,29 +428,22 @@ class Exchange:
         self.idle = self.gw.idle_timeout_s
         if (p.stream and self.status == 200
                 and headers.get("content-type", "").startswith("text/event-stream")):
-            self.relay = StreamRelay(p.upstream_model, p.alias.id, p.client_wants_usage)
+            # Envoy relays the stream itself (envoy/sse_relay.lua) and the stream watch sees a copy of
+            # it: both learn the request from this header (Envoy's relay removes it from the reply)
+            self.handed_over = True
+            self.idle = None  # the stream watch keeps the idle budget between events
+            adm = self.admission
+            assert adm is not None and adm.identity is not None
+            ctx = stream_context(p, self.request_id, adm.identity.org_id, adm.identity.key_id, self.started,
+                                 self._ttfb_ms())
             # the relay changes the length of what passes: a model server's length no longer holds
-            return Answer(stream_response=True, remove_headers=["content-length"])
+            return Answer(hand_over=True, set_headers={STREAM_HEADER: ctx}, remove_headers=["content-length"])
         return Answer()
 
     async def response_body(self, body: bytes, end_of_stream: bool) -> Answer:
         p = self.prepared
         if p is None:
             return Answer()
-        relay = self.relay
-        if relay is not None:
-            if body:
-                self.output_seen = True
-            content = relay.content_events
-            out = relay.feed(body)
-            if end_of_stream:
-                out += relay.end()
-                self._finish_stream()
-            self._last_pieces = 1 if out else 0  # (a piece with events: no pass over it to count them)
-            self._last_content = relay.content_events - content
-            self.delivered_pieces += self._last_pieces
-            self.delivered_content += self._last_content
-            return Answer(body=out)
         if self.status >= 400 or self.status < 200:
             if body.startswith(b'{"error"') and self.request_id.encode() in body:
                 code = json.loads(body)["error"]["code"]  # Envoy's own reply, already in SPEC's shape
@@ -433,41 +465,26 @@ class Exchange:
             self._bill(usage)
         return Answer(body=new, set_headers={"content-length": str(len(new))})
 
-    def _finish_stream(self) -> None:
-        relay = self.relay
-        assert relay is not None and self.prepared is not None
-        if relay.usage is not None:
-            self._bill(relay.usage)
-        else:
-            self._bill((self.prepared.estimated_prompt_tokens, relay.content_events), estimated=True)
-
     async def idle_gap(self) -> Answer:
-        """Nothing more of the reply came within the idle budget (SPEC section 7): 502 upstream_timeout
-        for a non-streaming reply (Envoy still holds it whole, so the client gets the error); for a
-        stream that already sent 200 the answer makes Envoy reset it, so it ends without [DONE]."""
+        """Nothing more of a non-streaming reply came within the idle budget (SPEC section 7): 502
+        upstream_timeout (Envoy still holds the reply whole, so the client gets the error).  A stream's
+        idle budget is the stream watch's (``observer``)."""
         p = self.prepared
         assert p is not None
         metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, "upstream_timeout").inc()
         self.error_code = "upstream_timeout"
-        if self.relay is not None:
-            self.cut = "idle"  # the model server failed the stream: what reached the client counts
-        await self.close()  # billed (and counted) as a reply that failed after it started (non-streaming: 502)
+        await self.close()  # billed (and counted) as a reply that failed after it started: 502
         return _error_answer(ApiError("upstream_timeout", "The model server timed out; retry with backoff."),
                              self.request_id)
 
     # ---- the end, however it came ----------------------------------------------------------
     def cut_off(self, phase: str) -> None:
-        """Envoy ended the call while the answer to ``phase`` (response headers or a chunk of the reply)
-        was on its way: the answer was never read, so what it carried never reached the client.  That
-        is how a model server that drops the connection shows here (Envoy resets the client's stream at
-        once, dropping whatever the ext_proc still held); a client that leaves does so between chunks."""
-        if self.finished:
-            return
-        self.cut = phase
-        if phase == "response_body":
-            self.delivered_pieces -= self._last_pieces
-            self.delivered_content -= self._last_content
-            self._last_pieces = self._last_content = 0
+        """Envoy ended the call while the answer to ``phase`` (the response headers) may still have been
+        on its way: then it was never read, and the client got Envoy's 502.  That is how a model server
+        that drops the connection right after its headers shows here (Envoy resets the client's stream
+        at once, dropping what the ext_proc still held)."""
+        if not self.finished:
+            self.cut = phase
 
     def undelivered(self) -> None:
         """Envoy ended the call before the answer that lets the request through (this process was late
@@ -479,49 +496,42 @@ class Exchange:
     async def close(self) -> None:
         """The gRPC stream ended.  A forwarded request not billed yet ended abnormally."""
         p = self.prepared
-        if not self.finished and p is not None:
+        if self.handed_over:
+            self._handed_over_end()
+        elif not self.finished and p is not None:
             self._bill_failure(p)
         await self.settle()
+
+    def _handed_over_end(self) -> None:
+        """A stream handed over to Envoy's relay is the stream watch's to bill, once Envoy passed its
+        headers on.  When the call ended right after the hand-over, Envoy may have reset the client's
+        stream before it read it (the client got 502, the stream watch saw nothing): then this records
+        the request as that 502 at no cost, later than the stream watch would have, so that whichever
+        comes first counts (``Store.finish`` takes only the first finish of a request)."""
+        if self.cut != "response_headers" or self.finished:
+            return
+        self.finished = True
+        adm = self.admission
+        if adm is None or adm.identity is None:
+            return
+        self.status, self.error_code = 502, "upstream_unavailable"
+        record = self._record((0, 0), False, adm.identity.org_id, adm.identity.key_id)
+        self.gw.finish_later(adm.identity.org_id, self.request_id, record)
 
     def _bill_failure(self, p: Prepared) -> None:
         """The reply ended abnormally; SPEC section 4, "Billing on failure" (README, Billing)."""
         est_input = p.estimated_prompt_tokens
-        if (self.relay is not None and self.cut is None
-                and self.gw.clock() - self.started >= self.gw.total_timeout_s - _TOTAL_SLACK_S):
-            self.cut = "total"  # Envoy's total budget ended the stream
-        if self.relay is not None and self.relay.usage is not None:
-            self._bill(self.relay.usage)  # the client left after the usage chunk went by
-        elif self.status == 0:
+        if self.status == 0:
             # no reply yet: the client left (or gave up) after the request reached the model server
             self.status = 499
             self._bill((est_input, 0), estimated=True)
         elif self.status >= 400 or self.status < 200:
             self._bill(None)  # the model server's error reply, cut short: it produced no output
-        elif self.relay is None:
+        else:
             # a non-streaming reply that broke after the model server started it (the client got
             # Envoy's 502): its estimated input
             self.status = 502
             self._bill((est_input, 0), estimated=True)
-        elif not self.output_seen:
-            # the stream ended before the model server sent any of it: no output, nothing billed (a
-            # client that leaves in that moment cannot be told from a model server that failed: it
-            # is not billed either).  The client got Envoy's 502 if the headers had not gone out.
-            if self.cut == "response_headers":
-                self.status = 502
-            self._bill(None)
-        elif self.cut is None:
-            # the stream was intact when the call ended: the client left
-            self.status = 499
-            self._bill((est_input, 0), estimated=True)
-        elif self.delivered_pieces == 0:
-            # the model server broke the stream before any of its output reached the client (who
-            # got Envoy's 502 when the headers had not gone out yet): nothing billed
-            if self.cut == "response_headers":
-                self.status = 502
-            self._bill(None)
-        else:
-            # broken after some events reached the client: input and the output delivered, estimated
-            self._bill((est_input, self.delivered_content), estimated=True)
 
     def _record(self, tokens: tuple[int, int], estimated: bool, org_id: str, key_id: str) -> UsageRecord:
         """The request's usage record; without ``prepared`` (refused before an alias was chosen) it has
@@ -548,8 +558,10 @@ class Exchange:
             stream=p.stream, prompt_tokens=prompt, completion_tokens=completion, estimated=estimated,
             cost_micro_pln=cost_micro_pln(prompt, completion, prices), input_price=prices.input,
             output_price=prices.output, started_at=self.started,
-            ttfb_ms=None if self.ttfb is None else int((self.ttfb - self.started) * 1000),
-            ended_at=self.gw.clock(), error_code=code)
+            ttfb_ms=self._ttfb_ms(), ended_at=self.gw.clock(), error_code=code)
+
+    def _ttfb_ms(self) -> int | None:
+        return None if self.ttfb is None else int((self.ttfb - self.started) * 1000)
 
     def _pending(self) -> str:
         """The journal entry while in flight: what is billed if this process dies (estimated input)."""
@@ -568,7 +580,7 @@ class Exchange:
         ident = adm.identity
         record = self._record((0, 0) if tokens is None else tokens, estimated, ident.org_id, ident.key_id)
         if tokens is not None:
-            self._observe(record)
+            account(record)
         self.settling = (ident.org_id, record, False)
 
     async def settle(self) -> None:
@@ -579,22 +591,5 @@ class Exchange:
         if pending is not None:
             await self.gw.finish(pending[0], self.request_id, pending[1], pending[2])
 
-    def _observe(self, r: UsageRecord) -> None:
-        self._count(r.status, "" if r.status == 200 else "aborted")
-        logs.request_line(request_id=r.request_id, alias=r.alias, endpoint=r.endpoint, status=r.status,
-                          prompt_tokens=r.prompt_tokens, completion_tokens=r.completion_tokens,
-                          estimated=r.estimated, cost_micro_pln=r.cost_micro_pln,
-                          duration_ms=int((r.ended_at - r.started_at) * 1000), ttfb_ms=r.ttfb_ms)
-        alias = r.alias
-        metrics.labelled(metrics.TOKENS, "input", alias, alias).observe(r.prompt_tokens)
-        if r.endpoint == CHAT:
-            metrics.labelled(metrics.TOKENS, "output", alias, alias).observe(r.completion_tokens)
-        metrics.labelled(metrics.BILLED, alias).inc(r.cost_micro_pln)
-        metrics.labelled(metrics.DURATION, alias, r.endpoint).observe(r.ended_at - r.started_at)
-        if self.ttfb is not None:
-            metrics.labelled(metrics.TTFT, alias).observe(self.ttfb - self.started)
-            if r.stream and r.completion_tokens > 1:
-                metrics.labelled(metrics.TPOT, alias).observe((r.ended_at - self.ttfb) / (r.completion_tokens - 1))
 
-
-__all__ = ["Answer", "AuthCache", "Exchange", "Gateway"]
+__all__ = ["Answer", "AuthCache", "Exchange", "Gateway", "STREAM_HEADER", "account", "count", "stream_context"]

@@ -22,11 +22,11 @@ from . import h2
 log = logging.getLogger("extproc")
 
 EOF = object()  # what ``Call.read`` returns once the client has sent everything
-NOT_FOUND, UNIMPLEMENTED, INTERNAL = 5, 12, 13
+NOT_FOUND, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 5, 12, 13, 14
 HEALTH_CHECK = b"/grpc.health.v1.Health/Check"
 
 
-class _Status(Exception):
+class Status(Exception):
     """Ends a call with a gRPC status other than OK."""
 
     def __init__(self, code: int, message: str) -> None:
@@ -117,7 +117,7 @@ class Server:
         req = await call.read()
         status = self.health.get("" if req is EOF else req.service)
         if status is None:
-            raise _Status(NOT_FOUND, "unknown service")
+            raise Status(NOT_FOUND, "unknown service")
         call.write(health_pb2.HealthCheckResponse(status=status))
 
     async def start(self, host: str, port: int) -> None:
@@ -217,7 +217,7 @@ class _Protocol(asyncio.Protocol):
         block = h2.OK_TRAILERS
         try:
             await handler(call)
-        except _Status as e:
+        except Status as e:
             block = h2.trailers(e.code, e.message)
         except asyncio.CancelledError:
             block = h2.trailers(INTERNAL, "server stopping")

@@ -12,6 +12,7 @@ All keys under ``gw:``:
                    request whose ext_proc process died is still billed (the usage writer's ``reap``)
   gw:hb:<owner>    an ext_proc process's heartbeat (expires 3 s after the process stops)
   gw:x:<request>   an admission its caller gave up on (``cancel``): should it still reach Redis, it refuses itself
+  gw:left:<request>  the client of this request went away (Envoy's access log, ``access_log``)  TTL 2 min
   gw:console:lim:<name>:<who>  the console's attempt counters (control/console/limits.py)
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ JOURNAL = "gw:if"
 HEARTBEAT = "gw:hb:"
 CANCELLED = "gw:x:"
 CONSOLE_LIMITS = "gw:console:lim:"
+LEFT = "gw:left:"
 
 _LUA = {"@KEY@": KEY, "@ORG@": ORG, "@RATE@": RATE, "@IN_FLIGHT@": IN_FLIGHT, "@JOURNAL@": JOURNAL,
         "@CANCELLED@": CANCELLED}
@@ -36,6 +38,10 @@ def key(key_hash: str) -> str:
 
 def org(org_id: str) -> str:
     return ORG + org_id
+
+
+def left(request_id: str) -> str:
+    return LEFT + request_id
 
 
 def heartbeat(owner: str) -> str:
@@ -50,5 +56,5 @@ def lua(script: str) -> str:
     return script
 
 
-__all__ = ["CANCELLED", "CONSOLE_LIMITS", "HEARTBEAT", "IN_FLIGHT", "JOURNAL", "KEY", "ORG", "RATE",
-           "USAGE_STREAM", "heartbeat", "key", "lua", "org"]
+__all__ = ["CANCELLED", "CONSOLE_LIMITS", "HEARTBEAT", "IN_FLIGHT", "JOURNAL", "KEY", "LEFT", "ORG", "RATE",
+           "USAGE_STREAM", "heartbeat", "key", "left", "lua", "org"]

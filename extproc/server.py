@@ -16,11 +16,18 @@ from envoy.type.v3 import http_status_pb2
 from . import metrics, tracing
 from .errors import internal_error
 from .exchange import Answer, Exchange, Gateway
-from .grpc_server import EOF, Call
+from .grpc_server import EOF, UNAVAILABLE, Call, Status
+from .observer import StreamWatch
 
 log = logging.getLogger("extproc")
 
-_STREAMED = pm.ProcessingMode(response_body_mode=pm.ProcessingMode.STREAMED)
+# A streamed reply handed over to Envoy's relay: no body here, and the trailers phase only so that this
+# call lasts as long as the stream (it ends when the stream does; Envoy sends no trailers message when the
+# model server sent no trailers).
+_HANDED_OVER = pm.ProcessingMode(response_body_mode=pm.ProcessingMode.NONE,
+                                 response_trailer_mode=pm.ProcessingMode.SEND)
+# The gRPC metadata by which Envoy's second ext_proc filter, the stream watch's, names its calls.
+ROLE_HEADER, WATCH_ROLE = "x-gateway-role", "stream-watch"
 
 
 def _headers(hm: base_pb2.HeaderMap) -> dict[str, str]:
@@ -92,8 +99,8 @@ def _to_message(phase: str, answer: Answer) -> ep.ProcessingResponse:
         return msg
     if phase == "response_headers":
         msg = ep.ProcessingResponse(response_headers=ep.HeadersResponse(response=common))
-        if answer.stream_response:
-            msg.mode_override.CopyFrom(_STREAMED)
+        if answer.hand_over:
+            msg.mode_override.CopyFrom(_HANDED_OVER)
         return msg
     if phase == "response_body":
         return ep.ProcessingResponse(response_body=ep.BodyResponse(response=common))
@@ -103,12 +110,9 @@ def _to_message(phase: str, answer: Answer) -> ep.ProcessingResponse:
 
 
 # A model server that drops the connection makes Envoy reset the client's stream at once, dropping the
-# piece of the reply the ext_proc still holds: the gRPC call then ends right after the answer to it
-# (measured: 5 us to 0.3 ms after it; 0.6 to 5 ms when Envoy had read the answer and the model server
-# failed just after).  A call that ends within this window of the answer to a piece of the reply is
-# taken as the model server's failure, and that piece as never delivered: a client is never billed for a
-# piece it may not have got.  Later, the client left.  A client that leaves within the window of a piece
-# is taken for a failed model server (README, Billing: billed the pieces it got but the last).
+# reply's headers if the ext_proc still holds them: the gRPC call then ends right after the answer to
+# them (measured: 5 us to 0.3 ms after it; 0.6 to 5 ms when Envoy had read the answer and the model
+# server failed just after).  A call that ends within this window of that answer may have been cut so.
 CUT_WINDOW_S = 0.025
 
 PROCESS_PATH = b"/envoy.service.ext_proc.v3.ExternalProcessor/Process"
@@ -122,6 +126,9 @@ class Processor:
         self.tracer = tracer
 
     async def process(self, call: Call) -> None:
+        if call.metadata(ROLE_HEADER) == WATCH_ROLE:
+            await self.watch(call)
+            return
         ex = Exchange(self.gateway)
         parent = None
         written = perf_counter()  # when the last answer went
@@ -154,7 +161,7 @@ class Processor:
                     elif phase == "response_body":
                         b = req.response_body
                         answer = await ex.response_body(b.body, b.end_of_stream)
-                    else:
+                    else:  # the trailers of a handed-over stream (or of a request): nothing to do
                         answer = Answer()
                 except Exception:  # noqa: BLE001 - every failure becomes SPEC's 500, never a hang
                     log.exception("ext_proc phase %s failed (request %s)", phase, ex.request_id)
@@ -177,7 +184,8 @@ class Processor:
                     ex.undelivered()  # Envoy gave up before this answer let the request through
                 if ex.settling is not None:  # checked here: no coroutine made for every stream chunk
                     await ex.settle()  # after the answer: Redis is not on the client's wait
-                if answer.reply is not None or (phase == "response_body" and req.response_body.end_of_stream) or (
+                if answer.reply is not None or phase == "response_trailers" or (
+                        phase == "response_body" and req.response_body.end_of_stream) or (
                         phase == "response_headers" and req.response_headers.end_of_stream):
                     # That was the request's last message: end the stream here rather than wait for Envoy.
                     break
@@ -186,3 +194,29 @@ class Processor:
                 await ex.close()
             except Exception:  # noqa: BLE001
                 log.exception("closing request %s failed", ex.request_id)
+
+    async def watch(self, call: Call) -> None:
+        """The stream watch's call (``observer``): copies of a streamed reply's chunks, never answered."""
+        w = StreamWatch(self.gateway)
+        try:
+            while True:
+                try:
+                    req = await call.read(w.idle)
+                except TimeoutError:
+                    w.stalled()
+                    await w.close()
+                    # an error ends the call: Envoy resets the client's stream (it ends without [DONE])
+                    raise Status(UNAVAILABLE, "the model server went idle") from None
+                if req is EOF:
+                    break
+                assert isinstance(req, ep.ProcessingRequest)
+                phase = req.WhichOneof("request")
+                if phase == "response_body":
+                    b = req.response_body
+                    w.response_body(b.body, b.end_of_stream)
+                    if b.end_of_stream:
+                        await w.close()  # billed now; Envoy ends the call when it is done with it
+                elif phase == "response_headers":
+                    w.response_headers(_headers(req.response_headers.headers))
+        finally:
+            await w.close()

@@ -239,6 +239,13 @@ class Store:
                                 [org_id, request_id, 0 if record is None else record.cost_micro_pln, payload,
                                  "1" if refused else ""])
 
+    async def mark_left(self, request_id: str) -> None:
+        """The client of this request went away (``access_log``): kept for two minutes."""
+        await self.r.set(rk.left(request_id), "1", ex=120)
+
+    async def client_left(self, request_id: str) -> bool:
+        return bool(await self.r.exists(rk.left(request_id)))
+
     async def sync_clock(self) -> None:
         """Measure how far Redis's clock is from this host's (to within half a round trip), so that a
         managed Redis whose clock differs by seconds neither refuses every admission nor lets late ones in."""

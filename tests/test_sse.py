@@ -1,10 +1,11 @@
-"""Unit tests of the sans-I/O stream relay: fed bytes cut anywhere."""
+"""Unit tests of the stream relay (Envoy's Lua, run in LuaJIT) and the ext_proc's meter of the same bytes:
+fed bytes cut anywhere."""
 import json
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from extproc.sse import StreamRelay
+from tests.lua_relay import Relay as StreamRelay
 
 
 def _event(doc: object) -> bytes:

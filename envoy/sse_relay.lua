@@ -1,0 +1,300 @@
+-- The relay of a model server's server-sent event stream to the client (SPEC section 4, streaming rules),
+-- run by Envoy on every chunk of a streamed reply as it passes: nothing is held back but an event not
+-- complete yet, so every event the model server sent before it failed reaches the client.
+--
+-- It passes whole events only, with the upstream model name replaced by the alias, and the usage (the
+-- gateway always asks the model server for it) shown as SPEC streaming rule 3 wants it or taken out when
+-- the client did not ask for it.  The ext_proc reads the same bytes for billing (extproc/sse.py), without
+-- holding them.  It works on bytes; only an event that carries a usage object is taken apart, by a small
+-- JSON scanner (Envoy's Lua has no JSON library).
+--
+-- Framing (the SSE format): lines end with LF, CRLF or CR; a blank line ends an event; lines starting with
+-- a colon are comments; an event's data may span several "data:" lines (joined by LF).  A stream with CRs
+-- is rewritten with LFs as it passes (an LF right after a CR that ended the previous chunk is dropped).  An
+-- event the stream never ends with a blank line is not relayed: SSE clients discard it too.
+--
+-- The ext_proc names the stream in the response header x-gateway-stream (a JSON object: "a" the alias and
+-- "u" the upstream model as JSON strings, "w" 1 when the client asked for usage); it is removed here.  The
+-- file is also loaded by the unit tests (tests/test_sse_relay.py) through lupa, outside Envoy.
+
+local find, sub, gsub, byte = string.find, string.sub, string.gsub, string.byte
+
+local function skip_ws(s, i)
+  return find(s, "[^ \t\r\n]", i) or #s + 1
+end
+
+-- s[i] is a quote: the index after the string's closing quote (nil: unterminated)
+local function skip_string(s, i)
+  local j = i + 1
+  while true do
+    local q = find(s, '["\\]', j)
+    if q == nil then return nil end
+    if byte(s, q) == 92 then j = q + 2 else return q + 1 end
+  end
+end
+
+-- the index after the JSON value that starts at or after i (nil: not a whole value)
+local function skip_value(s, i)
+  i = skip_ws(s, i)
+  local c = byte(s, i)
+  if c == 34 then return skip_string(s, i) end
+  if c == 123 or c == 91 then
+    local depth, j = 0, i
+    while true do
+      local q = find(s, '[{}%[%]"]', j)
+      if q == nil then return nil end
+      local b = byte(s, q)
+      if b == 34 then
+        j = skip_string(s, q)
+        if j == nil then return nil end
+      else
+        depth = depth + ((b == 123 or b == 91) and 1 or -1)
+        j = q + 1
+        if depth == 0 then return j end
+      end
+    end
+  end
+  if c == nil then return nil end
+  return find(s, "[,}%]%s]", i) or #s + 1
+end
+
+-- The members of the JSON object at i: a list of {key, member start, value start, value end (exclusive)},
+-- or nil when it is not an object.
+local function members(s, i)
+  i = skip_ws(s, i)
+  if byte(s, i) ~= 123 then return nil end
+  local out = {}
+  i = skip_ws(s, i + 1)
+  if byte(s, i) == 125 then return out end
+  while true do
+    if byte(s, i) ~= 34 then return nil end
+    local kend = skip_string(s, i)
+    if kend == nil then return nil end
+    local j = skip_ws(s, kend)
+    if byte(s, j) ~= 58 then return nil end
+    local vs = skip_ws(s, j + 1)
+    local ve = skip_value(s, vs)
+    if ve == nil then return nil end
+    out[#out + 1] = {sub(s, i + 1, kend - 2), i, vs, ve}
+    i = skip_ws(s, ve)
+    local c = byte(s, i)
+    if c == 125 then return out end
+    if c ~= 44 then return nil end
+    i = skip_ws(s, i + 1)
+  end
+end
+
+-- The elements of the JSON array at i (their texts), or nil when it is not an array.
+local function elements(s, i)
+  i = skip_ws(s, i)
+  if byte(s, i) ~= 91 then return nil end
+  local out = {}
+  i = skip_ws(s, i + 1)
+  if byte(s, i) == 93 then return out end
+  while true do
+    local e = skip_value(s, i)
+    if e == nil then return nil end
+    out[#out + 1] = sub(s, i, e - 1)
+    i = skip_ws(s, e)
+    local c = byte(s, i)
+    if c == 93 then return out end
+    if c ~= 44 then return nil end
+    i = skip_ws(s, i + 1)
+  end
+end
+
+local function value(s, m)
+  return sub(s, m[3], m[4] - 1)
+end
+
+-- Python's truth of a JSON value: what "says nothing" (null, false, 0, "", {}, [])
+local function falsy(v)
+  if byte(v, 1) == 34 then return v == '""' end
+  v = gsub(v, "%s", "")
+  return v == "null" or v == "false" or v == "{}" or v == "[]" or find(v, "^%-?0+%.?0*$") ~= nil
+end
+
+-- A usage object as billing reads it (extproc/cost.py usage_json_tokens): a whole prompt_tokens, and a
+-- whole completion_tokens or none.
+local function valid_usage(u)
+  local m = members(u, 1)
+  if m == nil then return false end
+  local prompt, completion = nil, "0"
+  for _, x in ipairs(m) do
+    if x[1] == "prompt_tokens" then prompt = value(u, x)
+    elseif x[1] == "completion_tokens" then completion = value(u, x) end
+  end
+  if completion == "null" then completion = "0" end
+  return prompt ~= nil and find(prompt, "^%d+$") ~= nil and find(completion, "^%d+$") ~= nil
+end
+
+local function says_nothing(choice)
+  local m = members(choice, 1)
+  if m == nil then return false end
+  for _, x in ipairs(m) do
+    if x[1] ~= "index" and not falsy(value(choice, x)) then return false end
+  end
+  return true
+end
+
+-- the data of one LF-framed event (its "data:" lines joined by LF), nil when it has none
+local function event_data(event)
+  local parts = {}
+  for line in string.gmatch(event, "([^\n]*)\n") do
+    if sub(line, 1, 6) == "data: " then parts[#parts + 1] = sub(line, 7)
+    elseif sub(line, 1, 5) == "data:" then parts[#parts + 1] = sub(line, 6) end
+  end
+  if #parts == 0 then return nil end
+  return table.concat(parts, "\n")
+end
+
+-- an event of the given data (data over several lines stays so)
+local function data_lines(data)
+  return "data: " .. gsub(data, "\n", "\ndata: ") .. "\n\n"
+end
+
+local function escape_pattern(s)
+  return (gsub(s, "[%^%$%(%)%%%.%[%]%*%+%-%?]", "%%%0"))
+end
+
+local Relay = {}
+Relay.__index = Relay
+
+-- upstream_model, alias: JSON string tokens (quotes included) as they appear in the model server's JSON
+function Relay.new(upstream_model, alias, show_usage)
+  return setmetatable({
+    buf = "", cr = false, show = show_usage, held = nil,
+    model = '"model"%s*:%s*' .. escape_pattern(upstream_model),
+    alias = gsub('"model":' .. alias, "%%", "%%%%"),
+  }, Relay)
+end
+
+-- The bytes to pass on for the next chunk of the reply (cut anywhere).
+function Relay:feed(chunk)
+  if chunk == "" then return "" end
+  if self.cr or find(chunk, "\r", 1, true) then
+    if self.cr and byte(chunk, 1) == 10 then chunk = sub(chunk, 2) end  -- the LF of a CRLF cut in two
+    self.cr = byte(chunk, -1) == 13
+    chunk = gsub(gsub(chunk, "\r\n", "\n"), "\r", "\n")
+  end
+  local data = self.buf == "" and chunk or self.buf .. chunk
+  local cut, s = nil, 1
+  while true do
+    local i = find(data, "\n\n", s, true)
+    if i == nil then break end
+    cut, s = i, i + 1
+  end
+  if cut == nil then
+    self.buf = data
+    return ""
+  end
+  self.buf = sub(data, cut + 2)
+  return self:events(sub(data, 1, cut + 1))
+end
+
+local USAGE = '"usage"%s*:%s*{'
+
+function Relay:events(block)
+  local at = find(block, USAGE)
+  if at ~= nil or self.held ~= nil then block = self:take_usage(block, at) end
+  return (gsub(block, self.model, self.alias))
+end
+
+-- Each event of the block that carries a usage object: the usage moved where SPEC streaming rule 3 wants
+-- it, or taken out; the usage chunk of our own goes out last before [DONE].
+function Relay:take_usage(block, at)
+  local out, pos = {}, 1
+  while at ~= nil do
+    local start, s = pos, pos
+    while true do
+      local i = find(block, "\n\n", s, true)
+      if i == nil or i >= at then break end
+      start, s = i + 2, i + 1
+    end
+    local e = find(block, "\n\n", at, true)
+    local stop = e and e + 1 or #block
+    out[#out + 1] = sub(block, pos, start - 1)
+    out[#out + 1] = self:usage_event(sub(block, start, stop))
+    pos = stop + 1
+    at = find(block, USAGE, pos)
+  end
+  if self.held ~= nil then
+    local d = pos
+    while true do
+      d = find(block, "data:", d, true)
+      if d == nil then break end
+      if (d == 1 or byte(block, d - 1) == 10) and find(block, "^data: ?%[DONE%]\n", d) then
+        out[#out + 1] = sub(block, pos, d - 1)
+        out[#out + 1] = self.held
+        pos, self.held = d, nil
+        break
+      end
+      d = d + 5
+    end
+  end
+  out[#out + 1] = sub(block, pos)
+  return table.concat(out)
+end
+
+function Relay:usage_event(event)
+  local data = event_data(event)
+  local m = data and members(data, 1)
+  if m == nil then return event end
+  local k, f = nil, {}
+  for i, x in ipairs(m) do
+    f[x[1]] = value(data, x)
+    if x[1] == "usage" then k = i end
+  end
+  if k == nil or not valid_usage(f.usage) then return event end
+  local choices = f.choices and elements(f.choices, 1)
+  if f.choices == nil or falsy(f.choices) then
+    -- vLLM's and SGLang's own usage chunk, choices: []: the final report (any earlier one is stale)
+    self.held = nil
+    return self.show and event or ""
+  end
+  -- llama.cpp's and TGI's usage on the finish chunk, LiteLLM's on a chunk with an empty choice, running
+  -- usage on every chunk: the chunk goes on without it, the usage (when asked) on a chunk of its own
+  -- before [DONE], and a chunk left with nothing to say is dropped.
+  local u = m[k]
+  local rest
+  if k > 1 then rest = sub(data, 1, m[k - 1][4] - 1) .. sub(data, u[4])
+  elseif m[k + 1] ~= nil then rest = sub(data, 1, u[2] - 1) .. sub(data, m[k + 1][2])
+  else rest = sub(data, 1, u[2] - 1) .. sub(data, u[4]) end
+  if self.show then
+    self.held = data_lines('{"id":' .. (f.id or "null") .. ',"object":' .. (f.object or '"chat.completion.chunk"')
+      .. ',"created":' .. (f.created or "null") .. ',"model":' .. (f.model or "null")
+      .. ',"choices":[],"usage":' .. f.usage .. "}")
+  end
+  if choices ~= nil then
+    local nothing = true
+    for _, c in ipairs(choices) do
+      if not says_nothing(c) then nothing = false break end
+    end
+    if nothing then return "" end
+  end
+  return data_lines(rest)
+end
+
+-- a member of the x-gateway-stream header's JSON object, as its JSON text
+local function ctx_field(ctx, name)
+  local _, e = find(ctx, '"' .. name .. '":', 1, true)
+  if e == nil then return nil end
+  local stop = skip_value(ctx, e + 1)
+  return stop and sub(ctx, e + 1, stop - 1)
+end
+
+sse_relay = {Relay = Relay, ctx_field = ctx_field}
+
+function envoy_on_response(handle)
+  local headers = handle:headers()
+  local ctx = headers:get("x-gateway-stream")
+  if ctx == nil then return end
+  headers:remove("x-gateway-stream")
+  local upstream, alias = ctx_field(ctx, "u"), ctx_field(ctx, "a")
+  if upstream == nil or alias == nil then return end
+  local relay = Relay.new(upstream, alias, ctx_field(ctx, "w") == "1")
+  for chunk in handle:bodyChunks() do
+    local n = chunk:length()
+    chunk:setBytes(relay:feed(n > 0 and chunk:getBytes(0, n) or ""))
+  end
+end

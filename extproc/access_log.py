@@ -1,0 +1,37 @@
+"""Which requests the client left: Envoy's gRPC access log service, fed only the entries of requests
+whose client went away (envoy/envoy.yaml filters them by response flag: DC, DR).
+
+A model server that breaks a stream and a client that leaves it both end Envoy's stream, at any moment
+between two events: only Envoy knows which it was.  Each such entry marks its request in Redis (any
+ext_proc process may receive it), where the stream watch (``observer``) looks when a stream ended early.
+Only the request id of an entry is read; nothing of it is kept or logged.
+"""
+from __future__ import annotations
+
+from envoy.service.accesslog.v3 import als_pb2
+
+from .grpc_server import EOF, Call
+from .store import Store
+
+ALS_PATH = b"/envoy.service.accesslog.v3.AccessLogService/StreamAccessLogs"
+parse = als_pb2.StreamAccessLogsMessage.FromString
+
+
+class ClientsLeft:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def stream(self, call: Call) -> None:
+        while True:
+            msg = await call.read()
+            if msg is EOF:
+                return
+            assert isinstance(msg, als_pb2.StreamAccessLogsMessage)
+            for entry in msg.http_logs.log_entry:
+                flags = entry.common_properties.response_flags
+                if (flags.downstream_connection_termination or flags.downstream_remote_reset) \
+                        and entry.request.request_id:
+                    await self.store.mark_left(entry.request.request_id)
+
+
+__all__ = ["ALS_PATH", "ClientsLeft", "parse"]

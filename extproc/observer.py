@@ -1,0 +1,150 @@
+"""The stream watch: bills a streamed reply that Envoy relays itself.
+
+Envoy relays a model server's event stream to the client chunk by chunk (envoy/sse_relay.lua), holding
+nothing back but an unfinished event, so every event sent before a failure reaches the client.  A second
+ext_proc filter in observability mode sends this process a copy of each chunk as it passes, without
+waiting for an answer; the ``Exchange`` that let the request through named the stream in the
+``x-gateway-stream`` response header (``exchange.stream_context``).  This module knows nothing of gRPC:
+the stream loop (``server``) calls ``StreamWatch`` and ends the call when it asks to.
+
+Billing (SPEC section 4, "Billing on failure"; README, Billing):
+- the stream ended: the usage the model server reported, else the estimated input and one output token
+  per event that carried content (estimated);
+- it ended abnormally before any output: nothing;
+- the model server broke it (or went idle past the budget, or the total budget ran out) after some
+  events: the estimated input and the events that reached the client (estimated); the client saw 200
+  and a stream without [DONE], logged as 200 with the code upstream_unavailable / upstream_timeout;
+- the client left: the estimated input (logged 499).
+A model server that breaks the stream and a client that leaves both end Envoy's stream at any moment;
+Envoy's access log tells them apart (``access_log``: the client's requests it marks in Redis).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from . import metrics
+from .cost import Prices, cost_micro_pln
+from .decisions import UsageRecord
+from .exchange import STREAM_HEADER, Gateway, account, count
+from .sse import StreamMeter
+
+log = logging.getLogger("extproc")
+
+# Envoy keeps the watch's call open this long after the stream ended (envoy/envoy.yaml
+# deferred_close_timeout), so that the last chunks still arrive: the end of the call comes that much
+# after the end of the stream.
+CLOSE_DELAY_S = 1.0
+# Envoy's total-budget timer and this process's clock need not agree to the millisecond.
+TOTAL_SLACK_S = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a stream ended, as the usage log shows it and what it costs (``tokens`` None: nothing)."""
+
+    status: int
+    code: str
+    tokens: tuple[int, int] | None
+    estimated: bool
+
+
+def outcome(*, ended: bool, usage: tuple[int, int] | None, content_events: int, output_seen: bool,
+            estimated_input: int, failure: str, client_left: bool) -> Outcome:
+    """The policy of the module docstring, as a pure function.  ``failure``: "" or the SPEC code of a
+    failure known here (the idle or the total budget ran out)."""
+    if ended:
+        if usage is not None:
+            return Outcome(200, "", usage, False)
+        return Outcome(200, "", (estimated_input, content_events), True)
+    if usage is not None:  # the usage chunk went by: the client left at the very end
+        return Outcome(200, "", usage, False)
+    if not output_seen:  # (a client that leaves in that moment is not billed either)
+        return Outcome(200, failure or "upstream_unavailable", None, False)
+    if failure or not client_left:
+        return Outcome(200, failure or "upstream_unavailable", (estimated_input, content_events), True)
+    return Outcome(499, "", (estimated_input, 0), True)
+
+
+class StreamWatch:
+    __slots__ = ("gw", "ctx", "meter", "output_seen", "ended", "failure", "last_bytes", "done")
+
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.ctx: dict[str, Any] | None = None
+        self.meter = StreamMeter()
+        self.output_seen = False
+        self.ended = False
+        self.failure = ""
+        self.last_bytes = gw.clock()
+        self.done = False
+
+    @property
+    def idle(self) -> float | None:
+        """Seconds the next chunk may take (SPEC section 7's idle gap), once the stream is known."""
+        return self.gw.idle_timeout_s if self.ctx is not None and not self.done else None
+
+    def response_headers(self, headers: dict[str, str]) -> None:
+        raw = headers.get(STREAM_HEADER)
+        if raw is not None:
+            self.ctx = json.loads(raw)
+            self.last_bytes = self.gw.clock()
+
+    def response_body(self, body: bytes, end_of_stream: bool) -> None:
+        if self.ctx is None:
+            return
+        if body:
+            self.output_seen = True
+            self.last_bytes = self.gw.clock()
+            self.meter.feed(body)
+        if end_of_stream:
+            self.ended = True
+
+    def stalled(self) -> None:
+        """No chunk came within the idle budget: the stream loop ends the call with an error, which makes
+        Envoy reset the client's stream (it ends without [DONE])."""
+        self.failure = "upstream_timeout"
+
+    async def close(self) -> None:
+        """The call ended (after the stream's end, or Envoy's deferred close of a stream that broke)."""
+        ctx = self.ctx
+        if ctx is None or self.done:
+            return
+        self.done = True
+        now = self.gw.clock()
+        end = now if self.ended or self.failure else now - CLOSE_DELAY_S
+        if not self.ended and not self.failure and end - ctx["s"] >= self.gw.total_timeout_s - TOTAL_SLACK_S:
+            self.failure = "upstream_timeout"  # Envoy's total budget ended the stream
+        left = False
+        if not (self.ended or self.failure or self.meter.usage is not None) and self.output_seen:
+            left = await self._client_left(ctx["r"])
+        o = outcome(ended=self.ended, usage=self.meter.usage, content_events=self.meter.content_events,
+                    output_seen=self.output_seen, estimated_input=ctx["p"], failure=self.failure,
+                    client_left=left)
+        prompt, completion = o.tokens or (0, 0)
+        alias = ctx["a"]
+        r = UsageRecord(
+            request_id=ctx["r"], org_id=ctx["o"], key_id=ctx["k"], alias=alias, upstream_model=ctx["u"],
+            endpoint="chat", status=o.status, stream=True, prompt_tokens=prompt, completion_tokens=completion,
+            estimated=o.estimated, cost_micro_pln=cost_micro_pln(prompt, completion, Prices(ctx["i"], ctx["x"])),
+            input_price=ctx["i"], output_price=ctx["x"], started_at=ctx["s"], ttfb_ms=ctx["t"],
+            ended_at=max(end, self.last_bytes), error_code=o.code)
+        if o.code:
+            metrics.labelled(metrics.UPSTREAM_FAILURES, alias, o.code).inc()
+        if o.tokens is not None:
+            account(r)
+        else:
+            count(alias, "chat", o.status, o.code)
+        await self.gw.finish(r.org_id, r.request_id, r)
+
+    async def _client_left(self, request_id: str) -> bool:
+        try:
+            return await self.gw.store.client_left(request_id)
+        except Exception as e:  # noqa: BLE001 - Redis unreachable: taken for a broken stream
+            log.warning("request %s: could not tell how its stream ended: %s", request_id, type(e).__name__)
+            return False
+
+
+__all__ = ["CLOSE_DELAY_S", "Outcome", "StreamWatch", "outcome"]

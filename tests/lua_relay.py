@@ -1,0 +1,50 @@
+"""Envoy's stream relay (envoy/sse_relay.lua) run outside Envoy, in LuaJIT through lupa, beside the
+ext_proc's meter of the same bytes (extproc/sse.py): the pair the gateway runs on every streamed reply."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lupa import luajit21
+
+from extproc.sse import StreamMeter
+
+SCRIPT = Path(__file__).resolve().parent.parent / "envoy" / "sse_relay.lua"
+_lua = luajit21.LuaRuntime(encoding=None)
+_lua.execute(SCRIPT.read_bytes())
+_module = _lua.globals()[b"sse_relay"]
+
+
+class Relay:
+    """``feed`` returns what Envoy passes on for a chunk; ``usage`` and ``content_events`` are what the
+    ext_proc read of the same chunks."""
+
+    def __init__(self, upstream_model: str, alias: str, show_usage: bool) -> None:
+        self._lua = _module[b"Relay"][b"new"](json.dumps(upstream_model).encode(), json.dumps(alias).encode(),
+                                               show_usage)
+        self._feed = self._lua[b"feed"]
+        self.meter = StreamMeter()
+
+    def feed(self, chunk: bytes) -> bytes:
+        self.meter.feed(chunk)
+        out = self._feed(self._lua, chunk)
+        assert isinstance(out, bytes)
+        return out
+
+    def end(self) -> bytes:
+        """The stream ended: Envoy has nothing more to pass on (an unterminated event is dropped)."""
+        return b""
+
+    @property
+    def usage(self) -> tuple[int, int] | None:
+        return self.meter.usage
+
+    @property
+    def content_events(self) -> int:
+        return self.meter.content_events
+
+
+def ctx_field(ctx: bytes, name: str) -> bytes | None:
+    out = _module[b"ctx_field"](ctx, name.encode())
+    assert out is None or isinstance(out, bytes)
+    return out
