@@ -46,6 +46,7 @@ class FakeStore:
     used: dict[str, int] = field(default_factory=dict)  # key id -> requests this minute
     slots: dict[str, set[str]] = field(default_factory=dict)  # org -> request ids in flight
     records: list[UsageRecord] = field(default_factory=list)  # the usage stream
+    left: set[str] = field(default_factory=set)  # requests whose client went away (Envoy's access log)
     admits: list[tuple[str, bool]] = field(default_factory=list)  # (request id, limits) asked
     finishes: list[tuple[str, str, UsageRecord | None]] = field(default_factory=list)
 
@@ -81,6 +82,12 @@ class FakeStore:
         self.used[key_id] = self.used.get(key_id, 0) + 1
         held.add(request_id)
         return Admission(ident, None)
+
+    async def mark_left(self, request_id: str) -> None:
+        self.left.add(request_id)
+
+    async def client_left(self, request_id: str) -> bool:
+        return request_id in self.left
 
     async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, *,
                      refused: bool = False) -> None:
@@ -185,9 +192,10 @@ def request_body(body: bytes, path: str = "/v1/chat/completions", key: str | Non
 
 
 def response_headers(status: int, content_type: str = "application/json",
-                     end_of_stream: bool = False) -> ep.ProcessingRequest:
+                     end_of_stream: bool = False, **extra: str) -> ep.ProcessingRequest:
     return ep.ProcessingRequest(response_headers=ep.HttpHeaders(
-        headers=_header_map({":status": str(status), "content-type": content_type}), end_of_stream=end_of_stream))
+        headers=_header_map({":status": str(status), "content-type": content_type, **extra}),
+        end_of_stream=end_of_stream))
 
 
 def response_body(body: bytes, end_of_stream: bool = True) -> ep.ProcessingRequest:

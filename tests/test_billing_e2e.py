@@ -183,8 +183,10 @@ def test_stream_broken_before_any_output_bills_nothing(gateway: Gateway, fresh: 
             assert s.status_code in (200, 502) and b"data:" not in got
     marker = httpx.post(gateway.v1 + "/chat/completions", headers=_h(key),
                         json={"model": "polish-pro", "messages": MSGS, "sim": {"output_tokens": 1}})
-    row = _record(gateway, marker.headers["x-request-id"])  # recorded after the three, in order
-    rows = _records(gateway, org)
+    row = _record(gateway, marker.headers["x-request-id"])
+    # a broken stream is recorded when Envoy closed the stream watch's call (1 s after the stream ended),
+    # or by the ext_proc 5 s after it when the client got Envoy's 502
+    rows = wait_for(lambda: (lambda rs: rs if len(rs) == 4 else None)(_records(gateway, org)), 15)
     assert [r["request_id"] for r in rows if r["cost_micro_pln"] > 0] == [row["request_id"]]
     broken = [r for r in rows if r["request_id"] != row["request_id"]]  # logged as the client saw them
     assert len(broken) == 3 and all(r["status"] in (200, 502) and (r["prompt_tokens"], r["completion_tokens"])

@@ -8,13 +8,16 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
+
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from extproc.cost import estimate_chat_prompt
-from extproc.exchange import CLUSTER_HEADER, Gateway
-from extproc.grpc_server import EOF
-from extproc.server import Processor
+from extproc import exchange
+from extproc.exchange import CLUSTER_HEADER, STREAM_HEADER, Gateway
+from extproc.grpc_server import EOF, UNAVAILABLE, Status
+from extproc.server import ROLE_HEADER, WATCH_ROLE, Processor
 from extproc_fakes import (CHAT_BODY, OTHER_KEY, STALL, FakeCall, chat_reply, chunk, gateway, logged_free,
                            request_body, request_headers, response_body, response_headers, sse, store,
                            usage_chunk)
@@ -104,21 +107,122 @@ def test_every_phase_of_a_non_streaming_chat() -> None:
     assert store(gw).held() == 0
 
 
-def test_a_streamed_reply_switches_to_streamed_mode_and_relays_each_chunk() -> None:
+def test_a_streamed_reply_is_handed_over_and_the_call_lasts_as_long_as_the_stream() -> None:
+    gw = gateway()
+    call = process(gw, request_body(STREAM_BODY), response_headers(200, "text/event-stream"),
+                   ep.ProcessingRequest(response_trailers=ep.HttpTrailers()))
+    _, headers_msg, trailers_msg = call.written
+    # no body here (Envoy relays it), but the trailers phase: the call ends when the stream does
+    mode = headers_msg.mode_override
+    assert (mode.response_body_mode, mode.response_trailer_mode) == (pm.ProcessingMode.NONE, pm.ProcessingMode.SEND)
+    headers, _ = mutated(headers_msg.response_headers.response)
+    assert json.loads(headers[STREAM_HEADER])["a"] == "polish-pro"
+    assert list(headers_msg.response_headers.response.header_mutation.remove_headers) == ["content-length"]
+    assert trailers_msg.WhichOneof("response") == "response_trailers"
+    assert call.timeouts[-1] is None  # the idle budget is the stream watch's
+    assert store(gw).records == [] and store(gw).held() == 1  # the stream watch's to finish
+
+
+def test_a_hand_over_cut_off_at_once_is_logged_as_envoys_502_unless_the_watch_billed_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The call ended right after the hand-over: Envoy may have reset the client's stream before reading
+    it (the client got 502 and the stream watch saw nothing).  The ext_proc records that 502, later than
+    the watch would have, and only if the watch did not (the first finish counts)."""
+    monkeypatch.setattr(exchange, "HAND_OVER_GRACE_S", 0.01)
+    for watched in (False, True):
+        gw = gateway()
+
+        async def go() -> None:
+            call = FakeCall(request_body(STREAM_BODY), response_headers(200, "text/event-stream"), EOF)
+            await Processor(gw).process(call)  # type: ignore[arg-type]
+            if watched:
+                ctx = mutated(call.written[1].response_headers.response)[0][STREAM_HEADER]
+                await Processor(gw).process(watch_call(  # type: ignore[arg-type]
+                    response_headers(200, "text/event-stream", **{STREAM_HEADER: ctx}),
+                    response_body(sse(chunk("a"), usage_chunk(9, 1)), end_of_stream=True)))
+            await asyncio.sleep(0.05)
+        asyncio.run(go())
+        if watched:
+            [rec] = store(gw).records
+            assert (rec.status, rec.prompt_tokens, rec.completion_tokens) == (200, 9, 1)
+        else:
+            assert logged_free(store(gw)) == (502, "upstream_unavailable")
+        assert store(gw).held() == 0
+
+
+# ---- the stream watch (extproc/observer.py): copies of a handed-over stream, never answered ---------
+def watch_call(*script: Any) -> FakeCall:
+    return FakeCall(*script, metadata={ROLE_HEADER: WATCH_ROLE})
+
+
+def watched(gw: Gateway, *script: Any, left: bool = False) -> tuple[FakeCall, BaseException | None]:
+    """The main call hands the stream over; the watch's call then gets ``script`` after the headers."""
+    main = process(gw, request_body(STREAM_BODY), response_headers(200, "text/event-stream"),
+                   ep.ProcessingRequest(response_trailers=ep.HttpTrailers()))
+    ctx = mutated(main.written[1].response_headers.response)[0][STREAM_HEADER]
+    if left:
+        store(gw).left.add("rid-1")
+    call = watch_call(response_headers(200, "text/event-stream", **{STREAM_HEADER: ctx}), *script)
+    try:
+        asyncio.run(Processor(gw).process(call))  # type: ignore[arg-type]
+    except Status as e:
+        return call, e
+    return call, None
+
+
+def test_the_watch_bills_the_usage_of_a_whole_stream_and_answers_nothing() -> None:
     gw = gateway()
     events = sse(chunk("Cześć"), chunk(None, finish="stop"), usage_chunk(9, 1))
-    call = process(gw, request_body(STREAM_BODY), response_headers(200, "text/event-stream"),
-                   response_body(events[:40], end_of_stream=False), response_body(events[40:], end_of_stream=False),
-                   response_body(b"", end_of_stream=True))
-    _, headers_msg, *bodies = call.written
-    assert headers_msg.mode_override.response_body_mode == pm.ProcessingMode.STREAMED
-    assert list(headers_msg.response_headers.response.header_mutation.remove_headers) == ["content-length"]
-    assert len(bodies) == 3 and all(m.WhichOneof("response") == "response_body" for m in bodies)
-    out = b"".join(m.response_body.response.body_mutation.body for m in bodies)
-    assert b"up-pro" not in out and out.count(b'"model":"polish-pro"') == 3  # the usage chunk asked for
-    assert out.rstrip().endswith(b"data: [DONE]")
+    call, failed = watched(gw, response_body(events[:40], end_of_stream=False),
+                           response_body(events[40:], end_of_stream=False), response_body(b"", end_of_stream=True))
+    assert failed is None and call.written == []  # observability mode: Envoy reads no answer
     [rec] = store(gw).records
-    assert (rec.prompt_tokens, rec.completion_tokens, rec.estimated, rec.stream) == (9, 1, False, True)
+    assert (rec.status, rec.prompt_tokens, rec.completion_tokens, rec.estimated, rec.stream) == (200, 9, 1, False, True)
+    assert rec.cost_micro_pln == 14 + 3 and store(gw).held() == 0
+
+
+def test_the_watch_estimates_a_whole_stream_without_usage() -> None:
+    gw = gateway()
+    watched(gw, response_body(sse(chunk("a"), chunk("b"), chunk(None, finish="stop")), end_of_stream=True))
+    [rec] = store(gw).records
+    assert (rec.status, rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (200, EST, 2, True)
+
+
+def test_idle_gap_in_a_stream_fails_the_watch_call_and_bills_what_was_sent() -> None:
+    gw = gateway(idle_timeout_s=0.6)
+    call, failed = watched(gw, response_body(sse(chunk("a"), chunk("b"), done=False), end_of_stream=False), STALL)
+    assert isinstance(failed, Status) and failed.code == UNAVAILABLE  # Envoy resets the client's stream
+    assert call.timeouts == [None, 0.6, 0.6]  # the idle budget, once the stream is known
+    [rec] = store(gw).records
+    assert (rec.status, rec.error_code, rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (
+        200, "upstream_timeout", EST, 2, True)
+
+
+def test_a_stream_the_model_server_broke_bills_the_events_that_reached_the_client() -> None:
+    """Envoy relays each whole event at once: every one the watch saw reached the client."""
+    gw = gateway()
+    watched(gw, response_body(sse(chunk("a"), chunk("b"), done=False), end_of_stream=False),
+            response_body(sse(chunk("c"), done=False) + b'data: {"id"', end_of_stream=False), EOF)
+    [rec] = store(gw).records
+    assert (rec.status, rec.error_code, rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (
+        200, "upstream_unavailable", EST, 3, True)
+    assert store(gw).held() == 0
+
+
+def test_a_stream_broken_before_any_output_bills_nothing() -> None:
+    gw = gateway()
+    watched(gw, EOF)
+    assert logged_free(store(gw)) == (200, "upstream_unavailable") and store(gw).held() == 0
+
+
+def test_a_stream_the_client_left_bills_the_estimated_input() -> None:
+    """SPEC: a client disconnect at any point after the request reached the model server is billed the
+    estimated input tokens (Envoy's access log says the client left: ``access_log``)."""
+    gw = gateway()
+    watched(gw, response_body(sse(chunk("a"), chunk("b"), done=False), end_of_stream=False), EOF, left=True)
+    [rec] = store(gw).records
+    assert (rec.status, rec.error_code, rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (
+        499, "", EST, 0, True)
 
 
 def test_a_reply_that_ends_on_its_headers_ends_the_stream() -> None:
@@ -184,15 +288,6 @@ def test_idle_gap_in_a_non_streaming_reply_is_an_immediate_502() -> None:
     assert store(gw).held() == 0
 
 
-def test_idle_gap_in_a_stream_ends_it_and_bills_what_was_sent() -> None:
-    gw = gateway(idle_timeout_s=0.6)
-    call = process(gw, request_body(STREAM_BODY), response_headers(200, "text/event-stream"),
-                   response_body(sse(chunk("a"), chunk("b"), done=False), end_of_stream=False), STALL)
-    assert call.written[-1].WhichOneof("response") == "immediate_response"  # Envoy resets the stream on it
-    [rec] = store(gw).records
-    assert (rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (EST, 2, True)
-
-
 def test_stream_reset_by_envoy_mid_request_releases_and_bills_estimated_input() -> None:
     gw = gateway()
     call = process(gw, request_body(CHAT_BODY), EOF)  # the client went away while the model server worked
@@ -200,27 +295,6 @@ def test_stream_reset_by_envoy_mid_request_releases_and_bills_estimated_input() 
     [rec] = store(gw).records
     assert (rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (EST, 0, True)
     assert store(gw).held() == 0
-
-
-def test_stream_reset_mid_stream_bills_the_content_that_reached_the_client() -> None:
-    """Envoy resets the stream right after a piece was answered (within CUT_WINDOW_S): that piece never
-    reached the client (Envoy drops it with the reset), so only the earlier pieces' content is billed."""
-    gw = gateway()
-    process(gw, request_body(STREAM_BODY), response_headers(200, "text/event-stream"),
-            response_body(sse(chunk("a"), chunk("b"), done=False), end_of_stream=False),
-            response_body(sse(chunk("c"), done=False), end_of_stream=False), EOF)
-    [rec] = store(gw).records
-    assert (rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (EST, 2, True)
-    assert store(gw).held() == 0
-
-
-def test_stream_reset_on_its_first_piece_bills_nothing() -> None:
-    """The reset came with the first piece: no output reached the client, nothing is billed (SPEC: no
-    output before the failure), and the slot is released."""
-    gw = gateway()
-    process(gw, request_body(STREAM_BODY), response_headers(200, "text/event-stream"),
-            response_body(sse(chunk("a"), chunk("b"), done=False), end_of_stream=False), EOF)
-    assert logged_free(store(gw)) == (200, "") and store(gw).held() == 0
 
 
 def test_a_failing_phase_is_spec_500_never_a_hang() -> None:
