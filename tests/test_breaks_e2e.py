@@ -83,3 +83,26 @@ def test_a_broken_stream_delivers_every_event_and_is_billed_what_reached_the_cli
     assert row["completion_tokens"] == len(content), (row, len(content))
     assert row["cost_micro_pln"] == _ceil(EST_PROMPT * 1_500_000, 10**6) + _ceil(len(content) * 3_000_000, 10**6)
     assert gateway.slots_held(org) == 0
+
+
+@pytest.mark.parametrize("gap_ms", [0, 20])
+def test_a_client_that_leaves_a_flowing_stream_is_billed_the_estimated_input(gateway: Gateway, gap_ms: int) -> None:
+    """SPEC: "A client disconnect at any point after the request reached the model server is billed the
+    estimated input tokens": told from a model server's break by Envoy's access log, whatever the gap."""
+    org, _, key = gateway.new_org(10_000_000)
+    body = {"model": "polish-pro", "messages": MSGS, "stream": True,
+            "sim": {"itl_ms": gap_ms or 1, "output_tokens": 2000}}
+    got = b""
+    with httpx.stream("POST", gateway.v1 + "/chat/completions", json=body, headers=_h(key), timeout=30) as s:
+        rid = s.headers["x-request-id"]
+        for chunk in s.iter_bytes():
+            got += chunk
+            if got.count(b"\n\n") >= 4:
+                break  # the client closes the connection mid-stream
+    row = _settled(gateway, rid)
+    assert (row["status"], row["error_code"], row["estimated"]) == (499, None, True), row
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (EST_PROMPT, 0), row
+    assert row["cost_micro_pln"] == _ceil(EST_PROMPT * 1_500_000, 10**6)
+    served = gateway.sim_record(rid)
+    assert served is not None and served["completed"] is False
+    assert gateway.slots_held(org) == 0
