@@ -47,8 +47,9 @@ def scrape_config(s: Settings) -> dict[str, Any]:
 class Prometheus:
     """Prometheus' HTTP API (/api/v1) of a running server."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, jobs: list[str]) -> None:
         self.url = url
+        self.jobs = jobs
         self.http = httpx.Client(base_url=url + "/api/v1", timeout=10)
 
     def _get(self, path: str, **params: Any) -> Any:
@@ -77,13 +78,13 @@ class Prometheus:
         return float(found[0]["value"][1]) if found else 0.0
 
     def wait_scrapes(self, n: int, timeout: float = 30.0) -> None:
-        """Until every target has been scraped ``n`` more times (successfully: ``up`` is 1)."""
-        jobs = [t["labels"]["job"] for t in self._get("/targets")["activeTargets"]]
-        start = {job: self.scrapes_of(job) for job in jobs}
+        """Until every target of every job has been scraped ``n`` more times, and successfully (``up``
+        is 1).  Prometheus starts scraping some seconds after it starts (its target discovery)."""
+        start = {job: self.scrapes_of(job) for job in self.jobs}
         deadline = time.monotonic() + timeout
-        while any(self.scrapes_of(job) < start[job] + n for job in jobs):
+        while any(self.scrapes_of(job) < start[job] + n for job in self.jobs):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"Prometheus did not scrape {jobs} {n} times in {timeout} s")
+                raise TimeoutError(f"Prometheus did not scrape {self.jobs} {n} times in {timeout} s")
             time.sleep(SCRAPE_S / 4)
         down = self.query("up == 0")
         assert not down, f"targets down: {[d['metric'] for d in down]}"
@@ -106,13 +107,14 @@ def running_prometheus(s: Settings) -> Iterator[Prometheus]:
     """A Prometheus of its own scraping the stack of ``s``, stopped on exit."""
     tmp = Path(tempfile.mkdtemp(prefix="prometheus-"))
     config = tmp / "prometheus.yml"
-    config.write_text(yaml.safe_dump(scrape_config(s)))
+    doc = scrape_config(s)
+    config.write_text(yaml.safe_dump(doc))
     port = _free_port()
     log = (tmp / "log").open("wb")
     proc = subprocess.Popen([str(PROMETHEUS), f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
                              f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
                             stdout=log, stderr=subprocess.STDOUT)
-    prom = Prometheus(f"http://127.0.0.1:{port}")
+    prom = Prometheus(f"http://127.0.0.1:{port}", [job["job_name"] for job in doc["scrape_configs"]])
     try:
         deadline = time.monotonic() + 30
         while True:

@@ -5,8 +5,12 @@ match what the clients saw, and every alert rule of deploy/prometheus/alerts.yam
 promtool checks the rules and runs their unit tests (deploy/prometheus/alerts_test.yaml)."""
 from __future__ import annotations
 
+import importlib.util
 import subprocess
+import sys
+import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import pytest
@@ -15,7 +19,7 @@ import yaml
 import dashboard_queries
 from conftest import Gateway, wait_for
 from mixed_load import make_keys, run_load
-from prometheus_server import ALERTS, MISSING, PROMTOOL, SCRAPE_S, Prometheus, finite, installed, running_prometheus
+from prometheus_server import ALERTS, MISSING, ROOT, PROMTOOL, SCRAPE_S, Prometheus, finite, installed, running_prometheus
 
 if not installed():
     pytest.skip(f"Prometheus tests did not run: {MISSING}", allow_module_level=True)
@@ -29,21 +33,30 @@ def requests_by_status(prom: Prometheus) -> Counter[str]:
                     for s in prom.query("sum by (status) (gateway_requests_total)")})
 
 
+@dataclass(frozen=True)
+class Run:
+    prom: Prometheus
+    seen: Counter[tuple[str, int]]      # the replies the clients saw, by (kind, HTTP status)
+    scraped: Counter[str]               # the increase of gateway_requests_total by status over the load
+    start: float
+    end: float
+
+
 @pytest.fixture(scope="module")
-def loaded(gateway: Gateway) -> Iterator[tuple[Prometheus, Counter[tuple[str, int]], Counter[str]]]:
-    """Prometheus after the load: (its API, the replies the clients saw by (kind, status), the increase
-    of gateway_requests_total by status that Prometheus scraped over the load)."""
+def run(gateway: Gateway) -> Iterator[Run]:
+    """Prometheus scraping the suite's stack, after LOAD_S seconds of mixed load."""
     keys = make_keys(gateway)
     with running_prometheus(gateway.stack.s) as prom:
         prom.wait_scrapes(1)
         before = requests_by_status(prom)
+        start = time.time()
         seen = run_load(gateway.v1, keys, LOAD_S)
         prom.wait_scrapes(2)
-        yield prom, seen, requests_by_status(prom) - before
+        yield Run(prom, seen, requests_by_status(prom) - before, start, time.time())
 
 
-def test_the_load_is_mixed(loaded: tuple[Prometheus, Counter[tuple[str, int]], Counter[str]]) -> None:
-    _, seen, _ = loaded
+def test_the_load_is_mixed(run: Run) -> None:
+    seen = run.seen
     kinds: dict[str, set[int]] = {}
     for (kind, status), n in seen.items():
         kinds.setdefault(kind, set()).add(status)
@@ -52,17 +65,16 @@ def test_the_load_is_mixed(loaded: tuple[Prometheus, Counter[tuple[str, int]], C
     assert seen[("limited", 429)] > seen[("limited", 200)]
 
 
-def test_scraped_request_counters_match_the_replies(
-        loaded: tuple[Prometheus, Counter[tuple[str, int]], Counter[str]]) -> None:
-    _, seen, scraped = loaded
+def test_scraped_request_counters_match_the_replies(run: Run) -> None:
+    seen, scraped = run.seen, run.scraped
     replied: Counter[str] = Counter()
     for (_, status), n in seen.items():
         replied[str(status)] += n
     assert scraped == replied
 
 
-def test_every_panel_query_returns_data(loaded: tuple[Prometheus, Counter[tuple[str, int]], Counter[str]]) -> None:
-    prom, _, _ = loaded
+def test_every_panel_query_returns_data(run: Run) -> None:
+    prom = run.prom
     dashboard = dashboard_queries.load()
     values = dashboard_queries.variables(dashboard, step_s=SCRAPE_S, scrape_s=SCRAPE_S, range_s=LOAD_S)
     targets = list(dashboard_queries.queries(dashboard, values))
@@ -76,14 +88,31 @@ def test_every_panel_query_returns_data(loaded: tuple[Prometheus, Counter[tuple[
              describe=lambda: "no data from Prometheus for:\n" + "\n".join(empty()))
 
 
-def test_alert_rules_load_and_evaluate(loaded: tuple[Prometheus, Counter[tuple[str, int]], Counter[str]]) -> None:
-    prom, _, _ = loaded
+def test_alert_rules_load_and_evaluate(run: Run) -> None:
+    prom = run.prom
     doc = yaml.safe_load(ALERTS.read_text())
     names = {r["alert"] for g in doc["groups"] for r in g["rules"]}
     rules = prom.rules()
     assert {r["name"] for r in rules} == names
     bad = [(r["name"], r["health"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert not bad
+
+
+def test_preview_draws_every_panel_from_range_queries(run: Run) -> None:
+    """deploy/grafana/preview.py (which draws docs/dashboard.png) on this run: every stat and time-series
+    panel gets points from Prometheus' query_range, and the page shows no "No data"."""
+    spec = importlib.util.spec_from_file_location("dashboard_preview", ROOT / "deploy" / "grafana" / "preview.py")
+    assert spec is not None and spec.loader is not None
+    preview = sys.modules["dashboard_preview"] = importlib.util.module_from_spec(spec)   # for its dataclass
+    spec.loader.exec_module(preview)
+    dashboard = dashboard_queries.load()
+    results = preview.panel_data(run.prom, dashboard, run.start, run.end, "10s")
+    drawn = [p for p in dashboard["panels"] if p["type"] in ("stat", "timeseries")]
+    assert len(results) == len(drawn) >= 20
+    empty = [dashboard["panels"][i]["title"] for i, data in results.items() if not any(pts for _, pts in data.series)]
+    assert not empty, f"panels without points: {empty}"
+    page = preview.render_html(dashboard, results, run.start, run.end, "title", "")
+    assert "No data" not in page and page.count('class="panel"') == len(drawn)
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
