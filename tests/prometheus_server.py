@@ -8,7 +8,6 @@ import contextlib
 import math
 import shutil
 import socket
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, Iterator
 import httpx
 import yaml
 
+from conftest import process
 from control import envoy_config
 from extproc.settings import Settings
 
@@ -102,38 +102,28 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(url + "/-/ready", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 @contextlib.contextmanager
 def running_prometheus(s: Settings) -> Iterator[Prometheus]:
     """A Prometheus of its own scraping the stack of ``s``, stopped on exit."""
     tmp = Path(tempfile.mkdtemp(prefix="prometheus-"))
-    config = tmp / "prometheus.yml"
     doc = scrape_config(s)
-    config.write_text(yaml.safe_dump(doc))
-    port = _free_port()
-    log = (tmp / "log").open("wb")
-    proc = subprocess.Popen([str(PROMETHEUS), f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                            stdout=log, stderr=subprocess.STDOUT)
-    prom = Prometheus(f"http://127.0.0.1:{port}", [job["job_name"] for job in doc["scrape_configs"]])
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(doc))
+    url = f"http://127.0.0.1:{_free_port()}"
+    argv = [str(PROMETHEUS), f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+            f"--web.listen-address={url.removeprefix('http://')}", "--log.level=warn"]
     try:
-        deadline = time.monotonic() + 30
-        while True:
+        with process(argv, tmp / "log", lambda: _ready(url)):
+            prom = Prometheus(url, [job["job_name"] for job in doc["scrape_configs"]])
             try:
-                if httpx.get(prom.url + "/-/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"Prometheus did not start: {(tmp / 'log').read_text()[-2000:]}")
-            time.sleep(0.1)
-        yield prom
+                yield prom
+            finally:
+                prom.http.close()
     finally:
-        prom.http.close()
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
         shutil.rmtree(tmp, ignore_errors=True)
