@@ -153,3 +153,16 @@ def test_metric_list_matches_the_code() -> None:
                 found[fam.name] = fam.type
     assert {n + "_total" for n, t in found.items() if t == "counter"} == COUNTERS
     assert {n for n, t in found.items() if t == "histogram"} == HISTOGRAMS
+
+
+def test_grafana_variables_are_substituted(dashboard: dict[str, Any]) -> None:
+    values = dashboard_queries.variables(dashboard, step_s=2, scrape_s=1, range_s=60)
+    assert values["alias"] == ".*"
+    assert dashboard_queries.substitute('rate(x{a=~"$alias"}[$__rate_interval]) [[alias]] ${alias:regex}',
+                                        values) == 'rate(x{a=~".*"}[4s]) .* .*'
+    assert dashboard_queries.substitute("$__interval $__range", values) == "2s 60s"
+    assert dashboard_queries.variables(dashboard, step_s=10, scrape_s=1, range_s=60)["__rate_interval"] == "11s"
+    with pytest.raises(KeyError, match=r"\$nope"):
+        dashboard_queries.substitute("x{a=~\"$nope\"}", values)
+    exprs = [expr for _, _, expr in dashboard_queries.queries(dashboard, values)]
+    assert len(exprs) >= 20 and not any("$" in e for e in exprs)
