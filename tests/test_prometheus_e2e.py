@@ -96,6 +96,11 @@ def test_alert_rules_load_and_evaluate(run: Run) -> None:
     assert {r["name"] for r in rules} == names
     bad = [(r["name"], r["health"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert not bad
+    # on the load's data: an alias without deployments and over 5% of 5xx, each pending its `for`
+    state = {r["name"]: r for r in rules}
+    assert state["AliasNoCapacity"]["state"] == "pending"
+    assert state["GatewayErrorRatioHigh"]["state"] == "pending"
+    assert state["GatewayInternalErrors"]["state"] == "inactive"
 
 
 def test_preview_draws_every_panel_from_range_queries(run: Run) -> None:
