@@ -158,7 +158,7 @@ def svg_timeseries(panel: dict[str, Any], data: PanelData, w: int, h: int, start
     span = end - start
     xstep = next(s for s in (5, 10, 15, 20, 30, 60, 120, 300, 600, 1800, 3600) if span / s <= 6)
     tx = math.ceil(start / xstep) * xstep
-    while tx <= end:
+    while x(tx) <= w - 26:                         # a label must fit: half its width
         parts.append(f'<line x1="{x(tx):.1f}" x2="{x(tx):.1f}" y1="{top}" y2="{top + ph}" stroke="#2c3235"/>')
         parts.append(f'<text x="{x(tx):.1f}" y="{h - 5}" text-anchor="middle" fill="#ccccdc">{_clock(tx)}</text>')
         tx += xstep
