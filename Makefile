@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test install clean browser services bench litellm-env
+.PHONY: run test install clean browser services prometheus bench litellm-env
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,19 @@ services:
 	    || echo "$$missing could not be installed: the production-shaped services tests will be skipped"; \
 	fi
 
+# The dashboard's queries and the alert rules are checked by Debian's Prometheus and promtool
+# (tests/test_prometheus_e2e.py): installed here when missing and apt-get can (as root, or with
+# password-less sudo); otherwise those tests are skipped and say why, and fail under CI=true.
+PROMETHEUS := /usr/bin/prometheus
+prometheus:
+	@if [ ! -x $(PROMETHEUS) ] && command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo -n"; \
+	  echo "installing Debian's prometheus for the dashboard and alert-rule tests"; \
+	  ( $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 \
+	      apt-get install -y -qq --no-install-recommends prometheus >/dev/null ) \
+	    || echo "prometheus could not be installed: the dashboard and alert-rule tests will be skipped"; \
+	fi
+
 # LiteLLM's proxy, a real third-party model server for tests/test_litellm_upstream_e2e.py (and the
 # benchmark's comparison peer), in its own environment bench/.venv-litellm (litellm pins an openai SDK
 # of its own): installed once from PyPI (about 3 minutes here), a stamp check afterwards. When it cannot
@@ -54,7 +67,7 @@ services:
 litellm-env: $(STAMP)
 	@$(PY) -m bench.litellm_env
 
-test: $(STAMP) browser services litellm-env
+test: $(STAMP) browser services prometheus litellm-env
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # make bench [QUICK=1] [SOAK=seconds] [PROFILE=1]: see BENCHMARKS.md (bench/run.py).

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator
@@ -264,6 +265,29 @@ def wait_for(pred: Callable[[], Any], timeout: float = 5.0, interval: float = 0.
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met in {timeout:g}s" + (f": {describe()!r}" if describe else ""))
         time.sleep(interval)
+
+
+@contextlib.contextmanager
+def process(argv: list[str], log: Path, ready: Callable[[], Any],
+            user: str | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """``argv`` running (its output in ``log``) once ``ready()`` is true, terminated on exit; its death
+    before it is ready fails with the end of its log."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, user=user, start_new_session=True)
+    try:
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"{argv[0]} exited with {proc.returncode}: {log.read_text()[-2000:]}")
+            return bool(ready())
+        wait_for(up, timeout=30)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def rate_window_with(seconds: float = 15.0) -> None:

@@ -2,17 +2,15 @@
 PromQL expression names only the gateway's metrics (or Envoy's own `envoy_*` stats)."""
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-DASHBOARD = ROOT / "deploy" / "grafana" / "gateway-dashboard.json"
-ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yaml"
+import dashboard_queries
+from dashboard_queries import all_panels
+from prometheus_server import ALERTS
 
 HISTOGRAMS = {"gen_ai_client_token_usage", "gen_ai_server_time_to_first_token_seconds",
               "gen_ai_server_time_per_output_token_seconds", "gen_ai_server_request_duration_seconds",
@@ -85,13 +83,7 @@ def test_metric_names_parser() -> None:
 
 @pytest.fixture(scope="module")
 def dashboard() -> dict[str, Any]:
-    return dict(json.loads(DASHBOARD.read_text()))
-
-
-def all_panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    for p in panels:
-        yield p
-        yield from all_panels(p.get("panels", []))
+    return dashboard_queries.load()
 
 
 def test_dashboard_parses_and_queries_known_metrics(dashboard: dict[str, Any]) -> None:
@@ -116,7 +108,7 @@ def test_dashboard_parses_and_queries_known_metrics(dashboard: dict[str, Any]) -
     # every metric of the list is on the dashboard
     bases = {n for n in seen if n in COUNTERS} | {h for h in HISTOGRAMS for n in seen if n.startswith(h + "_")}
     assert bases == COUNTERS | HISTOGRAMS, f"not on the dashboard: {(COUNTERS | HISTOGRAMS) - bases}"
-    assert {"envoy_cluster_upstream_rq_retry", "envoy_cluster_outlier_detection_ejections_enforced_total"} <= seen
+    assert {"envoy_cluster_upstream_rq_retry_total", "envoy_cluster_outlier_detection_ejections_enforced_total"} <= seen
 
 
 # ---- the alert rules --------------------------------------------------------------------------------
@@ -161,3 +153,16 @@ def test_metric_list_matches_the_code() -> None:
                 found[fam.name] = fam.type
     assert {n + "_total" for n, t in found.items() if t == "counter"} == COUNTERS
     assert {n for n, t in found.items() if t == "histogram"} == HISTOGRAMS
+
+
+def test_grafana_variables_are_substituted(dashboard: dict[str, Any]) -> None:
+    values = dashboard_queries.variables(dashboard, step_s=2, scrape_s=1, range_s=60)
+    assert values["alias"] == ".*"
+    assert dashboard_queries.substitute('rate(x{a=~"$alias"}[$__rate_interval]) [[alias]] ${alias:regex}',
+                                        values) == 'rate(x{a=~".*"}[4s]) .* .*'
+    assert dashboard_queries.substitute("$__interval $__range", values) == "2s 60s"
+    assert dashboard_queries.variables(dashboard, step_s=10, scrape_s=1, range_s=60)["__rate_interval"] == "11s"
+    with pytest.raises(KeyError, match=r"\$nope"):
+        dashboard_queries.substitute("x{a=~\"$nope\"}", values)
+    exprs = [expr for _, _, expr in dashboard_queries.queries(dashboard, values)]
+    assert len(exprs) >= 20 and not any("$" in e for e in exprs)

@@ -35,7 +35,7 @@ import asyncpg
 import httpx
 import pytest
 
-from conftest import Gateway, running_stack, wait_for
+from conftest import Gateway, process, running_stack, wait_for
 from extproc.resp import RespClient, RespSetupError
 from extproc.store import redis_client
 from extproc.urls import mask
@@ -91,26 +91,6 @@ def make_certificates(d: Path) -> None:
                  "-out", f"{name}.crt", "-days", "2", "-extfile", f"{name}.ext", cwd=d)
     for f in d.iterdir():
         f.chmod(0o644 if f.suffix == ".crt" else 0o600)
-
-
-@contextlib.contextmanager
-def process(argv: list[str], log: Path, ready: Any, user: str | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, user=user, start_new_session=True)
-    try:
-        def up() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"{argv[0]} exited with {proc.returncode}: {log.read_text()[-2000:]}")
-            return bool(ready())
-        wait_for(up, timeout=30)
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @contextlib.contextmanager

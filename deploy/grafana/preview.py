@@ -1,568 +1,38 @@
-"""A previewer of deploy/grafana/gateway-dashboard.json without Grafana or Prometheus.
+"""Renders deploy/grafana/gateway-dashboard.json as docs/dashboard.png from a real Prometheus.
 
     .venv/bin/python -m deploy.grafana.preview [--seconds 60] [--window 30s] [--out docs/dashboard.png]
 
-It starts a gateway stack of its own (free ports, the simulator as model server), runs a mixed load
-(chat, streaming chat, embeddings, unknown-model 404s, rate-limit 429s, model-server 500s, a dead
-deployment), scrapes the ext_proc's /metrics and Envoy's /stats/prometheus every 2 s, evaluates every
-panel's PromQL with the small evaluator below, renders the panels by their gridPos as HTML with inline
-SVG and screenshots the page with Debian's chromium (Playwright).  Nothing is invented: a panel whose
-expression is outside the evaluator's subset is drawn as "not evaluated", a panel without samples says
-"No data".
+It starts a gateway stack of its own (tests/conftest.py: free ports, the simulator as model server) and
+Debian's Prometheus scraping it every second (tests/prometheus_server.py), runs the mixed load of
+tests/mixed_load.py, asks Prometheus' range-query API (/api/v1/query_range) for every panel's query over
+the run, draws the panels by their gridPos as HTML with inline SVG (Grafana-like, not Grafana: Grafana is
+not installable here) and screenshots the page with Debian's chromium (Playwright).  A panel whose
+queries return nothing says "No data".
 
-The PromQL subset (what the dashboard uses): number literals; vector selectors with `=`, `!=`, `=~`,
-`!~` matchers; range selectors `[5m]`; rate / irate / increase (Prometheus's extrapolation rules);
-`sum` with `by (...)`; histogram_quantile; clamp_min; binary `+ - * /` between scalars and vectors
-(one-to-one matching on all labels).  Grafana's `$alias` variable is its "All" value (`.*`).
-
-The dashboard's windows are `[5m]`; a 60-second load fills only a fifth of such a window, which makes
-Prometheus's rate() read about a fifth of the real rate.  By default every range is therefore evaluated
-over `--window` (30 s) instead, and the page says so; `--window asis` keeps the written ranges.
+The dashboard's windows are `[5m]`; over a 60-second load such a window is mostly empty and rate() reads
+about a fifth of the real rate, so every range is queried over `--window` (30 s) instead, and the page
+says so; `--window asis` keeps the written ranges.
 """
 from __future__ import annotations
 
 import argparse
-import gzip
 import html
-import json
 import math
-import random
 import re
 import sys
-import tempfile
-import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-DASHBOARD = ROOT / "deploy" / "grafana" / "gateway-dashboard.json"
-LOOKBACK_S = 300.0          # Prometheus's instant-vector lookback delta
-SCRAPE_S = 2.0
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+import dashboard_queries  # noqa: E402
+from prometheus_server import SCRAPE_S, Prometheus, running_prometheus  # noqa: E402
 
-# ================================================================================================
-# Sample storage and the text exposition format
-# ================================================================================================
-
-Labels = tuple[tuple[str, str], ...]            # sorted (name, value) pairs, "__name__" included
-
-
-def labels_of(name: str, extra: dict[str, str] | None = None) -> Labels:
-    d = dict(extra or {})
-    d["__name__"] = name
-    return tuple(sorted(d.items()))
-
-
-class Store:
-    """Samples by metric name, then by label set: lists of (seconds, value) in time order."""
-
-    def __init__(self) -> None:
-        self.by_name: dict[str, dict[Labels, list[tuple[float, float]]]] = {}
-
-    def add(self, labels: Labels, t: float, v: float) -> None:
-        name = dict(labels)["__name__"]
-        self.by_name.setdefault(name, {}).setdefault(labels, []).append((t, v))
-
-    def add_series(self, name: str, labels: dict[str, str], points: list[tuple[float, float]]) -> None:
-        for t, v in points:
-            self.add(labels_of(name, labels), t, v)
-
-    def series(self, name: str) -> dict[Labels, list[tuple[float, float]]]:
-        return self.by_name.get(name, {})
-
-
-_SAMPLE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?\s*$')
-_LABEL = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
-
-
-def _unescape(s: str) -> str:
-    return s.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\")
-
-
-def parse_exposition(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """(name, labels, value) of every sample line of the Prometheus text format."""
-    out = []
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
-        name, body, raw = m.groups()
-        labels: dict[str, str] = {}
-        if body:
-            for lm in _LABEL.finditer(body[1:-1]):
-                labels[lm.group(1)] = _unescape(lm.group(2))
-        try:
-            value = float(raw)
-        except ValueError:
-            continue
-        out.append((name, labels, value))
-    return out
-
-
-# ================================================================================================
-# The PromQL subset: parser
-# ================================================================================================
-
-class Unsupported(Exception):
-    """The expression uses PromQL outside the previewer's subset."""
-
-
-@dataclass(frozen=True)
-class Num:
-    value: float
-
-
-@dataclass(frozen=True)
-class Selector:
-    name: str
-    matchers: tuple[tuple[str, str, str], ...]   # (label, op, value)
-    range_s: float | None = None
-
-
-@dataclass(frozen=True)
-class Call:
-    func: str
-    args: tuple[Any, ...]
-
-
-@dataclass(frozen=True)
-class Agg:
-    op: str
-    by: tuple[str, ...] | None
-    expr: Any
-
-
-@dataclass(frozen=True)
-class Bin:
-    op: str
-    left: Any
-    right: Any
-
-
-Node = Union[Num, Selector, Call, Agg, Bin]
-
-_TOKEN = re.compile(r"""\s*(?:
-    (?P<dur>(?:\d+(?:ms|s|m|h|d|w|y))+)(?![A-Za-z0-9_])
-  | (?P<num>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(?![A-Za-z0-9_.])
-  | (?P<ident>[A-Za-z_:][A-Za-z0-9_:]*)
-  | (?P<str>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
-  | (?P<op>=~|!~|!=|==|>=|<=|[-+*/^%(){}\[\],=<>])
-)""", re.X)
-
-RANGE_FUNCS = {"rate", "irate", "increase"}
-_DUR_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
-
-
-def parse_duration(s: str) -> float:
-    total, pos = 0.0, 0
-    for m in re.finditer(r"(\d+)(ms|s|m|h|d|w|y)", s):
-        if m.start() != pos:
-            raise ValueError(s)
-        total += int(m.group(1)) * _DUR_UNITS[m.group(2)]
-        pos = m.end()
-    if pos != len(s) or not s:
-        raise ValueError(f"bad duration {s!r}")
-    return total
-
-
-def _tokens(expr: str) -> list[tuple[str, str]]:
-    out, pos = [], 0
-    expr = expr.rstrip()
-    while pos < len(expr):
-        m = _TOKEN.match(expr, pos)
-        if not m or m.end() == pos:
-            raise Unsupported(f"cannot read {expr[pos:pos + 20]!r}")
-        kind = m.lastgroup
-        assert kind is not None
-        out.append((kind, m.group(kind)))
-        pos = m.end()
-    return out
-
-
-class _Parser:
-    def __init__(self, expr: str) -> None:
-        self.toks = _tokens(expr)
-        self.i = 0
-
-    def peek(self, k: int = 0) -> tuple[str, str]:
-        j = self.i + k
-        return self.toks[j] if j < len(self.toks) else ("eof", "")
-
-    def take(self, value: str | None = None) -> tuple[str, str]:
-        tok = self.peek()
-        if value is not None and tok[1] != value:
-            raise Unsupported(f"expected {value!r}, found {tok[1]!r}")
-        self.i += 1
-        return tok
-
-    def parse(self) -> Node:
-        node = self.additive()
-        if self.peek()[0] != "eof":
-            raise Unsupported(f"unexpected {self.peek()[1]!r}")
-        return node
-
-    def additive(self) -> Node:
-        node = self.multiplicative()
-        while self.peek() in (("op", "+"), ("op", "-")):
-            op = self.take()[1]
-            node = Bin(op, node, self.multiplicative())
-        return node
-
-    def multiplicative(self) -> Node:
-        node = self.unary()
-        while self.peek()[0] == "op" and self.peek()[1] in "*/%^" and self.peek()[1]:
-            op = self.take()[1]
-            if op not in ("*", "/"):
-                raise Unsupported(f"operator {op}")
-            node = Bin(op, node, self.unary())
-        return node
-
-    def unary(self) -> Node:
-        if self.peek() == ("op", "-"):
-            self.take()
-            return Bin("*", Num(-1.0), self.unary())
-        return self.primary()
-
-    def labels(self) -> tuple[str, ...]:
-        self.take("(")
-        names: list[str] = []
-        while self.peek()[1] != ")":
-            kind, name = self.take()
-            if kind != "ident":
-                raise Unsupported(f"label name expected, found {name!r}")
-            names.append(name)
-            if self.peek()[1] == ",":
-                self.take()
-        self.take(")")
-        return tuple(names)
-
-    def primary(self) -> Node:
-        kind, value = self.peek()
-        if kind == "num":
-            self.take()
-            return Num(float(value))
-        if (kind, value) == ("op", "("):
-            self.take()
-            node = self.additive()
-            self.take(")")
-            return node
-        if kind == "ident":
-            nxt = self.peek(1)
-            if value in ("sum", "avg", "min", "max", "count", "topk", "bottomk", "quantile", "stddev",
-                         "stdvar", "count_values", "group") and (nxt[1] in ("(", "by", "without")):
-                return self.aggregation()
-            if nxt == ("op", "("):
-                return self.call()
-            return self.selector()
-        if (kind, value) == ("op", "{"):
-            raise Unsupported("selector without a metric name")
-        raise Unsupported(f"unexpected {value!r}")
-
-    def aggregation(self) -> Node:
-        op = self.take()[1]
-        if op != "sum":
-            raise Unsupported(f"aggregation {op}")
-        by: tuple[str, ...] | None = None
-        if self.peek()[1] == "without":
-            raise Unsupported("without (...)")
-        if self.peek()[1] == "by":
-            self.take()
-            by = self.labels()
-        self.take("(")
-        expr = self.additive()
-        self.take(")")
-        if self.peek()[1] == "without":
-            raise Unsupported("without (...)")
-        if self.peek()[1] == "by":
-            if by is not None:
-                raise Unsupported("two by clauses")
-            self.take()
-            by = self.labels()
-        return Agg(op, by, expr)
-
-    def call(self) -> Node:
-        func = self.take()[1]
-        if func not in RANGE_FUNCS | {"histogram_quantile", "clamp_min"}:
-            raise Unsupported(f"function {func}")
-        self.take("(")
-        args: list[Node] = []
-        while self.peek()[1] != ")":
-            args.append(self.additive())
-            if self.peek()[1] == ",":
-                self.take()
-        self.take(")")
-        if func in RANGE_FUNCS:
-            if len(args) != 1 or not isinstance(args[0], Selector) or args[0].range_s is None:
-                raise Unsupported(f"{func} needs one range selector")
-        elif len(args) != 2:
-            raise Unsupported(f"{func} takes two arguments")
-        return Call(func, tuple(args))
-
-    def selector(self) -> Node:
-        name = self.take()[1]
-        matchers: list[tuple[str, str, str]] = []
-        if self.peek() == ("op", "{"):
-            self.take()
-            while self.peek()[1] != "}":
-                kind, label = self.take()
-                if kind != "ident":
-                    raise Unsupported(f"label name expected, found {label!r}")
-                op = self.take()[1]
-                if op not in ("=", "!=", "=~", "!~"):
-                    raise Unsupported(f"matcher {op}")
-                kind, raw = self.take()
-                if kind != "str":
-                    raise Unsupported("matcher value must be a string")
-                matchers.append((label, op, _unescape(raw[1:-1])))
-                if self.peek()[1] == ",":
-                    self.take()
-            self.take("}")
-        range_s = None
-        if self.peek() == ("op", "["):
-            self.take()
-            kind, dur = self.take()
-            if kind not in ("dur",):
-                raise Unsupported(f"range {dur!r}")
-            range_s = parse_duration(dur)
-            self.take("]")
-        if self.peek()[1] in ("offset", "@"):
-            raise Unsupported("offset / @ modifiers")
-        return Selector(name, tuple(matchers), range_s)
-
-
-def parse(expr: str) -> Node:
-    return _Parser(expr).parse()
-
-
-# ================================================================================================
-# The PromQL subset: evaluation at one instant
-# ================================================================================================
-
-Vector = list[tuple[Labels, float]]
-Value = Union[float, Vector]
-
-
-def _matches(labels: Labels, matchers: tuple[tuple[str, str, str], ...]) -> bool:
-    d = dict(labels)
-    for label, op, want in matchers:
-        have = d.get(label, "")
-        if op == "=" and have != want:
-            return False
-        if op == "!=" and have == want:
-            return False
-        if op in ("=~", "!~"):
-            hit = re.fullmatch(f"(?:{want})", have) is not None
-            if hit != (op == "=~"):
-                return False
-    return True
-
-
-def _drop_name(labels: Labels) -> Labels:
-    return tuple(p for p in labels if p[0] != "__name__")
-
-
-def extrapolated_rate(points: list[tuple[float, float]], start: float, end: float, range_s: float,
-                      is_rate: bool) -> float | None:
-    """Prometheus's extrapolatedRate (promql/functions.go) for a counter; None with < 2 samples."""
-    if len(points) < 2:
-        return None
-    result = points[-1][1] - points[0][1]
-    prev = points[0][1]
-    for _, v in points[1:]:
-        if v < prev:                       # a counter reset
-            result += prev
-        prev = v
-    first_t, last_t = points[0][0], points[-1][0]
-    to_start, to_end = first_t - start, end - last_t
-    sampled = last_t - first_t
-    avg = sampled / (len(points) - 1)
-    threshold = avg * 1.1
-    if to_start >= threshold:
-        to_start = avg / 2
-    if result > 0 and points[0][1] >= 0:
-        to_zero = sampled * (points[0][1] / result)
-        if to_zero < to_start:
-            to_start = to_zero
-    if to_end >= threshold:
-        to_end = avg / 2
-    factor = (sampled + to_start + to_end) / sampled
-    if is_rate:
-        factor /= range_s
-    return result * factor
-
-
-def instant_rate(points: list[tuple[float, float]]) -> float | None:
-    """Prometheus's irate: the last two samples of the range."""
-    if len(points) < 2:
-        return None
-    (t0, v0), (t1, v1) = points[-2], points[-1]
-    delta = v1 if v1 < v0 else v1 - v0
-    return delta / (t1 - t0) if t1 > t0 else None
-
-
-def bucket_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
-    """Prometheus's bucketQuantile over (upper bound, cumulative count) pairs."""
-    if math.isnan(q):
-        return math.nan
-    if q < 0:
-        return -math.inf
-    if q > 1:
-        return math.inf
-    buckets = sorted(buckets)
-    if not buckets or not math.isinf(buckets[-1][0]):
-        return math.nan
-    merged: list[list[float]] = []                 # coalesce equal bounds
-    for ub, c in buckets:
-        if merged and merged[-1][0] == ub:
-            merged[-1][1] += c
-        else:
-            merged.append([ub, c])
-    for k in range(1, len(merged)):                # ensure monotonic counts
-        merged[k][1] = max(merged[k][1], merged[k - 1][1])
-    if len(merged) < 2:
-        return math.nan
-    observations = merged[-1][1]
-    if observations == 0:
-        return math.nan
-    rank = q * observations
-    b = next(k for k, (_, c) in enumerate(merged) if c >= rank)
-    if b == len(merged) - 1:
-        return merged[-2][0]
-    if b == 0 and merged[0][0] <= 0:
-        return merged[0][0]
-    start, end, count = 0.0, merged[b][0], merged[b][1]
-    if b > 0:
-        start = merged[b - 1][0]
-        count -= merged[b - 1][1]
-        rank -= merged[b - 1][1]
-    return start + (end - start) * (rank / count)
-
-
-def _arith(op: str, a: float, b: float) -> float:
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    if op == "*":
-        return a * b
-    if b == 0:
-        return math.nan if a == 0 or math.isnan(a) else math.copysign(math.inf, a)
-    return a / b
-
-
-@dataclass
-class Evaluator:
-    store: Store
-    window_s: float | None = None        # replaces every range when set
-    lookback_s: float = LOOKBACK_S
-
-    def eval(self, node: Node, t: float) -> Value:
-        if isinstance(node, Num):
-            return node.value
-        if isinstance(node, Selector):
-            if node.range_s is not None:
-                raise Unsupported("a range vector outside rate/irate/increase")
-            out: Vector = []
-            for labels, pts in self.store.series(node.name).items():
-                if not _matches(labels, node.matchers):
-                    continue
-                last = None
-                for pt in pts:
-                    if pt[0] > t:
-                        break
-                    last = pt
-                if last is not None and last[0] > t - self.lookback_s:
-                    out.append((labels, last[1]))
-            return out
-        if isinstance(node, Call):
-            return self._call(node, t)
-        if isinstance(node, Agg):
-            inner = self.eval(node.expr, t)
-            if not isinstance(inner, list):
-                raise Unsupported("sum of a scalar")
-            groups: dict[Labels, float] = {}
-            for labels, v in inner:
-                d = dict(labels)
-                key = tuple(sorted((k, d[k]) for k in (node.by or ()) if d.get(k, "") != ""))
-                groups[key] = groups.get(key, 0.0) + v
-            return list(groups.items())
-        if isinstance(node, Bin):
-            return self._binary(node, t)
-        raise Unsupported(repr(node))
-
-    def _call(self, node: Call, t: float) -> Value:
-        if node.func in RANGE_FUNCS:
-            sel = node.args[0]
-            rng = self.window_s if self.window_s is not None else sel.range_s
-            start = t - rng
-            out: Vector = []
-            for labels, pts in self.store.series(sel.name).items():
-                if not _matches(labels, sel.matchers):
-                    continue
-                window = [p for p in pts if start < p[0] <= t]
-                if node.func == "irate":
-                    v = instant_rate(window)
-                else:
-                    v = extrapolated_rate(window, start, t, rng, node.func == "rate")
-                if v is not None:
-                    out.append((_drop_name(labels), v))
-            return out
-        if node.func == "clamp_min":
-            vec, lo = self.eval(node.args[0], t), self.eval(node.args[1], t)
-            if not isinstance(vec, list) or isinstance(lo, list):
-                raise Unsupported("clamp_min(vector, scalar)")
-            return [(_drop_name(lb), v if math.isnan(v) else max(v, lo)) for lb, v in vec]
-        if node.func == "histogram_quantile":
-            q, vec = self.eval(node.args[0], t), self.eval(node.args[1], t)
-            if isinstance(q, list) or not isinstance(vec, list):
-                raise Unsupported("histogram_quantile(scalar, vector)")
-            groups: dict[Labels, list[tuple[float, float]]] = {}
-            for labels, v in vec:
-                d = dict(labels)
-                if "le" not in d:
-                    continue
-                key = tuple(p for p in labels if p[0] not in ("le", "__name__"))
-                groups.setdefault(key, []).append((float(d["le"]), v))
-            return [(key, bucket_quantile(q, b)) for key, b in groups.items()]
-        raise Unsupported(f"function {node.func}")
-
-    def _binary(self, node: Bin, t: float) -> Value:
-        a, b = self.eval(node.left, t), self.eval(node.right, t)
-        if not isinstance(a, list) and not isinstance(b, list):
-            return _arith(node.op, a, b)
-        if not isinstance(a, list):
-            return [(_drop_name(lb), _arith(node.op, a, v)) for lb, v in b]  # type: ignore[union-attr]
-        if not isinstance(b, list):
-            return [(_drop_name(lb), _arith(node.op, v, b)) for lb, v in a]
-        right = {_drop_name(lb): v for lb, v in b}
-        return [(_drop_name(lb), _arith(node.op, v, right[_drop_name(lb)]))
-                for lb, v in a if _drop_name(lb) in right]
-
-    def range_query(self, expr: str, start: float, end: float, step: float) -> dict[Labels, list[tuple[float, float]]]:
-        """What Grafana asks Prometheus for: the expression at every step; NaN points are kept out."""
-        node = parse(expr)
-        out: dict[Labels, list[tuple[float, float]]] = {}
-        n = int(math.floor((end - start) / step + 1e-9))
-        for k in range(n + 1):
-            t = start + k * step
-            v = self.eval(node, t)
-            if not isinstance(v, list):
-                v = [((), v)]
-            for labels, x in v:
-                out.setdefault(labels, [])
-                if not math.isnan(x):
-                    out[labels].append((t, x))
-        return out
-
-
-def substitute(expr: str, variables: dict[str, str]) -> str:
-    for name, value in variables.items():
-        expr = expr.replace("${" + name + "}", value).replace("$" + name, value)
-    return expr
+STEP_S = 2.0                # the range queries' resolution
 
 
 # ================================================================================================
@@ -631,34 +101,17 @@ def nice_ticks(lo: float, hi: float, n: int = 4) -> list[float]:
     return ticks
 
 
-def legend_name(fmt_: str | None, labels: Labels) -> str:
-    d = dict(labels)
+def legend_name(fmt_: str | None, labels: dict[str, str]) -> str:
+    """Grafana's legend: the target's legendFormat with {{label}} filled in, else the series' labels."""
     if fmt_:
-        return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: d.get(m.group(1), ""), fmt_).strip() or "{}"
-    body = ", ".join(f'{k}="{v}"' for k, v in labels if k != "__name__")
-    return d.get("__name__", "") + "{" + body + "}"
+        return re.sub(r"\{\{\s*(\w+)\s*\}\}", lambda m: labels.get(m.group(1), ""), fmt_).strip() or "{}"
+    body = ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items()) if k != "__name__")
+    return labels.get("__name__", "") + "{" + body + "}"
 
 
 @dataclass
 class PanelData:
     series: list[tuple[str, list[tuple[float, float]]]] = field(default_factory=list)
-    error: str | None = None
-
-
-def evaluate_panel(panel: dict[str, Any], ev: Evaluator, start: float, end: float, step: float,
-                   variables: dict[str, str]) -> PanelData:
-    out = PanelData()
-    for target in panel.get("targets", []):
-        expr = substitute(target.get("expr", ""), variables)
-        try:
-            res = ev.range_query(expr, start, end, step)
-        except Unsupported as e:
-            out.error = f"not evaluated: {e} — in {target.get('expr')}"
-            out.series = []
-            return out
-        for labels in sorted(res):
-            out.series.append((legend_name(target.get("legendFormat"), labels), res[labels]))
-    return out
 
 
 def _clock(t: float) -> str:
@@ -689,8 +142,13 @@ def svg_timeseries(panel: dict[str, Any], data: PanelData, w: int, h: int, start
     lo, hi = min(0.0, min(values)), max(values)
     ticks = nice_ticks(lo, hi if hi > lo else lo + 1)
     lo, hi = ticks[0], ticks[-1]
-    x = lambda t: left + (t - start) / max(end - start, 1e-9) * pw  # noqa: E731
-    y = lambda v: top + ph - (min(max(v, lo), hi) - lo) / (hi - lo) * ph  # noqa: E731
+
+    def x(t: float) -> float:
+        return left + (t - start) / max(end - start, 1e-9) * pw
+
+    def y(v: float) -> float:
+        return top + ph - (min(max(v, lo), hi) - lo) / (hi - lo) * ph
+
     parts = [f'<svg width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg" font-size="11" '
              f'font-family="Inter, Helvetica, Arial, sans-serif">']
     for tv in ticks:
@@ -700,16 +158,16 @@ def svg_timeseries(panel: dict[str, Any], data: PanelData, w: int, h: int, start
     span = end - start
     xstep = next(s for s in (5, 10, 15, 20, 30, 60, 120, 300, 600, 1800, 3600) if span / s <= 6)
     tx = math.ceil(start / xstep) * xstep
-    while tx <= end:
+    while x(tx) <= w - 26:                         # a label must fit: half its width
         parts.append(f'<line x1="{x(tx):.1f}" x2="{x(tx):.1f}" y1="{top}" y2="{top + ph}" stroke="#2c3235"/>')
         parts.append(f'<text x="{x(tx):.1f}" y="{h - 5}" text-anchor="middle" fill="#ccccdc">{_clock(tx)}</text>')
         tx += xstep
-    for k, (_, pts) in enumerate(drawn):
+    for k, (_, band) in enumerate(drawn):
         color = PALETTE[k % len(PALETTE)]
         # a gap (missing evaluation step) breaks the line, as in Grafana
         runs: list[list[tuple[float, float, float]]] = []
-        for p in pts:
-            if runs and p[0] - runs[-1][-1][0] <= SCRAPE_S * 1.5 + 1e-6:
+        for p in band:
+            if runs and p[0] - runs[-1][-1][0] <= STEP_S * 1.5 + 1e-6:
                 runs[-1].append(p)
             else:
                 runs.append([p])
@@ -739,7 +197,7 @@ def _calc(name: str, values: list[float]) -> float:
         return min(vals)
     if name in ("last", "lastNotNull"):
         return vals[-1]
-    raise Unsupported(f"legend calc {name}")
+    raise ValueError(f"legend calc {name} is not drawn")
 
 
 def legend_html(panel: dict[str, Any], data: PanelData, max_rows: int) -> str:
@@ -809,12 +267,10 @@ def render_html(dashboard: dict[str, Any], results: dict[int, PanelData], start:
         if panel.get("type") == "row":
             blocks.append(f'<div class="row" style="{style}">▾ {title}</div>')
             continue
-        data = results.get(idx, PanelData(error=f"panel type {panel.get('type')} is not rendered"))
+        data = results.get(idx, PanelData())
         body_h = int(height) - 30
         inner_w = int(width) - 16
-        if data.error:
-            body = f'<div class="noteval">{html.escape(data.error)}</div>'
-        elif panel.get("type") == "stat":
+        if panel.get("type") == "stat":
             body = stat_html(panel, data, inner_w, body_h - 6)
         elif panel.get("type") == "timeseries":
             n = len([s for s in data.series if s[1]])
@@ -862,162 +318,31 @@ header p{margin:2px 0;font-size:13px;color:#b4bac4}
             f'</body></html>')
 
 
-def build_page(dashboard: dict[str, Any], store: Store, start: float, end: float, window_s: float | None,
-               header: str, subheader: str) -> tuple[str, dict[int, PanelData]]:
-    ev = Evaluator(store, window_s=window_s)
-    variables = {"alias": ".*", "datasource": "prometheus", "__rate_interval": "1m", "__interval": "2s"}
-    for v in dashboard.get("templating", {}).get("list", []):
-        if v.get("name") not in variables:
-            variables[v["name"]] = v.get("allValue") or ".*"
-    results: dict[int, PanelData] = {}
-    for idx, panel in enumerate(dashboard.get("panels", [])):
-        if panel.get("type") in ("stat", "timeseries"):
-            results[idx] = evaluate_panel(panel, ev, start, end, SCRAPE_S, variables)
-    return render_html(dashboard, results, start, end, header, subheader), results
-
-
 # ================================================================================================
-# The load and the scrapes
+# The data: Prometheus' range queries, over a run of the mixed load
 # ================================================================================================
 
-MSGS = [{"role": "user", "content": "Dzień dobry! Opowiedz krótko o Krakowie."}]
+def with_window(expr: str, window: str | None) -> str:
+    """``expr`` with every range (``[5m]``) replaced by ``window``; as written when None."""
+    return expr if window is None else re.sub(r"\[\d+[smhdwy]\]", f"[{window}]", expr)
 
 
-@dataclass
-class LoadStats:
-    sent: dict[str, int] = field(default_factory=dict)
-    statuses: dict[int, int] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def note(self, kind: str, status: int) -> None:
-        with self.lock:
-            self.sent[kind] = self.sent.get(kind, 0) + 1
-            self.statuses[status] = self.statuses.get(status, 0) + 1
-
-
-def _one_request(c: Any, kind: str, rng: random.Random) -> int:
-    ttft = rng.choice([40, 80, 120, 200, 350, 600])
-    out = rng.randint(8, 64)
-    if kind == "chat":
-        model = rng.choice(["polish-fast", "polish-fast", "polish-pro", "advanced"])
-        r = c.post("/chat/completions", json={"model": model, "messages": MSGS,
-                                              "sim": {"ttft_ms": ttft, "output_tokens": out}})
-        return int(r.status_code)
-    if kind == "stream":
-        model = rng.choice(["polish-fast", "polish-pro", "advanced"])
-        body = {"model": model, "messages": MSGS, "stream": True,
-                "stream_options": {"include_usage": rng.random() < 0.5},
-                "sim": {"ttft_ms": ttft, "itl_ms": rng.choice([5, 10, 20, 40]), "output_tokens": out}}
-        with c.stream("POST", "/chat/completions", json=body) as r:
-            for _ in r.iter_bytes():
-                pass
-            return int(r.status_code)
-    if kind == "embed":
-        r = c.post("/embeddings", json={"model": "embed", "input": ["Ala ma kota", "Kot ma Alę"],
-                                        "sim": {"ttft_ms": rng.choice([10, 20, 40])}})
-        return int(r.status_code)
-    if kind == "unknown_model":
-        return int(c.post("/chat/completions", json={"model": "no-such-model", "messages": MSGS}).status_code)
-    if kind == "sim_500":
-        return int(c.post("/chat/completions", json={"model": "polish-pro", "messages": MSGS,
-                                                     "sim": {"status": 500}}).status_code)
-    if kind == "dead_deployment":
-        return int(c.post("/chat/completions", json={"model": "dead-alias", "messages": MSGS}).status_code)
-    raise ValueError(kind)
-
-
-MIX = [("chat", 40), ("stream", 30), ("embed", 15), ("unknown_model", 5), ("sim_500", 5), ("dead_deployment", 2)]
-
-
-def run_load(v1: str, key: str, limited_key: str, seconds: float, stats: LoadStats, workers: int = 6) -> None:
-    import httpx
-    deadline = time.monotonic() + seconds
-
-    def worker(seed: int) -> None:
-        rng = random.Random(seed)
-        kinds, weights = zip(*MIX)
-        with httpx.Client(base_url=v1, headers={"Authorization": f"Bearer {key}"}, timeout=30) as c:
-            while time.monotonic() < deadline:
-                kind = rng.choices(kinds, weights)[0]
-                try:
-                    stats.note(kind, _one_request(c, kind, rng))
-                except httpx.HTTPError:
-                    stats.note(kind, 0)
-                time.sleep(rng.uniform(0.1, 0.5))
-
-    def limited() -> None:                      # a key allowed 30 requests per minute, sent ~50
-        with httpx.Client(base_url=v1, headers={"Authorization": f"Bearer {limited_key}"}, timeout=30) as c:
-            while time.monotonic() < deadline:
-                r = c.post("/chat/completions", json={"model": "polish-fast", "messages": MSGS})
-                stats.note("low_rpm_key", int(r.status_code))
-                time.sleep(1.2)
-
-    threads = [threading.Thread(target=worker, args=(7 + k,)) for k in range(workers)]
-    threads.append(threading.Thread(target=limited))
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-
-
-class Scraper(threading.Thread):
-    """Every 2 s: the ext_proc's /metrics and Envoy's /stats/prometheus, kept as text with their time."""
-
-    def __init__(self, targets: dict[str, str]) -> None:
-        super().__init__(daemon=True)
-        self.targets = targets
-        self.scrapes: list[dict[str, Any]] = []
-        self.stop_event = threading.Event()
-
-    def run(self) -> None:
-        import httpx
-        with httpx.Client(timeout=5) as c:
-            nxt = time.time()
-            while not self.stop_event.is_set():
-                for job, url in self.targets.items():
-                    t = time.time()
-                    try:
-                        r = c.get(url)
-                        if r.status_code == 200:
-                            self.scrapes.append({"job": job, "t": t, "text": r.text})
-                    except httpx.HTTPError:
-                        pass
-                nxt += SCRAPE_S
-                self.stop_event.wait(max(0.0, nxt - time.time()))
-
-
-def store_from_scrapes(scrapes: list[dict[str, Any]]) -> Store:
-    store = Store()
-    for s in sorted(scrapes, key=lambda s: s["t"]):
-        for name, labels, value in parse_exposition(s["text"]):
-            labels = {**labels, "job": s["job"]}
-            store.add(labels_of(name, labels), s["t"], value)
-    return store
-
-
-def collect(seconds: float, idle_before: float, idle_after: float) -> dict[str, Any]:
-    """Start a stack, scrape it while the load runs; the raw scrapes and what the load did."""
-    sys.path.insert(0, str(ROOT))
-    from tests.conftest import running_stack   # the suite's stack: free ports, simulator upstreams
-
-    stats = LoadStats()
-    with running_stack("gw-dash-preview-", default_rpm=100000, default_concurrency=1000) as gw:
-        _, _, key = gw.new_org(1_000_000_000)
-        _, kid, limited_key = gw.new_org(1_000_000_000)
-        gw.admin(lambda a: a.set_key_limits(kid, 30))
-        s = gw.stack.s
-        scraper = Scraper({"extproc": f"http://127.0.0.1:{s.metrics_port}/metrics",
-                           "envoy": f"http://127.0.0.1:{s.envoy_admin_port}/stats/prometheus"})
-        scraper.start()
-        time.sleep(idle_before)
-        t_load0 = time.time()
-        run_load(gw.v1, key, limited_key, seconds, stats)
-        t_load1 = time.time()
-        time.sleep(idle_after)
-        scraper.stop_event.set()
-        scraper.join()
-    return {"scrapes": scraper.scrapes, "seconds": seconds, "load_start": t_load0, "load_end": t_load1,
-            "sent": stats.sent, "statuses": {str(k): v for k, v in sorted(stats.statuses.items())}}
+def panel_data(prom: Prometheus, dashboard: dict[str, Any], start: float, end: float,
+               window: str | None) -> dict[int, PanelData]:
+    """Every stat and time-series panel's series (by the panel's index), from query_range at STEP_S;
+    a NaN (a quantile of no observations) is a gap, as Grafana draws it."""
+    values = dashboard_queries.variables(dashboard, step_s=STEP_S, scrape_s=SCRAPE_S, range_s=end - start)
+    out: dict[int, PanelData] = {}
+    for idx, panel in enumerate(dashboard["panels"]):
+        if panel["type"] not in ("stat", "timeseries"):
+            continue
+        data = out[idx] = PanelData()
+        for target in panel["targets"]:
+            expr = with_window(dashboard_queries.substitute(target["expr"], values), window)
+            for s in sorted(prom.query_range(expr, start, end, STEP_S), key=lambda s: sorted(s["metric"].items())):
+                points = [(float(t), float(v)) for t, v in s["values"] if math.isfinite(float(v))]
+                data.series.append((legend_name(target.get("legendFormat"), s["metric"]), points))
+    return out
 
 
 def screenshot(html_text: str, out: Path) -> None:
@@ -1037,52 +362,45 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=60.0, help="length of the load")
     ap.add_argument("--window", default="30s", help="range used for every [5m] window, or 'asis'")
     ap.add_argument("--out", default=str(ROOT / "docs" / "dashboard.png"))
-    ap.add_argument("--html", default=None, help="also write the page here (default: beside --out if under 100 KB)")
-    ap.add_argument("--samples", default=None, help="save the raw scrapes here (gzip JSON)")
-    ap.add_argument("--from-samples", default=None, help="render saved scrapes instead of running a stack")
-    ap.add_argument("--dashboard", default=str(DASHBOARD))
     args = ap.parse_args(argv)
+    window = None if args.window == "asis" else args.window
 
-    window_s = None if args.window == "asis" else parse_duration(args.window)
-    if args.from_samples:
-        run = json.loads(gzip.decompress(Path(args.from_samples).read_bytes()))
-    else:
-        run = collect(args.seconds, idle_before=4.0, idle_after=6.0)
-        samples = Path(args.samples) if args.samples else Path(tempfile.mkdtemp(prefix="dash-")) / "scrapes.json.gz"
-        samples.write_bytes(gzip.compress(json.dumps(run).encode()))
-        print(f"raw scrapes: {samples}", file=sys.stderr)
+    from conftest import running_stack
+    from mixed_load import make_keys, run_load
 
-    dashboard = json.loads(Path(args.dashboard).read_text())
-    store = store_from_scrapes(run["scrapes"])
-    times = sorted({s["t"] for s in run["scrapes"]})
-    start, end = math.ceil(times[0]), math.floor(times[-1])
-    n_scrapes = len([s for s in run["scrapes"] if s["job"] == "extproc"])
-    load_s = float(run.get("seconds", args.seconds))      # as configured; the exact times are printed below
-    sent = ", ".join(f"{k} {v}" for k, v in sorted(run["sent"].items(), key=lambda kv: -kv[1]))
-    statuses = ", ".join(f"{k}: {v}" for k, v in run["statuses"].items())
-    header = (f"{dashboard.get('title', 'dashboard')} — {Path(args.dashboard).relative_to(ROOT) if Path(args.dashboard).is_relative_to(ROOT) else args.dashboard}"
-              f" rendered by deploy/grafana/preview.py (not Grafana itself) from real metrics scraped during a {load_s:.0f}-second load")
-    window_note = ("every range window is evaluated as written" if window_s is None else
-                   f"every range window written in the dashboard (e.g. [5m]) is evaluated over [{args.window}] "
-                   f"because the load lasts only {load_s:.0f} s")
-    sub = (f"<p>Local stack (Envoy + ext_proc + Redis + PostgreSQL, simulator as model server); ext_proc /metrics and "
-           f"Envoy /stats/prometheus scraped every {SCRAPE_S:.0f} s ({n_scrapes} scrapes, "
-           f"{_clock(start)}–{_clock(end)} UTC, load {_clock(run['load_start'])}–{_clock(run['load_end'])}); "
-           f"PromQL evaluated by the previewer's own subset evaluator at {SCRAPE_S:.0f} s steps; alias = All; "
-           f"{html.escape(window_note)}.</p>"
-           f"<p>Requests sent: {html.escape(sent)} — HTTP statuses seen by the client: {html.escape(statuses)}.</p>")
-    page, results = build_page(dashboard, store, start, end, window_s, header, sub)
+    dashboard = dashboard_queries.load()
+    with running_stack("gw-dash-preview-", default_rpm=100000, default_concurrency=1000) as gw, \
+            running_prometheus(gw.stack.s) as prom:
+        keys = make_keys(gw)
+        prom.wait_scrapes(2)
+        start = time.time()
+        seen = run_load(gw.v1, keys, args.seconds)
+        load_end = time.time()
+        prom.wait_scrapes(4)
+        end = time.time()
+        results = panel_data(prom, dashboard, math.floor(start) - 4, math.ceil(end), window)
+    kinds: Counter[str] = Counter()
+    statuses: Counter[int] = Counter()
+    for (kind, status), n in seen.items():
+        kinds[kind] += n
+        statuses[status] += n
+    header = (f"{dashboard['title']} — deploy/grafana/gateway-dashboard.json drawn by deploy/grafana/preview.py "
+              f"(not Grafana) from Prometheus' range queries over a {args.seconds:.0f}-second load")
+    window_note = ("every range window as written" if window is None else
+                   f"every range window written in the dashboard (e.g. [5m]) queried as [{window}] because the "
+                   f"load lasts only {args.seconds:.0f} s")
+    sub = (f"<p>Local stack (Envoy + ext_proc + Redis + PostgreSQL, simulator as model server) scraped every "
+           f"{SCRAPE_S:g} s by Debian's Prometheus; load {_clock(start)}–{_clock(load_end)} UTC; query_range at "
+           f"{STEP_S:g} s steps; alias = All; {html.escape(window_note)}.</p>"
+           f"<p>Requests sent: {html.escape(', '.join(f'{k} {n}' for k, n in kinds.most_common()))} — HTTP "
+           f"statuses seen by the clients: {html.escape(', '.join(f'{s}: {n}' for s, n in sorted(statuses.items())))}.</p>")
+    page = render_html(dashboard, results, math.floor(start) - 4, math.ceil(end), header, sub)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     screenshot(page, out)
-    html_path = Path(args.html) if args.html else out.with_suffix(".html")
-    if args.html or len(page.encode()) < 100_000:
-        html_path.write_text(page)
-        print(f"html: {html_path} ({len(page.encode())} bytes)", file=sys.stderr)
     for idx, data in sorted(results.items()):
-        title = dashboard["panels"][idx].get("title")
-        state = data.error or f"{len([s for s in data.series if s[1]])} series with data"
-        print(f"  panel {title!r}: {state}", file=sys.stderr)
+        print(f"  panel {dashboard['panels'][idx]['title']!r}: {len([s for s in data.series if s[1]])} series "
+              "with data", file=sys.stderr)
     print(f"screenshot: {out}", file=sys.stderr)
     return 0
 
