@@ -106,3 +106,27 @@ def test_a_client_that_leaves_a_flowing_stream_is_billed_the_estimated_input(gat
     served = gateway.sim_record(rid)
     assert served is not None and served["completed"] is False
     assert gateway.slots_held(org) == 0
+
+
+def _watch_calls(gateway: Gateway) -> int:
+    stats = httpx.get(f"http://127.0.0.1:{gateway.stack.s.envoy_admin_port}/stats?filter=stream_watch").text
+    return sum(int(line.split(": ")[1]) for line in stats.splitlines() if line.endswith("streams_started") or
+               ".streams_started:" in line)
+
+
+def test_only_a_streamed_reply_goes_to_the_stream_watch_and_its_relay(gateway: Gateway) -> None:
+    """The relay and the stream watch are skipped for every other reply (no second gRPC call for a JSON
+    reply, an error or a stream the model server refused), and the internal header never reaches a client."""
+    _, _, key = gateway.new_org(10_000_000)
+    before = _watch_calls(gateway)
+    for sim in ({}, {"status": 500}):
+        r = httpx.post(gateway.v1 + "/chat/completions", headers=_h(key),
+                       json={"model": "polish-pro", "messages": MSGS, "sim": {"output_tokens": 2, **sim}})
+        assert r.status_code in (200, 502) and "x-gateway-stream" not in r.headers
+    r, got, broke = _stream(gateway, key, {"status": 500})
+    assert r.status_code == 502 and not broke
+    assert _watch_calls(gateway) == before
+    r, got, broke = _stream(gateway, key, {"output_tokens": 3})
+    assert r.status_code == 200 and not broke and got.endswith(b"data: [DONE]\n\n")
+    assert "x-gateway-stream" not in r.headers
+    wait_for(lambda: _watch_calls(gateway) == before + 1, 5)

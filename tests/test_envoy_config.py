@@ -1,6 +1,7 @@
 """Unit tests of the rendered Envoy bootstrap: the listener's limits come from the settings."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,3 +44,26 @@ def test_trusted_hops() -> None:
     assert hcm["xff_num_trusted_hops"] == 2 and hcm["use_remote_address"] is True
     with pytest.raises(ValueError, match="GATEWAY_TRUSTED_HOPS"):
         _render(trusted_hops=-1)
+
+
+def test_a_streamed_reply_goes_through_the_relay_and_the_stream_watch_only() -> None:
+    """Replies pass the filters in reverse: the ext_proc (which names a stream it hands over), then the
+    stream watch, then the Lua relay; both of these only for a reply that carries the ext_proc's header,
+    which no model server can send (removed from every upstream reply before the filters see it)."""
+    hcm = _hcm(_render(extproc_workers=2))
+    names = [f["name"] for f in hcm["http_filters"]]
+    assert names[:3] == ["sse-relay", "stream-watch", "envoy.filters.http.ext_proc"]
+    relay, watch = hcm["http_filters"][:2]
+    for f in (relay, watch):
+        [m] = f["typed_config"]["xds_matcher"]["matcher_list"]["matchers"]
+        single = m["predicate"]["not_matcher"]["single_predicate"]
+        assert single["input"]["typed_config"]["header_name"] == "x-gateway-stream"
+        assert m["on_match"]["action"]["typed_config"]["@type"].endswith("SkipFilter")
+    lua = relay["typed_config"]["extension_config"]["typed_config"]
+    assert Path(lua["default_source_code"]["filename"]).read_text().count("function envoy_on_response") == 1
+    ext = watch["typed_config"]["extension_config"]["typed_config"]
+    assert ext["observability_mode"] is True and ext["processing_mode"]["response_body_mode"] == "STREAMED"
+    assert ext["grpc_service"]["initial_metadata"] == [{"key": "x-gateway-role", "value": "stream-watch"}]
+    assert "retry_policy" in ext["grpc_service"]  # several ext_proc processes: opened on another if refused
+    [vhost] = hcm["route_config"]["virtual_hosts"]
+    assert vhost["response_headers_to_remove"] == ["x-gateway-stream"]
