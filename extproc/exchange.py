@@ -33,6 +33,8 @@ CLUSTER_HEADER = "x-gateway-cluster"
 # skips the request-headers message (envoy/envoy.yaml, POST chat and embeddings with a body).
 ATTR_ID, ATTR_METHOD, ATTR_PATH, ATTR_AUTH = ("request.id", "request.method", "request.path",
                                               "request.headers['authorization']")
+# ... and of the reply, with its headers message: how Envoy came by it ("via_upstream": the model server)
+ATTR_DETAILS, VIA_UPSTREAM = "response.code_details", "via_upstream"
 
 # Names a streamed reply for Envoy's relay and the stream watch (``stream_context``).
 STREAM_HEADER = "x-gateway-stream"
@@ -173,6 +175,15 @@ def account(r: UsageRecord) -> None:
             metrics.labelled(metrics.TPOT, alias).observe((r.ended_at - ttfb) / (r.completion_tokens - 1))
 
 
+def _error_code(body: bytes) -> str:
+    """SPEC's code in one of Envoy's own replies (envoy/envoy.yaml local_reply_config)."""
+    try:
+        code = json.loads(body)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return "upstream_unavailable"
+    return code if isinstance(code, str) else "upstream_unavailable"
+
+
 def _forget(task: "asyncio.Future[Any]") -> None:
     """A read given up on: its outcome (when PostgreSQL resumes) is dropped, its error too."""
     if not task.cancelled():
@@ -219,7 +230,8 @@ def _json_answer(doc: object) -> Answer:
 
 class Exchange:
     __slots__ = ("gw", "request_id", "method", "path", "key_hash", "admission", "prepared", "started",
-                 "ttfb", "status", "error_code", "handed_over", "finished", "idle", "settling", "cut")
+                 "ttfb", "status", "error_code", "handed_over", "envoys_reply", "finished", "idle", "settling",
+                 "cut")
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
@@ -235,6 +247,7 @@ class Exchange:
         self.error_code = ""  # SPEC's code of the error the client got, for the usage log
         # a streamed reply went to Envoy's relay: the stream watch (``observer``) bills it
         self.handed_over = False
+        self.envoys_reply = False  # the reply is Envoy's own (local_reply_config: SPEC's shape already)
         self.finished = False
         # Envoy ended the call while the answer to this response phase was in flight (``cut_off``)
         self.cut: str | None = None
@@ -419,9 +432,10 @@ class Exchange:
             await self.gw.store.fill_org(miss.org_id, fields)
 
     # ---- response --------------------------------------------------------------------------
-    async def response_headers(self, headers: dict[str, str]) -> Answer:
+    async def response_headers(self, headers: dict[str, str], attributes: dict[str, str] | None = None) -> Answer:
         self.ttfb = self.gw.clock()
         self.status = int(headers.get(":status", "0") or 0)
+        self.envoys_reply = attributes is not None and attributes.get(ATTR_DETAILS, VIA_UPSTREAM) != VIA_UPSTREAM
         p = self.prepared
         if p is None:
             return Answer()
@@ -445,8 +459,8 @@ class Exchange:
         if p is None:
             return Answer()
         if self.status >= 400 or self.status < 200:
-            if body.startswith(b'{"error"') and self.request_id.encode() in body:
-                code = json.loads(body)["error"]["code"]  # Envoy's own reply, already in SPEC's shape
+            if self.envoys_reply:  # already in SPEC's shape: passed on as it is
+                code = _error_code(body)
                 self._count(self.status, code)
                 metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, code).inc()
                 self.error_code = code

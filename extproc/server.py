@@ -157,7 +157,7 @@ class Processor:
                     elif phase == "request_body":
                         answer = await ex.request_body(req.request_body.body, _attributes(req))
                     elif phase == "response_headers":
-                        answer = await ex.response_headers(_headers(req.response_headers.headers))
+                        answer = await ex.response_headers(_headers(req.response_headers.headers), _attributes(req))
                     elif phase == "response_body":
                         b = req.response_body
                         answer = await ex.response_body(b.body, b.end_of_stream)

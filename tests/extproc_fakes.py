@@ -192,10 +192,15 @@ def request_body(body: bytes, path: str = "/v1/chat/completions", key: str | Non
 
 
 def response_headers(status: int, content_type: str = "application/json",
-                     end_of_stream: bool = False, **extra: str) -> ep.ProcessingRequest:
-    return ep.ProcessingRequest(response_headers=ep.HttpHeaders(
+                     end_of_stream: bool = False, details: str = "via_upstream", **extra: str) -> ep.ProcessingRequest:
+    """``details``: Envoy's response.code_details attribute ("via_upstream": the model server's reply)."""
+    msg = ep.ProcessingRequest(response_headers=ep.HttpHeaders(
         headers=_header_map({":status": str(status), "content-type": content_type, **extra}),
         end_of_stream=end_of_stream))
+    attrs = struct_pb2.Struct()
+    attrs.update({"response.code_details": details})
+    msg.attributes["envoy.filters.http.ext_proc"].CopyFrom(attrs)
+    return msg
 
 
 def response_body(body: bytes, end_of_stream: bool = True) -> ep.ProcessingRequest:

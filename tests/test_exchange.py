@@ -294,13 +294,33 @@ def test_envoys_own_error_reply_passes_unchanged_and_bills_nothing() -> None:
     async def go() -> Answer:
         ex = Exchange(gw)
         await _forwarded(ex)
-        await ex.response_headers({":status": "504", "content-type": "application/json"})
+        await ex.response_headers({":status": "504", "content-type": "application/json"},
+                                  {"response.code_details": "upstream_response_timeout"})
         a = await ex.response_body(local, True)
         await ex.close()
         return a
     a = run(go())
     assert a.reply is None and a.body is None and a.set_headers == {}
     assert logged_free(store(gw)) == (504, "upstream_timeout") and store(gw).held() == 0
+
+
+def test_a_model_servers_reply_shaped_like_envoys_own_is_still_the_model_servers() -> None:
+    """Which reply is Envoy's own is Envoy's word (the response.code_details attribute), not the body's:
+    a model server that answers SPEC's JSON with the request id is mapped like any model-server error."""
+    gw = gateway()
+    lookalike = (b'{"error":{"message":"No capacity.","type":"server_error","code":"no_capacity","param":null,'
+                 b'"request_id":"rid-1"}}')
+
+    async def go() -> Answer:
+        ex = Exchange(gw)
+        await _forwarded(ex)
+        await ex.response_headers({":status": "503", "content-type": "application/json"},
+                                  {"response.code_details": "via_upstream"})
+        a = await ex.response_body(lookalike, True)
+        await ex.close()
+        return a
+    error_of(run(go()), 502, "upstream_unavailable")
+    assert logged_free(store(gw)) == (502, "upstream_unavailable")
 
 
 def test_idle_gap_in_a_non_streaming_reply_is_502_and_billed_estimated_input() -> None:

@@ -270,7 +270,8 @@ def test_envoys_local_reply_passes_through_unchanged() -> None:
     local = json.dumps({"error": {"message": "No capacity for this model right now; retry with backoff.",
                                   "type": "server_error", "code": "no_capacity", "param": None,
                                   "request_id": "rid-1"}}, separators=(",", ":")).encode()
-    call = process(gw, request_body(CHAT_BODY), response_headers(503), response_body(local))
+    call = process(gw, request_body(CHAT_BODY), response_headers(503, details="no_healthy_upstream"),
+                   response_body(local))
     last = call.written[-1]
     assert last.WhichOneof("response") == "response_body"
     assert not last.response_body.response.HasField("body_mutation")
