@@ -230,7 +230,7 @@ def _json_answer(doc: object) -> Answer:
 
 class Exchange:
     __slots__ = ("gw", "request_id", "method", "path", "key_hash", "admission", "prepared", "started",
-                 "ttfb", "status", "error_code", "handed_over", "envoys_reply", "finished", "idle", "settling",
+                 "ttfb", "status", "error_code", "handed_over", "envoys_reply", "finished", "idle", "finishing",
                  "cut")
 
     def __init__(self, gw: Gateway) -> None:
@@ -253,9 +253,9 @@ class Exchange:
         self.cut: str | None = None
         # seconds the next message may take to come (None: no limit here); set once the reply started
         self.idle: float | None = None
-        # the request's release and usage record, decided but not yet handed to Redis (``settle``), and
+        # the request's release and usage record, decided but not yet handed to Redis (``send_finish``), and
         # whether it is a refusal (never admitted: only logged)
-        self.settling: tuple[str, UsageRecord | None, bool] | None = None
+        self.finishing: tuple[str, UsageRecord | None, bool] | None = None
 
     # ---- metrics (bounded labels only) -------------------------------------------------------
     @property
@@ -284,7 +284,7 @@ class Exchange:
                 or self.path not in (_CHAT_PATH, _EMB_PATH)):
             return
         self.finished = True
-        self.settling = (adm.identity.org_id, self._record((0, 0), False, adm.identity.org_id,
+        self.finishing = (adm.identity.org_id, self._record((0, 0), False, adm.identity.org_id,
                                                            adm.identity.key_id), True)
 
     def _ok(self, doc: object) -> Answer:
@@ -464,19 +464,19 @@ class Exchange:
                 self._count(self.status, code)
                 metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, code).inc()
                 self.error_code = code
-                self._bill(None)  # the model server produced no output
+                self._finish(None)  # the model server produced no output
                 return Answer()
             err = upstream_error(self.status, body, "messages" if p.endpoint == CHAT else "input")
             metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, err.code).inc()
             answer = self._reject(err)
-            self._bill(None)  # the model server produced no output
+            self._finish(None)  # the model server produced no output
             return answer
         new, usage = rewrite_body(body, p.upstream_model, p.alias.id, embeddings=p.endpoint != CHAT)
         if usage is None:  # a complete reply without usage: its input and its output estimated
             output = estimate_reply_completion(body) if p.endpoint == CHAT else 0
-            self._bill((p.estimated_prompt_tokens, output), estimated=True)
+            self._finish((p.estimated_prompt_tokens, output), estimated=True)
         else:
-            self._bill(usage)
+            self._finish(usage)
         return Answer(body=new, set_headers={"content-length": str(len(new))})
 
     async def idle_gap(self) -> Answer:
@@ -505,7 +505,7 @@ class Exchange:
         past Envoy's message timeout, or the client left): no model server ever saw the request, so its
         slot is released and nothing is billed."""
         if self.prepared is not None:
-            self._bill(None)
+            self._finish(None)
 
     async def close(self) -> None:
         """The gRPC stream ended.  A forwarded request not billed yet ended abnormally."""
@@ -514,7 +514,7 @@ class Exchange:
             self._handed_over_end()
         elif not self.finished and p is not None:
             self._bill_failure(p)
-        await self.settle()
+        await self.send_finish()
 
     def _handed_over_end(self) -> None:
         """A stream handed over to Envoy's relay is the stream watch's to bill, once Envoy passed its
@@ -538,14 +538,14 @@ class Exchange:
         if self.status == 0:
             # no reply yet: the client left (or gave up) after the request reached the model server
             self.status = 499
-            self._bill((est_input, 0), estimated=True)
+            self._finish((est_input, 0), estimated=True)
         elif self.status >= 400 or self.status < 200:
-            self._bill(None)  # the model server's error reply, cut short: it produced no output
+            self._finish(None)  # the model server's error reply, cut short: it produced no output
         else:
             # a non-streaming reply that broke after the model server started it (the client got
             # Envoy's 502): its estimated input
             self.status = 502
-            self._bill((est_input, 0), estimated=True)
+            self._finish((est_input, 0), estimated=True)
 
     def _record(self, tokens: tuple[int, int], estimated: bool, org_id: str, key_id: str) -> UsageRecord:
         """The request's usage record; without ``prepared`` (refused before an alias was chosen) it has
@@ -582,7 +582,7 @@ class Exchange:
         rec = self._record((self.prepared.estimated_prompt_tokens, 0) if self.prepared else (0, 0), True, "", "")
         return self.gw.owner + "|" + rec.to_json()
 
-    def _bill(self, tokens: tuple[int, int] | None, *, estimated: bool = False) -> None:
+    def _finish(self, tokens: tuple[int, int] | None, *, estimated: bool = False) -> None:
         """Release the slot and record the request once; ``None`` tokens: nothing billed (the record,
         at cost 0, still goes to the usage log)."""
         if self.finished:
@@ -595,13 +595,13 @@ class Exchange:
         record = self._record((0, 0) if tokens is None else tokens, estimated, ident.org_id, ident.key_id)
         if tokens is not None:
             account(record)
-        self.settling = (ident.org_id, record, False)
+        self.finishing = (ident.org_id, record, False)
 
-    async def settle(self) -> None:
+    async def send_finish(self) -> None:
         """Hand the decided release and usage record to Redis.  The stream loop calls this right after
         it has sent the answer that carried the decision, so the Redis round trip is not part of the
         client's wait; ``close`` calls it too, so nothing decided is ever left behind."""
-        pending, self.settling = self.settling, None
+        pending, self.finishing = self.finishing, None
         if pending is not None:
             await self.gw.finish(pending[0], self.request_id, pending[1], pending[2])
 

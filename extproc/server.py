@@ -182,8 +182,8 @@ class Processor:
                     or (phase == "response_body" and not req.response_body.end_of_stream)) else None
                 if phase == "request_body" and answer.reply is None and call.ended:
                     ex.undelivered()  # Envoy gave up before this answer let the request through
-                if ex.settling is not None:  # checked here: no coroutine made for every stream chunk
-                    await ex.settle()  # after the answer: Redis is not on the client's wait
+                if ex.finishing is not None:  # checked here: no coroutine made for every stream chunk
+                    await ex.send_finish()  # after the answer: Redis is not on the client's wait
                 if answer.reply is not None or phase == "response_trailers" or (
                         phase == "response_body" and req.response_body.end_of_stream) or (
                         phase == "response_headers" and req.response_headers.end_of_stream):

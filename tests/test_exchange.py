@@ -121,7 +121,7 @@ def test_body_errors_take_no_slot() -> None:
 async def _refused(ex: Exchange, body: bytes = CHAT_BODY) -> Answer:
     """A request refused on the way in, to its end: the answer, then the close that follows it."""
     a = await _forwarded(ex, body)
-    await ex.settle()
+    await ex.send_finish()
     await ex.close()
     return a
 
@@ -153,7 +153,7 @@ def test_a_401_is_not_logged() -> None:
         await ex.request_body(CHAT_BODY, {"request.id": "rid-1", "request.method": "POST",
                                           "request.path": "/v1/chat/completions",
                                           "request.headers['authorization']": "Bearer " + OTHER_KEY})
-        await ex.settle()
+        await ex.send_finish()
         await ex.close()
     run(go())
     assert store(gw).records == [] and store(gw).finishes == []
@@ -215,7 +215,7 @@ def test_non_streaming_reply_billed_as_reported_and_slot_released() -> None:
         await _forwarded(ex)
         h = await ex.response_headers({":status": "200", "content-type": "application/json"})
         b = await ex.response_body(chat_reply(prompt=11, completion=7), True)
-        await ex.settle()
+        await ex.send_finish()
         await ex.close()  # the stream's end after a settled request changes nothing
         return h, b
     h, b = run(go())
@@ -277,7 +277,7 @@ def test_upstream_error_bills_nothing() -> None:
         await _forwarded(ex)
         await ex.response_headers({":status": "503", "content-type": "application/json"})
         a = await ex.response_body(b'{"error": {"message": "overloaded"}}', True)
-        await ex.settle()
+        await ex.send_finish()
         await ex.close()
         return a
     error_of(run(go()), 502, "upstream_unavailable")

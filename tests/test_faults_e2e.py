@@ -130,7 +130,7 @@ def test_exactly_once_under_faults(gateway: Gateway, component: str) -> None:
     sent, done_at, fault_at = _load(gateway, key, fault)
     assert sum(1 for s in sent.values() if s == 200) > 20
     # A known window of the product, not of this test: the ext_proc sends a reply first and hands its
-    # usage record to Redis right after (extproc/server.py, settle), so a SIGKILL in between leaves the
+    # usage record to Redis right after (extproc/server.py, send_finish), so a SIGKILL in between leaves the
     # in-flight journal's entry, which the reaper bills as estimated input.  Only requests that came back
     # in the last 2 s before the kill can be in it (at most one per client).
     late = frozenset() if component != "extproc" else frozenset(
