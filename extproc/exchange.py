@@ -518,18 +518,21 @@ class Exchange:
 
     def _handed_over_end(self) -> None:
         """A stream handed over to Envoy's relay is the stream watch's to bill, once Envoy passed its
-        headers on.  When the call ended right after the hand-over, Envoy may have reset the client's
-        stream before it read it (the client got 502, the stream watch saw nothing): then this records
-        the request as that 502 at no cost, later than the stream watch would have, so that whichever
-        comes first counts (``Store.finish`` takes only the first finish of a request)."""
-        if self.cut != "response_headers" or self.finished:
+        headers on.  This call ends with the stream; a finish of its own follows ``HAND_OVER_GRACE_S``
+        later, and counts only if the stream watch's did not come first (``Store.finish`` takes the first
+        finish of a request): when the call ended right after the hand-over, Envoy may have reset the
+        client's stream before it read it (the client got 502 and the stream watch saw nothing), recorded
+        as that 502 at no cost; otherwise the stream watch's process died with the stream, billed the
+        estimated input as the reaper bills a request whose ext_proc died."""
+        p = self.prepared
+        adm = self.admission
+        if self.finished or p is None or adm is None or adm.identity is None:
             return
         self.finished = True
-        adm = self.admission
-        if adm is None or adm.identity is None:
-            return
-        self.status, self.error_code = 502, "upstream_unavailable"
-        record = self._record((0, 0), False, adm.identity.org_id, adm.identity.key_id)
+        tokens = (p.estimated_prompt_tokens, 0)
+        if self.cut == "response_headers":
+            self.status, self.error_code, tokens = 502, "upstream_unavailable", (0, 0)
+        record = self._record(tokens, tokens != (0, 0), adm.identity.org_id, adm.identity.key_id)
         self.gw.finish_later(adm.identity.org_id, self.request_id, record)
 
     def _bill_failure(self, p: Prepared) -> None:

@@ -150,6 +150,23 @@ def test_a_hand_over_cut_off_at_once_is_logged_as_envoys_502_unless_the_watch_bi
         assert store(gw).held() == 0
 
 
+def test_a_stream_whose_watch_never_finished_is_billed_the_estimated_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stream ended (the call's trailers phase) and no stream watch finished it in the grace (its
+    process died): billed the estimated input, as the reaper bills a request whose ext_proc died."""
+    monkeypatch.setattr(exchange, "HAND_OVER_GRACE_S", 0.01)
+    gw = gateway()
+
+    async def go() -> None:
+        await Processor(gw).process(FakeCall(  # type: ignore[arg-type]
+            request_body(STREAM_BODY), response_headers(200, "text/event-stream"),
+            ep.ProcessingRequest(response_trailers=ep.HttpTrailers())))
+        await asyncio.sleep(0.05)
+    asyncio.run(go())
+    [rec] = store(gw).records
+    assert (rec.status, rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (200, EST, 0, True)
+    assert store(gw).held() == 0
+
+
 # ---- the stream watch (extproc/observer.py): copies of a handed-over stream, never answered ---------
 def watch_call(*script: Any) -> FakeCall:
     return FakeCall(*script, metadata={ROLE_HEADER: WATCH_ROLE})
