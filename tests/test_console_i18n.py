@@ -62,7 +62,7 @@ def test_money_per_language() -> None:
         assert i18n.money(1_234_500_000) == f"1{NBSP}234,50{NBSP}zł"
         assert i18n.money_exact(123) == f"0,000123{NBSP}zł"
         assert i18n.money_exact(24_999_053) == f"24,999053{NBSP}zł"
-        assert i18n.money_exact(2_500_000) == f"2,50{NBSP}zł"
+        assert i18n.money_exact(2_500_000) == f"2,500000{NBSP}zł"
     with i18n.speaking("en"):
         assert i18n.money(24_990_000) == f"PLN{NBSP}24.99"
         assert i18n.money(24_999_999) == f"PLN{NBSP}24.99"

@@ -109,11 +109,10 @@ def money(micro: int | None) -> str:
 
 
 def money_exact(micro: int | None) -> str:
-    """A cost, a price or a ledger entry to the micro-PLN, nothing rounded: at least two decimals, up to
-    six ("0,000123 zł", "2,50 zł")."""
+    """A cost, a price or a ledger entry to the micro-PLN, nothing rounded: "0,000123 zł"."""
     value = Decimal(int(micro or 0)).scaleb(-6)
-    return format_currency(value, "PLN", format=_MONEY[lang()], locale=lang(), currency_digits=False,
-                           decimal_quantization=False)
+    return format_currency(value, "PLN", format=_MONEY[lang()].replace("0.00", "0.000000"), locale=lang(),
+                           currency_digits=False)
 
 
 def _moment(value: dt.datetime | int | float) -> dt.datetime:

@@ -158,7 +158,7 @@ def render(request: web.Request, name: str, status: int = 200, **ctx: Any) -> we
     html = c.templates.get_template(name).render(
         viewer=viewer(request), csrf=csrf_for(request), message=i18n._(msg) if msg else None,
         dev_mail=c.dev_mail and dev_local(request), orgs=request.get("orgs", []), path=request.path,
-        here=request.path_qs, lang=i18n.lang(), **ctx)
+        lang=i18n.lang(), **ctx)
     return web.Response(text=html, status=status, content_type="text/html")
 
 
