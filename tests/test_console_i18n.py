@@ -14,6 +14,7 @@ from babel.messages.pofile import read_po
 
 from conftest import Gateway, wait_for
 from control.console import i18n
+from extproc.catalog import WARSAW
 from test_console_support import PASSWORD, ConsoleClient, mail_link, mails, new_email, signed_up
 
 CONSOLE = Path(__file__).resolve().parent.parent / "control" / "console"
@@ -81,14 +82,23 @@ def test_times_are_warsaw_with_the_zone_and_dates_per_language() -> None:
         assert i18n.day(dt.date(2026, 7, 3)) == "3 lip 2026"
         assert i18n.day(summer) == "4 lip 2026"
     with i18n.speaking("en"):
-        assert i18n.when(winter) == f"Jan 5, 2026, 1:00{NBSP}PM CET".replace(NBSP, _space_of("en"))
-        assert i18n.day(dt.date(2026, 7, 3)) == "Jul 3, 2026"
+        assert i18n.when(winter) == "5 Jan 2026, 13:00 CET"  # British conventions: day first, 24 hours
+        assert i18n.day(dt.date(2026, 7, 3)) == "3 Jul 2026"
 
 
-def _space_of(lang: str) -> str:
-    """What CLDR puts between the time and AM/PM (a narrow no-break space in recent versions)."""
-    with i18n.speaking(lang):
-        return i18n.when(dt.datetime(2026, 1, 5, 12, 0, tzinfo=dt.timezone.utc)).split("1:00")[1][0]
+def test_dates_are_typed_day_first_or_iso() -> None:
+    assert i18n.parse_day("3.07.2026") == i18n.parse_day("03/07/2026") == i18n.parse_day("2026-07-03") \
+        == dt.date(2026, 7, 3)
+    for bad in ("2026-02-31", "31.02.2026", "07/2026", "tomorrow"):
+        try:
+            i18n.parse_day(bad)
+        except ValueError:
+            continue
+        raise AssertionError(bad)
+    with i18n.speaking("pl"):
+        assert i18n.day_typed(dt.date(2026, 7, 3)) == "03.07.2026"
+    with i18n.speaking("en"):
+        assert i18n.day_typed(dt.date(2026, 7, 3)) == "03/07/2026"
 
 
 def test_the_language_is_the_cookie_else_the_browser_else_polish() -> None:
@@ -145,6 +155,13 @@ def test_pages_and_mails_in_polish(gateway: Gateway) -> None:
     # a validation message in Polish
     r = c.get("/usage?from=2026-03-05&to=2026-03-01")
     assert r.status_code == 400 and "Data „Od” jest późniejsza niż data „Do”." in r.text
+    r = c.get("/usage?from=31.02.2026")
+    assert r.status_code == 400 and "Data „Od” nie jest poprawną datą (DD.MM.RRRR)." in r.text
+    # dates typed as Poles write them, shown back the same way (a Warsaw day)
+    today = dt.datetime.now(WARSAW).date()
+    r = c.get(f"/usage?from={today:%d.%m.%Y}&to={today:%-d.%m.%Y}")
+    assert r.status_code == 200 and f'name="from" value="{today:%d.%m.%Y}"' in r.text
+    assert 'placeholder="DD.MM.RRRR"' in r.text
 
 
 def test_pages_in_english_and_the_choice_stored_for_mails(gateway: Gateway) -> None:

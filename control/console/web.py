@@ -90,7 +90,8 @@ def templates() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")), autoescape=True,
                              undefined=jinja2.StrictUndefined, extensions=["jinja2.ext.i18n"])
     env.install_gettext_callables(i18n._, i18n.ngettext, newstyle=True)  # type: ignore[attr-defined]
-    env.filters.update(money=i18n.money, money_exact=i18n.money_exact, when=i18n.when, day=i18n.day, term=term)
+    env.filters.update(money=i18n.money, money_exact=i18n.money_exact, when=i18n.when, day=i18n.day, term=term,
+                       day_typed=i18n.day_typed)
     return env
 
 

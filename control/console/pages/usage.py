@@ -15,7 +15,7 @@ from aiohttp import web
 from control.admin import micro_to_pln, status_condition
 from extproc.catalog import WARSAW
 
-from ..i18n import _, day, day_short, money_exact, ngettext
+from ..i18n import DATE_HINT, _, day, day_short, money_exact, ngettext, parse_day
 from ..web import console, need_viewer, render
 
 routes = web.RouteTableDef()
@@ -39,8 +39,9 @@ class Filters:
     @classmethod
     def of(cls, q: Any) -> "Filters":
         problems: list[str] = []
-        start = _date(q.get("from"), _("The From date is not a date (YYYY-MM-DD)."), problems)
-        end = _date(q.get("to"), _("The To date is not a date (YYYY-MM-DD)."), problems)
+        hint = _(DATE_HINT)
+        start = _date(q.get("from"), _("The From date is not a date ({hint}).").format(hint=hint), problems)
+        end = _date(q.get("to"), _("The To date is not a date ({hint}).").format(hint=hint), problems)
         if start and end and start > end:
             problems.append(_("The From date is after the To date."))
         status = str(q.get("status", ""))[:8]
@@ -93,7 +94,7 @@ def _date(v: Any, problem: str, problems: list[str]) -> dt.date | None:
     if not v:
         return None
     try:
-        return dt.date.fromisoformat(str(v))
+        return parse_day(str(v))
     except ValueError:
         problems.append(problem)
         return None
