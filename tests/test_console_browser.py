@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -20,7 +19,6 @@ from test_console_support import PASSWORD, new_email
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts" / "console"
-DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 if not os.access(CHROMIUM, os.X_OK):
     pytest.skip(f"browser tests did not run: {CHROMIUM} is missing (Debian's chromium package; `make test` "
@@ -107,9 +105,6 @@ def test_the_whole_console_flow_in_a_browser(gateway: Gateway, browser: Any) -> 
     expect(page.locator("#count")).to_have_text("3")
     expect(page.locator("svg.chart rect.bar")).to_have_count(1)
     shot(page, "05-usage")
-    if os.environ.get("GATEWAY_DOCS_SCREENSHOTS"):
-        DOCS.mkdir(exist_ok=True)
-        shutil.copy(ARTIFACTS / "05-usage.png", DOCS / "console-usage.png")
 
     # top up through the sandbox provider
     page.goto(con + "/billing")
