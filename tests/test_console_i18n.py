@@ -172,6 +172,14 @@ def test_pages_in_english_and_the_choice_stored_for_mails(gateway: Gateway) -> N
     # a signed-in choice is stored on the account: the mails sent without a request follow it
     assert c.post("/lang", {"lang": "pl", "next": "/billing"}).status_code == 303
     assert gateway.sql("SELECT lang FROM users WHERE email = $1", email)[0]["lang"] == "pl"
+    # a log-in from a browser that never chose: the account's language
+    other = ConsoleClient(gateway.console, lang=None)
+    other.get("/login")
+    r = other.post("/login", {"email": email, "password": PASSWORD}, follow=True)
+    assert r.status_code == 200 and '<html lang="pl">' in r.text and other.jar["lang"] == "pl"
+    again = ConsoleClient(gateway.console, lang="en")  # a browser's own choice is kept
+    again.get("/login")
+    assert '<html lang="en">' in again.post("/login", {"email": email, "password": PASSWORD}, follow=True).text
     assert c.post("/billing/low-balance", {"threshold": "6,5"}).status_code == 303
     assert f'value="6,50"' in c.get("/billing").text
     wait_for(lambda: any(m["subject"].startswith("Niskie saldo") for m in mails(gateway, email)), timeout=15)

@@ -30,6 +30,7 @@ from extproc.catalog import WARSAW
 LANGS = ("pl", "en")
 DEFAULT = "pl"
 LANG_COOKIE = "lang"
+YEAR_S = 365 * 86400  # how long the choice is remembered
 LOCALES = {"pl": "pl_PL", "en": "en_GB"}  # the formats of each language
 CATALOGUES = Path(__file__).resolve().parent / "locale"
 # The amount next to the code or symbol, never broken apart: "24,99 zł", "PLN 24.99".

@@ -9,7 +9,7 @@ from aiohttp import web
 from control.admin import pln_to_micro
 
 from .. import limits, mail
-from ..i18n import _, lang
+from ..i18n import LANG_COOKIE, YEAR_S, _, lang
 from ..security import check_password, hash_password, new_token, password_problem
 from ..store import SESSION_DAYS, name_problem, normal_email, valid_email
 from ..web import SESSION_COOKIE, Console, client_ip, console, cookie, need_viewer, raise_page, render, safe_next, see_other, viewer
@@ -17,7 +17,9 @@ from ..web import SESSION_COOKIE, Console, client_ip, console, cookie, need_view
 routes = web.RouteTableDef()
 
 
-async def start_session(request: web.Request, user_id: str, org_id: str | None, location: str) -> web.Response:
+async def start_session(request: web.Request, user_id: str, org_id: str | None, location: str,
+                        lang: str | None = None) -> web.Response:
+    """``lang``: the account's language, for a browser that has not chosen one (a log-in elsewhere)."""
     c = console(request)
     if org_id is None:
         orgs = await c.store.orgs_of(user_id)
@@ -28,6 +30,8 @@ async def start_session(request: web.Request, user_id: str, org_id: str | None, 
     await c.store.create_session(token, user_id, org_id)
     resp = web.HTTPSeeOther(location)
     cookie(resp, SESSION_COOKIE, token, SESSION_DAYS * 86400)
+    if lang and LANG_COOKIE not in request.cookies:
+        cookie(resp, LANG_COOKIE, lang, YEAR_S)
     raise resp
 
 
@@ -144,7 +148,7 @@ async def login(request: web.Request) -> web.Response:
     if user["verified_at"] is None:
         await send_confirmation(request, user["id"], email)
         see_other("/login?msg=unverified")
-    return await start_session(request, user["id"], None, nxt)
+    return await start_session(request, user["id"], None, nxt, user["lang"])
 
 
 @routes.post("/logout")

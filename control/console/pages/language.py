@@ -1,6 +1,6 @@
 """``POST /lang``: the visitor's choice of language, remembered in a cookie for a year and, when
 signed in, on the account (the language of the e-mails sent to it without a request: low balance,
-payments)."""
+payments; and of a browser that logs in without a choice of its own)."""
 from __future__ import annotations
 
 from aiohttp import web
@@ -9,7 +9,6 @@ from .. import i18n
 from ..web import console, cookie, safe_next, viewer
 
 routes = web.RouteTableDef()
-YEAR_S = 365 * 86400
 
 
 @routes.post("/lang")
@@ -22,5 +21,5 @@ async def choose_language(request: web.Request) -> web.Response:
     if v is not None:
         await console(request).store.set_lang(v.user_id, lang)
     resp = web.HTTPSeeOther(safe_next(str(form.get("next", ""))))
-    cookie(resp, i18n.LANG_COOKIE, lang, YEAR_S)
+    cookie(resp, i18n.LANG_COOKIE, lang, i18n.YEAR_S)
     raise resp
