@@ -232,3 +232,7 @@ def test_first_call_from_what_the_pages_show_on_a_phone(gateway: Gateway, browse
     assert page.locator("html").get_attribute("lang") == "pl"
     assert _too_wide(page, con, PAGES_SIGNED_IN + ["/changelog"]) == {}
     ctx.close()
+    polish = browser.new_context(viewport={"width": 390, "height": 844}, locale="pl-PL").new_page()
+    assert _too_wide(polish, con, PAGES_SIGNED_OUT) == {}
+    assert polish.locator("html").get_attribute("lang") == "pl"
+    polish.context.close()
