@@ -15,6 +15,7 @@ from babel.messages.pofile import read_po
 from conftest import Gateway, wait_for
 from control.console import i18n
 from extproc.catalog import WARSAW
+from test_console_billing import start_topup
 from test_console_support import PASSWORD, ConsoleClient, mail_link, mails, new_email, signed_up
 
 CONSOLE = Path(__file__).resolve().parent.parent / "control" / "console"
@@ -162,6 +163,13 @@ def test_pages_and_mails_in_polish(gateway: Gateway) -> None:
     r = c.get(f"/usage?from={today:%d.%m.%Y}&to={today:%-d.%m.%Y}")
     assert r.status_code == 200 and f'name="from" value="{today:%d.%m.%Y}"' in r.text
     assert 'placeholder="DD.MM.RRRR"' in r.text
+    # a paid top-up: the mail (sent on the provider's notification, no page) in the owner's language
+    pid = start_topup(c, "12,5")
+    c.get(f"/sandbox/pay/{pid}")
+    assert c.post(f"/sandbox/pay/{pid}", {"action": "pay"}).status_code == 303
+    paid = wait_for(lambda: [m for m in mails(gateway, email) if m["subject"].startswith("Otrzymaliśmy")], timeout=15)
+    assert paid[0]["subject"] == f"Otrzymaliśmy płatność: 12,50{NBSP}zł"
+    assert f"kwota 12,50{NBSP}zł została dopisana" in paid[0]["body"] and "Faktura VAT FV/" in paid[0]["body"]
 
 
 def test_pages_in_english_and_the_choice_stored_for_mails(gateway: Gateway) -> None:
