@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test install clean browser services prometheus bench litellm-env
+.PHONY: run test install clean browser services prometheus bench litellm-env messages screenshots
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -75,6 +75,18 @@ bench: $(STAMP)
 	command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)
 	$(PY) -m bench.grpc_servers $(if $(QUICK),--seconds 2 --rounds 1,--seconds 5 --rounds 2)
 	$(PY) -m bench.run $(if $(QUICK),--quick) $(if $(SOAK),--soak $(SOAK)) $(if $(PROFILE),--profile)
+
+# The console's texts: messages.pot extracted from the templates and the code, messages.po updated from it
+# (new texts come untranslated or fuzzy: translate them; tests/test_console_i18n.py fails until done).
+LOCALE := control/console/locale
+messages: $(STAMP)
+	$(VENV)/bin/pybabel extract -F control/console/babel.cfg --no-location --sort-output \
+	  --project "LLM gateway console" -o $(LOCALE)/messages.pot control/console
+	$(VENV)/bin/pybabel update -i $(LOCALE)/messages.pot -d $(LOCALE) -l pl --ignore-obsolete
+
+# docs/screenshots/: the console in both languages at 1280 and 390 px (docs/screenshots.py).
+screenshots: $(STAMP) browser
+	$(PY) docs/screenshots.py
 
 clean:
 	rm -rf .gateway .pytest_cache

@@ -172,6 +172,10 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX invoices_org ON invoices (org_id, issued_at DESC);
     """,
+    # 7: each account's language (the console's e-mails sent without a request: low balance, payments)
+    """
+    ALTER TABLE users ADD COLUMN lang text NOT NULL DEFAULT 'pl' CHECK (lang IN ('pl', 'en'));
+    """,
 ]
 
 

@@ -33,7 +33,8 @@ def balance(gw: Gateway, org: str) -> int:
 def test_topup_through_the_sandbox_provider(gateway: Gateway) -> None:
     c, _, org = signed_up(gateway)
     page = c.get("/billing").text
-    assert "5.000000 PLN" in page and "trial" in page and "polish-pro" in page and "1.500000" in page
+    assert 'id="balance">PLN\xa05.00<' in page and "trial credit" in page and "polish-pro" in page
+    assert "PLN\xa01.500000" in page  # a price per 1M tokens: to the micro-PLN
     pid = start_topup(c, "20")
     assert gateway.sql("SELECT status, amount_micro_pln, provider FROM payments WHERE id = $1", pid) == [
         {"status": "pending", "amount_micro_pln": 20_000_000, "provider": "sandbox"}]
@@ -48,7 +49,7 @@ def test_topup_through_the_sandbox_provider(gateway: Gateway) -> None:
     ledger = gateway.sql("SELECT amount_micro_pln, kind, ref FROM ledger WHERE org_id = $1 AND kind = 'topup'", org)
     assert ledger == [{"amount_micro_pln": 20_000_000, "kind": "topup", "ref": f"sandbox:{pid}"}]
     page = c.get(f"/billing?payment={pid}").text
-    assert "25.000000 PLN" in page and "balance is credited" in page
+    assert "Payment of PLN\xa020.00 received" in page and 'id="balance">PLN\xa025.00<' in page
 
 
 def test_notifications_are_verified_and_idempotent(gateway: Gateway) -> None:
@@ -82,7 +83,7 @@ def test_cancelled_payment_is_not_credited(gateway: Gateway) -> None:
     c.get(f"/sandbox/pay/{pid}")
     r = c.post(f"/sandbox/pay/{pid}", {"action": "cancel"}, follow=True)
     # one banner, neutral: not a green "cancelled" beside a red "did not go through"
-    assert _banners(r.text) == [("unpaid", "The payment of 50.000000 PLN was not completed: nothing was charged.")]
+    assert _banners(r.text) == [("unpaid", "The payment of PLN 50.00 was not completed: nothing was charged.")]
     assert 'id="retry"' in r.text and "refresh" not in r.text
     wait_for(lambda: gateway.sql("SELECT status FROM payments WHERE id = $1", pid)[0]["status"] == "failed", timeout=10)
     assert balance(gateway, org) == TRIAL
@@ -91,7 +92,7 @@ def test_cancelled_payment_is_not_credited(gateway: Gateway) -> None:
 
 def _banners(page: str) -> list[tuple[str, str]]:
     """(kind, text) of every banner on a page: the payment's and the generic message."""
-    found = [(m.group(1), re.sub(r"\s+", " ", re.sub(r"<form.*?</form>", "", m.group(2), flags=re.S)).strip())
+    found = [(m.group(1), re.sub(r"\s+", " ", re.sub(r"<form.*?</form>", "", m.group(2), flags=re.S)).strip())  # \s: NBSP too
              for m in re.finditer(r'<div class="message ([a-z]+)" id="payment-state" role="status">(.*?)</div>', page, re.S)]
     found += [("message", m.group(1)) for m in re.finditer(r'<p class="message" role="status">(.*?)</p>', page)]
     return found
@@ -106,7 +107,7 @@ def test_a_pending_payment_can_be_cancelled_and_retried(gateway: Gateway) -> Non
     assert r.status_code == 303 and r.headers["location"] == f"/billing?payment={pid}"
     assert gateway.sql("SELECT status FROM payments WHERE id = $1", pid) == [{"status": "cancelled"}]
     assert _banners(c.get(r.headers["location"]).text) == [
-        ("unpaid", "The payment of 12.340000 PLN was not completed: nothing was charged.")]
+        ("unpaid", "The payment of PLN 12.34 was not completed: nothing was charged.")]
     # retry: a new payment of the same amount, sent to the provider
     r = c.post(f"/billing/payment/{pid}/retry", {})
     assert r.status_code == 303
@@ -146,8 +147,9 @@ def test_balance_follows_usage(gateway: Gateway) -> None:
     cost = wait_for(lambda: gateway.sql("SELECT cost_micro_pln FROM usage_records WHERE org_id = $1", org), timeout=10)
     left = TRIAL - cost[0]["cost_micro_pln"]
     page = c.get("/billing").text
-    assert f"{left // 1_000_000}.{left % 1_000_000:06d} PLN" in page
-    assert "usage, 1 requests that day" in page
+    # the balance to the grosz, rounded down (never more than there is); the ledger's usage exact
+    assert f'id="balance">PLN\xa0{left // 1_000_000}.{left % 1_000_000 // 10_000:02d}<' in page
+    assert f"-PLN\xa00.{cost[0]['cost_micro_pln']:06d}" in page and "usage, 1 request that day" in page
 
 
 def test_low_balance_email_once_per_fall_under_the_threshold(gateway: Gateway) -> None:
@@ -162,11 +164,11 @@ def test_low_balance_email_once_per_fall_under_the_threshold(gateway: Gateway) -
     assert r.status_code == 303 and "low_balance_set" in r.headers["location"]
     assert gateway.sql("SELECT low_balance_micro_pln FROM orgs WHERE id = $1", org) == [
         {"low_balance_micro_pln": 4_500_000}]
-    assert 'value="4.500000"' in c.get("/billing").text
+    assert 'value="4.50"' in c.get("/billing").text
     low = lambda: [m for m in mails(gateway, email) if m["subject"].startswith("Low balance")]  # noqa: E731
     gateway.admin(lambda a: a.credit(org, -1_000_000, ref="test-spend-1", kind="correction"))  # 4 PLN left
     first = wait_for(low, timeout=10)
-    assert len(first) == 1 and "4.000000 PLN" in first[0]["body"] and "4.500000 PLN" in first[0]["body"]
+    assert len(first) == 1 and "is PLN\xa04.00, under the PLN\xa04.50 you set" in first[0]["body"]
     assert gateway.console + "/billing" in first[0]["body"]
     # still under: no second mail (the check runs every 0.3 s in the test stack; a later change of
     # state, here a top-up, is the positive event waited for)

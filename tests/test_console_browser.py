@@ -1,13 +1,13 @@
 """The console end to end in a real headless browser (Debian's chromium driven by Playwright):
 sign up, read the captured e-mail, confirm, see the trial balance, create a key, use it with the
 openai SDK, watch the request appear on the usage page without reloading, top up through the
-sandbox provider, invite a member who accepts.  Screenshots of each page go to
+sandbox provider, invite a member who accepts -- in Polish, the default (a phone in English follows).
+Screenshots of each page go to
 tests/artifacts/console/ (the path is printed)."""
 from __future__ import annotations
 
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -19,7 +19,6 @@ from test_console_support import PASSWORD, new_email
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts" / "console"
-DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 if not os.access(CHROMIUM, os.X_OK):
     pytest.skip(f"browser tests did not run: {CHROMIUM} is missing (Debian's chromium package; `make test` "
@@ -61,26 +60,27 @@ def captured_link(page: Any, console: str, to: str, path: str) -> str:
 def test_the_whole_console_flow_in_a_browser(gateway: Gateway, browser: Any) -> None:
     expect = sync_api.expect
     con = gateway.console
-    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900}, locale="pl-PL")
     page = ctx.new_page()
     page.set_default_timeout(15_000)
     email = new_email()
 
-    # sign up
+    # sign up (in Polish: the default language)
     page.goto(con + "/signup")
     page.fill("input[name=email]", email)
     page.fill("input[name=password]", PASSWORD)
     page.fill("input[name=org]", "Kancelaria Nowak")
     shot(page, "01-signup")
-    page.click("button[type=submit]")
-    expect(page.locator(".message")).to_contain_text("Check your e-mail")
+    page.click("main button[type=submit]")
+    assert page.locator("html").get_attribute("lang") == "pl"
+    expect(page.locator(".message")).to_contain_text("Sprawdź pocztę")
 
     # read the captured e-mail, confirm
     link = captured_link(page, con, email, "/confirm/")
     shot(page, "02-captured-mail")
     page.goto(link)
     page.click("#confirm")
-    expect(page.locator("#balance")).to_have_text("5.000000 PLN")
+    expect(page.locator("#balance")).to_have_text("5,00\xa0zł")
     shot(page, "03-overview-trial-balance")
 
     # create a key; it is shown once
@@ -105,19 +105,16 @@ def test_the_whole_console_flow_in_a_browser(gateway: Gateway, browser: Any) -> 
     expect(page.locator("#count")).to_have_text("3")
     expect(page.locator("svg.chart rect.bar")).to_have_count(1)
     shot(page, "05-usage")
-    if os.environ.get("GATEWAY_DOCS_SCREENSHOTS"):
-        DOCS.mkdir(exist_ok=True)
-        shutil.copy(ARTIFACTS / "05-usage.png", DOCS / "console-usage.png")
 
     # top up through the sandbox provider
     page.goto(con + "/billing")
     before = page.locator("#balance").inner_text()
     page.fill("input[name=amount]", "50")
     page.click("#topup")
-    expect(page.locator("h1")).to_have_text("Sandbox payment provider")
+    expect(page.locator("h1")).to_have_text("Testowy operator płatności")
     shot(page, "06-sandbox-provider")
     page.click("#sandbox-pay")
-    expect(page.locator("#payment-state")).to_contain_text("balance is credited", timeout=15_000)
+    expect(page.locator("#payment-state")).to_contain_text("saldo zostało zasilone", timeout=15_000)
     after = page.locator("#balance").inner_text()
     assert _micro(after) == _micro(before) + 50_000_000
     shot(page, "07-billing")
@@ -127,16 +124,22 @@ def test_the_whole_console_flow_in_a_browser(gateway: Gateway, browser: Any) -> 
     page.goto(con + "/members")
     page.fill("input[name=email]", invitee)
     page.click("#invite")
-    expect(page.locator(".message")).to_contain_text("invitation is sent")
+    expect(page.locator(".message")).to_contain_text("Zaproszenie zostało wysłane")
     shot(page, "08-members")
     link = captured_link(page, con, invitee, "/invite/")
-    other = browser.new_context(viewport={"width": 1280, "height": 900})
+    other = browser.new_context(viewport={"width": 1280, "height": 900}, locale="pl-PL")
     p2 = other.new_page()
     p2.goto(link)
     p2.fill("input[name=password]", PASSWORD)
     p2.click("#accept")
-    expect(p2.locator(".message")).to_contain_text("You joined")
+    expect(p2.locator(".message")).to_contain_text("Dołączono do organizacji")
+    expect(p2.locator("header")).to_contain_text("członek")
+    # the switch to English, on the page where it is clicked, and remembered
+    p2.click("#lang-en")
     expect(p2.locator("header")).to_contain_text("member")
+    assert p2.locator("html").get_attribute("lang") == "en"
+    p2.goto(con + "/usage")
+    expect(p2.locator("h1")).to_have_text("Usage")
     shot(p2, "09-member-overview")
     page.goto(con + "/members")
     expect(page.locator("#members")).to_contain_text(invitee)
@@ -145,8 +148,9 @@ def test_the_whole_console_flow_in_a_browser(gateway: Gateway, browser: Any) -> 
 
 
 def _micro(text: str) -> int:
-    whole, frac = text.replace(" PLN", "").split(".")
-    return int(whole) * 1_000_000 + int(frac)
+    """A Polish amount as the page shows it ("1\xa0234,50\xa0zł") in micro-PLN."""
+    whole, frac = text.replace("\xa0zł", "").replace("\xa0", "").split(",")
+    return int(whole) * 1_000_000 + int(frac.ljust(6, "0"))
 
 
 PAGES_SIGNED_IN = ["/", "/keys", "/usage", "/billing", "/members", "/docs/api"]
@@ -174,24 +178,26 @@ def _too_wide(page: Any, con: str, paths: list[str]) -> dict[str, int]:
 def test_first_call_from_what_the_pages_show_on_a_phone(gateway: Gateway, browser: Any) -> None:
     """Issue 19, part 3: from sign-up to a first 200 at 390 px, using only what the pages show: the
     captured confirmation mail, the trial explained on Overview, the key page's curl snippet run as it is
-    shown.  Revoking asks first.  Every page fits the screen."""
+    shown.  Revoking asks first.  Every page fits the screen, in both languages.  The phone asks for
+    English (Accept-Language)."""
     import json
     import subprocess
     expect = sync_api.expect
     con = gateway.console
-    ctx = browser.new_context(viewport={"width": 390, "height": 844})
+    ctx = browser.new_context(viewport={"width": 390, "height": 844}, locale="en-US")
     page = ctx.new_page()
     page.set_default_timeout(15_000)
     assert _too_wide(page, con, PAGES_SIGNED_OUT) == {}
+    assert page.locator("html").get_attribute("lang") == "en"
     email = new_email()
     page.goto(con + "/signup")
     page.fill("input[name=email]", email)
     page.fill("input[name=password]", PASSWORD)
     page.fill("input[name=org]", "Piekarnia Kowalski")
-    page.click("button[type=submit]")
+    page.click("main button[type=submit]")
     page.goto(captured_link(page, con, email, "/confirm/"))
     page.click("#confirm")
-    expect(page.locator("#trial")).to_contain_text("trial credit of 5.000000 PLN")
+    expect(page.locator("#trial")).to_contain_text("trial credit of PLN\xa05.00")
     assert page.locator("link[rel=icon]").get_attribute("href") == "/static/favicon.svg"
     assert page.request.get(con + "/static/favicon.svg").ok
     page.locator("#trial a[href='/keys']").click()
@@ -222,4 +228,11 @@ def test_first_call_from_what_the_pages_show_on_a_phone(gateway: Gateway, browse
     page.click("form.revoke button")
     expect(page.locator(".message")).to_contain_text("The key is revoked")
     assert _too_wide(page, con, PAGES_SIGNED_IN) == {}
+    page.click("#lang-pl")  # Polish texts are longer: the pages still fit
+    assert page.locator("html").get_attribute("lang") == "pl"
+    assert _too_wide(page, con, PAGES_SIGNED_IN + ["/changelog"]) == {}
     ctx.close()
+    polish = browser.new_context(viewport={"width": 390, "height": 844}, locale="pl-PL").new_page()
+    assert _too_wide(polish, con, PAGES_SIGNED_OUT) == {}
+    assert polish.locator("html").get_attribute("lang") == "pl"
+    polish.context.close()

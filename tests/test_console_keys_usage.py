@@ -14,6 +14,7 @@ import httpx
 import openai
 
 from conftest import Gateway, wait_for
+from extproc.catalog import WARSAW
 from test_console_support import ConsoleClient, signed_up
 
 KEY = re.compile(r'id="new-key">(sk-service-[A-Za-z0-9]{40})<')
@@ -78,12 +79,12 @@ def test_usage_page_filters_totals_and_csv(gateway: Gateway) -> None:
                                                     key=lambda r: r["started_at"], reverse=True)]
     assert sorted(live.index(i) for i in rids) == [live.index(i) for i in newest_first]
     total = sum(r["cost_micro_pln"] for r in rows)
-    assert f"{total // 1_000_000}.{total % 1_000_000:06d} PLN" in live
+    assert f"PLN\xa0{total // 1_000_000}.{total % 1_000_000:06d}" in live  # usage: to the micro-PLN
     page = c.get("/usage?alias=polish-fast").text
     assert rids[1] in page and rids[0] not in page and rids[2] not in page
     page = c.get(f"/usage?key={k2}").text
     assert rids[2] in page and rids[0] not in page
-    today = dt.datetime.now(dt.timezone.utc).date()
+    today = dt.datetime.now(WARSAW).date()  # the From and To dates are Warsaw days
     assert rids[0] in c.get(f"/usage?from={today}&to={today}").text
     assert rids[0] not in c.get(f"/usage?to={today - dt.timedelta(days=1)}").text
     assert "<svg class=\"chart\"" in c.get("/usage").text
@@ -167,4 +168,4 @@ def test_the_new_key_page_shows_first_call_snippets(gateway: Gateway) -> None:
         assert block and key in block.group(1) and "polish-pro" in block.group(1) and gateway.v1 in block.group(1), sid
     assert 'href="/docs/api"' in page and 'data-copy="new-key"' in page
     overview = c.get("/").text
-    assert 'id="trial"' in overview and "trial credit of 5.000000 PLN" in overview
+    assert 'id="trial"' in overview and "trial credit of PLN\xa05.00" in overview

@@ -21,16 +21,18 @@ _FORM_ID = re.compile(r'name="form_id" value="([^"]+)"')
 
 class ConsoleClient:
     """A browser-like client: keeps the console's cookies itself (they are ``Secure``, which
-    http.cookiejar never sends over plain http to 127.0.0.1) and the last page's CSRF token."""
+    http.cookiejar never sends over plain http to 127.0.0.1) and the last page's CSRF token.
+    ``lang``: the language cookie it starts with ("en": the texts most tests read; None: none, as a
+    first visit)."""
 
-    def __init__(self, base: str, address: str | None = None) -> None:
+    def __init__(self, base: str, address: str | None = None, lang: str | None = "en") -> None:
         self.base = base
         # Each client comes from an address of its own (all of 127.0.0.0/8 is loopback): the
         # console's per-address limits then count each test's client apart, as for real clients.
         self.address = address or loopback_address()
         self.http = httpx.Client(base_url=base, follow_redirects=False, timeout=30,
                                  transport=httpx.HTTPTransport(local_address=self.address))
-        self.jar: dict[str, str] = {}
+        self.jar: dict[str, str] = {"lang": lang} if lang else {}
         self.raw_cookies: list[str] = []
         self.csrf = ""
         self.form_id = ""
@@ -122,9 +124,9 @@ def new_email() -> str:
     return f"user-{secrets.token_hex(5)}@example.com"
 
 
-def signed_up(gw: Gateway, org: str = "Acme sp. z o.o.") -> tuple[ConsoleClient, str, str]:
-    """A confirmed, logged-in account: (client, e-mail, organisation id)."""
-    c = ConsoleClient(gw.console)
+def signed_up(gw: Gateway, org: str = "Acme sp. z o.o.", lang: str = "en") -> tuple[ConsoleClient, str, str]:
+    """A confirmed, logged-in account (signed up in ``lang``): (client, e-mail, organisation id)."""
+    c = ConsoleClient(gw.console, lang=lang)
     email = new_email()
     c.get("/signup")
     r = c.post("/signup", {"email": email, "password": PASSWORD, "org": org})

@@ -51,7 +51,7 @@ def test_billing_shows_scheduled_changes_in_warsaw_time(gateway: Gateway) -> Non
     page = c.get("/billing").text
     scheduled = page[page.index('id="scheduled"'):page.index("</table>", page.index('id="scheduled"'))]
     # the test catalog schedules polish-pro's new prices for 2099-01-01 (a date alone)
-    assert "2099-01-01 00:00 CET" in scheduled and "polish-pro" in scheduled
+    assert "1 Jan 2099, 00:00 CET" in scheduled and "polish-pro" in scheduled  # the client reads English
     assert "1.400000" in scheduled and "2.900000" in scheduled
     in_force = page[page.index('id="prices"'):page.index("</table>", page.index('id="prices"'))]
     assert "1.500000" in in_force and "1.400000" not in in_force  # today's price is still the old one
@@ -59,10 +59,10 @@ def test_billing_shows_scheduled_changes_in_warsaw_time(gateway: Gateway) -> Non
 
 
 def test_the_changelog_is_public_and_generated_from_the_catalog(gateway: Gateway) -> None:
-    r = httpx.get(gateway.console + "/changelog")
+    r = httpx.get(gateway.console + "/changelog")  # no language chosen: Polish
     assert r.status_code == 200
     rows = r.text[r.text.index('id="changelog"'):]
-    assert rows.index("2099-01-01 00:00 CET") < rows.index("polish-fast")  # newest first
-    assert "scheduled" in rows and "model available" in rows
+    assert rows.index("1 sty 2099, 00:00 CET") < rows.index("polish-fast")  # newest first
+    assert "zaplanowane" in rows and "model dostępny" in rows
     for alias in ("polish-fast", "polish-pro", "advanced", "embed"):
         assert alias in rows

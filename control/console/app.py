@@ -14,7 +14,7 @@ from control.admin import Admin
 from extproc.settings import Settings
 from extproc.store import redis_client
 
-from . import low_balance
+from . import i18n, low_balance
 from .mail import Mailer
 from .payments import make_provider
 from .security import load_secret
@@ -48,6 +48,13 @@ class SafeAccessLogger(AbstractAccessLogger):
         if mi is not None and mi.route.resource is not None:
             route = mi.route.resource.canonical
         self.logger.info("%s %s %s %.1fms", request.method, route, response.status, time * 1000)
+
+
+@web.middleware
+async def lang_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every text of this request in the visitor's language (``i18n.choose``)."""
+    i18n.set_lang(i18n.choose(request.cookies.get(i18n.LANG_COOKIE), request.headers.get("Accept-Language")))
+    return await handler(request)
 
 
 @web.middleware
@@ -88,7 +95,7 @@ async def csrf_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
         form = await request.post()
         if not csrf_ok(request, str(form.get("csrf", ""))):
             return render(request, "error.html", status=403,
-                          error="The form expired or did not come from this site; go back, reload and try again.")
+                          error=i18n._("The form expired or did not come from this site; go back, reload and try again."))
     return await handler(request)
 
 
@@ -99,7 +106,7 @@ async def errors_mw(request: web.Request, handler: Handler) -> web.StreamRespons
     except PageError as e:
         return render(request, "error.html", status=e.status, error=e.text)
     except web.HTTPNotFound:
-        return render(request, "error.html", status=404, error="There is nothing here.")
+        return render(request, "error.html", status=404, error=i18n._("There is nothing here."))
 
 
 async def on_prepare(request: web.Request, resp: web.StreamResponse) -> None:
@@ -114,8 +121,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 def make_app(settings: Settings) -> web.Application:
-    from .pages import api_docs, auth, billing, changelog, dev, keys, members, usage
-    app = web.Application(middlewares=[session_mw, errors_mw, csrf_mw], client_max_size=64 * 1024)
+    from .pages import api_docs, auth, billing, changelog, dev, keys, language, members, usage
+    app = web.Application(middlewares=[lang_mw, session_mw, errors_mw, csrf_mw], client_max_size=64 * 1024)
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
         pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=8)
@@ -134,7 +141,7 @@ def make_app(settings: Settings) -> web.Application:
     app.on_response_prepare.append(on_prepare)
     app.router.add_get("/healthz", healthz)
     app.router.add_static("/static", HERE / "static")
-    for mod in (auth, keys, usage, billing, members, dev, api_docs, changelog):
+    for mod in (auth, keys, usage, billing, members, dev, api_docs, changelog, language):
         app.add_routes(mod.routes)
     return app
 

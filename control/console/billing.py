@@ -11,7 +11,7 @@ import asyncpg
 
 from control.admin import Admin
 
-from . import invoices, mail
+from . import i18n, invoices, mail
 from .mail import Mailer
 from .payments import BadNotification, Notification, Payment, Provider
 from .store import owner_emails
@@ -64,11 +64,13 @@ async def handle_notification(admin: Admin, provider: Provider, body: bytes, con
 async def mail_invoice(pool: asyncpg.Pool, mailer: Mailer, base_url: str, inv: Any, seller: invoices.Seller) -> None:
     """The payment e-mail to the organisation's owners, the invoice's PDF attached."""
     pdf = invoices.render_pdf(inv, seller)
-    subject, text = mail.paid(invoices.pln_text(inv["gross_grosze"]), inv["number"], f"{base_url}/billing")
-    for owner in await owner_emails(pool, inv["org_id"]):
+    for owner, lang in await owner_emails(pool, inv["org_id"]):
+        with i18n.speaking(lang):
+            subject, text = mail.paid(inv["gross_grosze"] * 10_000, inv["number"], f"{base_url}/billing")
         await mailer.send(owner, subject, text,
                           attachment=(f"{inv['number'].replace('/', '-')}.pdf", "application/pdf", pdf))
 
 
 def payment_for(row: asyncpg.Record, email: str, org_name: str) -> Payment:
-    return Payment(row["id"], row["org_id"], row["amount_micro_pln"], email, f"Top-up {org_name}"[:100])
+    return Payment(row["id"], row["org_id"], row["amount_micro_pln"], email,
+                   i18n._("Top-up {org}").format(org=org_name)[:100])

@@ -7,9 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from control.admin import micro_to_pln
-
-from . import mail
+from . import i18n, mail
 from .store import owner_emails
 from .web import Console
 
@@ -34,9 +32,9 @@ async def check_once(c: Console) -> int:
                                     " AND low_balance_mailed_at IS NULL RETURNING id", r["id"])
         if won is None:
             continue  # another console instance sent it
-        subject, text = mail.low_balance(r["name"], micro_to_pln(balance), micro_to_pln(r["threshold"]),
-                                         f"{c.base_url}/billing")
-        for owner in await owner_emails(c.pool, r["id"]):
+        for owner, lang in await owner_emails(c.pool, r["id"]):
+            with i18n.speaking(lang):
+                subject, text = mail.low_balance(r["name"], balance, r["threshold"], f"{c.base_url}/billing")
             await c.mailer.send(owner, subject, text)
             sent += 1
     return sent

@@ -12,6 +12,8 @@ from email.message import EmailMessage
 
 from extproc.settings import Settings
 
+from .i18n import _, money
+
 log = logging.getLogger("console.mail")
 
 
@@ -59,40 +61,44 @@ class Mailer:
             return False
 
 
-# ---- the messages -----------------------------------------------------------------------------
+# ---- the messages (in the language of the request, or of ``i18n.speaking``) ---------------------
 
 def confirm(link: str) -> tuple[str, str]:
-    return ("Confirm your e-mail address",
-            f"Welcome!\n\nConfirm your e-mail address to activate your account and receive the trial balance:\n\n"
-            f"{link}\n\nThe link works once and expires in 24 hours. If you did not sign up, ignore this message.\n")
+    return (_("Confirm your e-mail address"),
+            _("Welcome!\n\nConfirm your e-mail address to activate your account and receive the trial balance:\n\n"
+              "{link}\n\nThe link works once and expires in 24 hours. If you did not sign up, ignore this message.\n")
+            .format(link=link))
 
 
 def already_registered(link: str) -> tuple[str, str]:
-    return ("Your account already exists",
-            f"Someone (probably you) tried to sign up with this address, which already has an account.\n\n"
-            f"Log in or reset your password here:\n\n{link}\n")
+    return (_("Your account already exists"),
+            _("Someone (probably you) tried to sign up with this address, which already has an account.\n\n"
+              "Log in or reset your password here:\n\n{link}\n").format(link=link))
 
 
 def reset(link: str) -> tuple[str, str]:
-    return ("Reset your password",
-            f"Set a new password here:\n\n{link}\n\nThe link works once and expires in 1 hour."
-            " If you did not ask for it, ignore this message.\n")
+    return (_("Reset your password"),
+            _("Set a new password here:\n\n{link}\n\nThe link works once and expires in 1 hour."
+              " If you did not ask for it, ignore this message.\n").format(link=link))
 
 
 def invite(org_name: str, inviter: str, link: str) -> tuple[str, str]:
-    return (f"Invitation to {org_name}",
-            f"{inviter} invites you to the organisation \"{org_name}\" on the gateway console.\n\n"
-            f"Accept here:\n\n{link}\n\nThe invitation expires in 7 days.\n")
+    return (_("Invitation to {org}").format(org=org_name),
+            _("{inviter} invites you to the organisation \"{org}\" on the gateway console.\n\n"
+              "Accept here:\n\n{link}\n\nThe invitation expires in 7 days.\n")
+            .format(inviter=inviter, org=org_name, link=link))
 
 
-def low_balance(org_name: str, balance: str, threshold: str, link: str) -> tuple[str, str]:
-    return (f"Low balance: {org_name}",
-            f"The prepaid balance of \"{org_name}\" is {balance} PLN, under the {threshold} PLN you set.\n\n"
-            f"When it reaches zero the API answers 402 until it is topped up. Top up here:\n\n{link}\n\n"
-            "This message is sent once each time the balance falls under the threshold.\n")
+def low_balance(org_name: str, balance_micro: int, threshold_micro: int, link: str) -> tuple[str, str]:
+    return (_("Low balance: {org}").format(org=org_name),
+            _("The prepaid balance of \"{org}\" is {balance}, under the {threshold} you set.\n\n"
+              "When it reaches zero the API answers 402 until it is topped up. Top up here:\n\n{link}\n\n"
+              "This message is sent once each time the balance falls under the threshold.\n")
+            .format(org=org_name, balance=money(balance_micro), threshold=money(threshold_micro), link=link))
 
 
-def paid(amount: str, number: str, link: str) -> tuple[str, str]:
-    return (f"Payment received: {amount}",
-            f"Thank you: {amount} is credited to your prepaid balance.\n\nThe VAT invoice {number} is attached;"
-            f" it is also on the Billing page:\n\n{link}\n")
+def paid(amount_micro: int, number: str, link: str) -> tuple[str, str]:
+    amount = money(amount_micro)
+    return (_("Payment received: {amount}").format(amount=amount),
+            _("Thank you: {amount} is credited to your prepaid balance.\n\nThe VAT invoice {number} is attached;"
+              " it is also on the Billing page:\n\n{link}\n").format(amount=amount, number=number, link=link))

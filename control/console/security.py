@@ -10,6 +10,8 @@ from pathlib import Path
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError, VerifyMismatchError
 
+from .i18n import _
+
 _HASHER = PasswordHasher()  # argon2id, 64 MiB, 3 passes (RFC 9106's second recommendation)
 _DUMMY = _HASHER.hash("not a password of anyone")
 
@@ -30,9 +32,9 @@ def check_password(stored: str | None, password: str) -> bool:
 
 def password_problem(password: str) -> str | None:
     if len(password) < MIN_PASSWORD:
-        return f"The password needs at least {MIN_PASSWORD} characters."
+        return _("The password needs at least {n} characters.").format(n=MIN_PASSWORD)
     if len(password) > 1024:
-        return "The password is too long."
+        return _("The password is too long.")
     return None
 
 

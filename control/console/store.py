@@ -10,6 +10,7 @@ from typing import Any
 
 import asyncpg
 
+from .i18n import _
 from .security import token_hash
 
 SESSION_DAYS = 7
@@ -63,17 +64,17 @@ def name_problem(name: str, what: str) -> str | None:
     """Why a name (an organisation's, a key's) cannot be used, or None: 1 to 100 characters, no
     control or format character (CR/LF above all: names go into e-mail headers), no angle brackets."""
     if not name or len(name) > 100:
-        return f"Enter the {what} (up to 100 characters)."
+        return _("Enter the {what} (up to 100 characters).").format(what=what)
     if any(unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn") or ch in "<>" for ch in name):
-        return f"The {what} cannot contain line breaks, control characters or angle brackets."
+        return _("The {what} cannot contain line breaks, control characters or angle brackets.").format(what=what)
     return None
 
 
-async def owner_emails(pool: asyncpg.Pool, org_id: str) -> list[str]:
-    """Where the organisation's billing mail goes: its owners' addresses."""
-    rows = await pool.fetch("SELECT u.email FROM memberships m JOIN users u ON u.id = m.user_id"
+async def owner_emails(pool: asyncpg.Pool, org_id: str) -> list[tuple[str, str]]:
+    """Where the organisation's billing mail goes: its owners' addresses, each with its language."""
+    rows = await pool.fetch("SELECT u.email, u.lang FROM memberships m JOIN users u ON u.id = m.user_id"
                             " WHERE m.org_id = $1 AND m.role = 'owner' ORDER BY u.email", org_id)
-    return [r["email"] for r in rows]
+    return [(r["email"], r["lang"]) for r in rows]
 
 
 class Store:
@@ -84,13 +85,17 @@ class Store:
     async def user_by_email(self, email: str) -> asyncpg.Record | None:
         return await self.pool.fetchrow("SELECT * FROM users WHERE email = $1", normal_email(email))
 
-    async def create_user(self, email: str, password_hash: str, *, verified: bool = False,
+    async def create_user(self, email: str, password_hash: str, lang: str, *, verified: bool = False,
                           conn: Any = None) -> str:
+        """``lang``: the language of the page the account was made on (its e-mails' language)."""
         uid = "usr_" + secrets.token_hex(8)
         await (conn or self.pool).execute(
-            "INSERT INTO users (id, email, password_hash, verified_at) VALUES ($1, $2, $3,"
-            " CASE WHEN $4 THEN now() END)", uid, normal_email(email), password_hash, verified)
+            "INSERT INTO users (id, email, password_hash, verified_at, lang) VALUES ($1, $2, $3,"
+            " CASE WHEN $4 THEN now() END, $5)", uid, normal_email(email), password_hash, verified, lang)
         return uid
+
+    async def set_lang(self, user_id: str, lang: str) -> None:
+        await self.pool.execute("UPDATE users SET lang = $2 WHERE id = $1", user_id, lang)
 
     async def set_password(self, user_id: str, password_hash: str) -> None:
         """The new password ends every session of the account and spends every reset link it has."""

@@ -11,10 +11,12 @@ import jinja2
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from control.admin import Admin, micro_to_pln
+from control.admin import Admin
 from extproc.settings import Settings
 
+from . import i18n
 from .background import Background
+from .i18n import N_
 from .mail import Mailer
 from .payments import Provider
 from .security import csrf_token
@@ -25,25 +27,34 @@ SESSION_COOKIE = "gw_session"
 ANON_COOKIE = "gw_anon"
 
 MESSAGES = {
-    "signed_up": "Check your e-mail: we sent a confirmation link.",
-    "confirmed": "Your e-mail address is confirmed.",
-    "logged_out": "You are logged out.",
-    "reset_sent": "If an account exists for that address, we sent a link to reset its password.",
-    "reset_done": "Your password is changed; log in with the new one.",
-    "unverified": "Confirm your e-mail address first: we sent you a new link.",
-    "key_revoked": "The key is revoked; the gateway refuses it from now on.",
-    "key_form_used": "That form was already sent and its key created (a key is shown only once); "
-                     "nothing new was created. Create another key below if you need one.",
-    "invited": "The invitation is sent.",
-    "member_removed": "The member is removed; the keys they created still work.",
-    "member_removed_keys_revoked": "The member is removed and the keys they created are revoked.",
-    "invite_revoked": "The invitation is withdrawn.",
-    "joined": "You joined the organisation.",
-    "bad_link": "That link is invalid, used or expired.",
-    "low_balance_set": "Saved: the owners get an e-mail when the balance falls under the threshold.",
-    "low_balance_off": "Saved: no low-balance e-mail.",
-    "details_saved": "Saved: the next invoices carry these billing details.",
+    "signed_up": N_("Check your e-mail: we sent a confirmation link."),
+    "confirmed": N_("Your e-mail address is confirmed."),
+    "logged_out": N_("You are logged out."),
+    "reset_sent": N_("If an account exists for that address, we sent a link to reset its password."),
+    "reset_done": N_("Your password is changed; log in with the new one."),
+    "unverified": N_("Confirm your e-mail address first: we sent you a new link."),
+    "key_revoked": N_("The key is revoked; the gateway refuses it from now on."),
+    "key_form_used": N_("That form was already sent and its key created (a key is shown only once); "
+                        "nothing new was created. Create another key below if you need one."),
+    "invited": N_("The invitation is sent."),
+    "member_removed": N_("The member is removed; the keys they created still work."),
+    "member_removed_keys_revoked": N_("The member is removed and the keys they created are revoked."),
+    "invite_revoked": N_("The invitation is withdrawn."),
+    "joined": N_("You joined the organisation."),
+    "bad_link": N_("That link is invalid, used or expired."),
+    "low_balance_set": N_("Saved: the owners get an e-mail when the balance falls under the threshold."),
+    "low_balance_off": N_("Saved: no low-balance e-mail."),
+    "details_saved": N_("Saved: the next invoices carry these billing details."),
 }
+
+# The words the database holds (roles, ledger entries, payment states) as the pages show them.
+TERMS = {"owner": N_("owner"), "member": N_("member"), "topup": N_("top-up"), "trial": N_("trial credit"),
+         "correction": N_("correction"), "usage": N_("usage"), "pending": N_("pending"), "paid": N_("paid"),
+         "failed": N_("failed"), "cancelled": N_("cancelled")}
+
+
+def term(word: str) -> str:
+    return i18n._(TERMS[word]) if word in TERMS else word
 
 
 @dataclass
@@ -75,19 +86,12 @@ def console(request: web.Request) -> Console:
     return request.app[CONSOLE]
 
 
-def warsaw_time(unix_s: int | float) -> str:
-    """A moment as Polish customers read it: Europe/Warsaw with the zone shown (CET or CEST)."""
-    import datetime as dt
-    from extproc.catalog import WARSAW
-    return dt.datetime.fromtimestamp(unix_s, WARSAW).strftime("%Y-%m-%d %H:%M %Z")
-
-
 def templates() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")),
-                             autoescape=True, undefined=jinja2.StrictUndefined)
-    env.filters["pln"] = lambda v: micro_to_pln(int(v or 0))
-    env.filters["dt"] = lambda v: v.strftime("%Y-%m-%d %H:%M:%S") if v else ""
-    env.filters["warsaw"] = warsaw_time
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")), autoescape=True,
+                             undefined=jinja2.StrictUndefined, extensions=["jinja2.ext.i18n"])
+    env.install_gettext_callables(i18n._, i18n.ngettext, newstyle=True)  # type: ignore[attr-defined]
+    env.filters.update(money=i18n.money, money_exact=i18n.money_exact, when=i18n.when, day=i18n.day, term=term,
+                       day_typed=i18n.day_typed)
     return env
 
 
@@ -110,7 +114,7 @@ def need_viewer(request: web.Request) -> Viewer:
 def need_owner(request: web.Request) -> Viewer:
     v = need_viewer(request)
     if not v.owner:
-        raise_page(request, 403, "Only the organisation's owners can see this page.")
+        raise_page(request, 403, i18n._("Only the organisation's owners can see this page."))
     return v
 
 
@@ -153,8 +157,9 @@ def render(request: web.Request, name: str, status: int = 200, **ctx: Any) -> we
     c = console(request)
     msg = MESSAGES.get(request.query.get("msg", ""))
     html = c.templates.get_template(name).render(
-        viewer=viewer(request), csrf=csrf_for(request), message=msg, dev_mail=c.dev_mail and dev_local(request),
-        orgs=request.get("orgs", []), path=request.path, **ctx)
+        viewer=viewer(request), csrf=csrf_for(request), message=i18n._(msg) if msg else None,
+        dev_mail=c.dev_mail and dev_local(request), orgs=request.get("orgs", []), path=request.path,
+        lang=i18n.lang(), **ctx)
     return web.Response(text=html, status=status, content_type="text/html")
 
 

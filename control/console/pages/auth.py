@@ -9,6 +9,7 @@ from aiohttp import web
 from control.admin import pln_to_micro
 
 from .. import limits, mail
+from ..i18n import LANG_COOKIE, YEAR_S, _, lang
 from ..security import check_password, hash_password, new_token, password_problem
 from ..store import SESSION_DAYS, name_problem, normal_email, valid_email
 from ..web import SESSION_COOKIE, Console, client_ip, console, cookie, need_viewer, raise_page, render, safe_next, see_other, viewer
@@ -16,17 +17,21 @@ from ..web import SESSION_COOKIE, Console, client_ip, console, cookie, need_view
 routes = web.RouteTableDef()
 
 
-async def start_session(request: web.Request, user_id: str, org_id: str | None, location: str) -> web.Response:
+async def start_session(request: web.Request, user_id: str, org_id: str | None, location: str,
+                        lang: str | None = None) -> web.Response:
+    """``lang``: the account's language, for a browser that has not chosen one (a log-in elsewhere)."""
     c = console(request)
     if org_id is None:
         orgs = await c.store.orgs_of(user_id)
         if not orgs:
-            raise_page(request, 403, "This account belongs to no organisation.")
+            raise_page(request, 403, _("This account belongs to no organisation."))
         org_id = next((o["id"] for o in orgs if o["role"] == "owner"), orgs[0]["id"])
     token = new_token()
     await c.store.create_session(token, user_id, org_id)
     resp = web.HTTPSeeOther(location)
     cookie(resp, SESSION_COOKIE, token, SESSION_DAYS * 86400)
+    if lang and LANG_COOKIE not in request.cookies:
+        cookie(resp, LANG_COOKIE, lang, YEAR_S)
     raise resp
 
 
@@ -66,13 +71,13 @@ async def signup(request: web.Request) -> web.Response:
     # Everything is checked before anything is written (or counted).
     error = None
     if not valid_email(email):
-        error = "Enter a valid e-mail address (one address, nothing else)."
+        error = _("Enter a valid e-mail address (one address, nothing else).")
     else:
-        error = name_problem(org, "organisation's name") or password_problem(password)
+        error = name_problem(org, _("organisation's name")) or password_problem(password)
     if error:
         return render(request, "signup.html", status=400, error=error, email=email, org=org)
     if not await limits.hit(c.redis, (limits.SIGNUP_EMAIL, email), (limits.SIGNUP_IP, client_ip(request))):
-        return render(request, "signup.html", status=429, error="Too many sign-ups; try again later.",
+        return render(request, "signup.html", status=429, error=_("Too many sign-ups; try again later."),
                       email=email, org=org)
     pw_hash = await asyncio.to_thread(hash_password, password)
     existing = await c.store.user_by_email(email)
@@ -81,7 +86,7 @@ async def signup(request: web.Request) -> web.Response:
         see_other("/login?msg=signed_up")
     org_id = await c.admin.create_org(org)
     async with c.pool.acquire() as conn, conn.transaction():
-        uid = await c.store.create_user(email, pw_hash, conn=conn)
+        uid = await c.store.create_user(email, pw_hash, lang(), conn=conn)
         await c.store.add_member(uid, org_id, "owner", conn=conn)
     await send_confirmation(request, uid, email)
     see_other("/login?msg=signed_up")
@@ -91,7 +96,7 @@ async def signup(request: web.Request) -> web.Response:
 async def confirm_form(request: web.Request) -> web.Response:
     ok = await console(request).store.peek_email_token(request.match_info["token"], "confirm")
     if ok is None:
-        raise_page(request, 400, "That confirmation link is invalid, used or expired. Log in to get a new one.")
+        raise_page(request, 400, _("That confirmation link is invalid, used or expired. Log in to get a new one."))
     return render(request, "confirm.html", token=request.match_info["token"])
 
 
@@ -110,7 +115,7 @@ async def confirm(request: web.Request) -> web.Response:
     c = console(request)
     uid = await c.store.use_email_token(request.match_info["token"], "confirm")
     if uid is None:
-        raise_page(request, 400, "That confirmation link is invalid, used or expired. Log in to get a new one.")
+        raise_page(request, 400, _("That confirmation link is invalid, used or expired. Log in to get a new one."))
     if await c.store.mark_verified(uid):
         await grant_trial(request, uid)
     return await start_session(request, uid, None, "/?msg=confirmed")
@@ -131,18 +136,19 @@ async def login(request: web.Request) -> web.Response:
     # Counted before the password is checked, atomically: parallel guesses cannot outrun the limit.
     if not await limits.hit(c.redis, (limits.LOGIN_EMAIL, email), (limits.LOGIN_IP, ip)):
         return render(request, "login.html", status=429, email=email, next=nxt,
-                      error=f"Too many failed attempts; try again in {limits.LOGIN_EMAIL.window_s // 60} minutes.")
+                      error=_("Too many failed attempts; try again in {minutes} minutes.")
+                      .format(minutes=limits.LOGIN_EMAIL.window_s // 60))
     user = await c.store.user_by_email(email)
     ok = await asyncio.to_thread(check_password, user["password_hash"] if user else None, password)
     if user is None or not ok:
         return render(request, "login.html", status=401, email=email, next=nxt,
-                      error="Wrong e-mail address or password.")
+                      error=_("Wrong e-mail address or password."))
     await limits.forget(c.redis, limits.LOGIN_EMAIL, email)  # only failures count
     await limits.undo(c.redis, limits.LOGIN_IP, ip)
     if user["verified_at"] is None:
         await send_confirmation(request, user["id"], email)
         see_other("/login?msg=unverified")
-    return await start_session(request, user["id"], None, nxt)
+    return await start_session(request, user["id"], None, nxt, user["lang"])
 
 
 @routes.post("/logout")
@@ -165,7 +171,7 @@ async def reset(request: web.Request) -> web.Response:
     c = console(request)
     email = normal_email(str((await request.post()).get("email", "")))
     if not valid_email(email):
-        return render(request, "reset.html", status=400, error="Enter a valid e-mail address (one address, nothing else).")
+        return render(request, "reset.html", status=400, error=_("Enter a valid e-mail address (one address, nothing else)."))
     if await limits.hit(c.redis, (limits.RESET_EMAIL, email), (limits.RESET_IP, client_ip(request))):
         # Off the request path: the answer takes as long for an unknown address as for a known one.
         c.background.run(_send_reset(c, email), "reset mail")
@@ -183,7 +189,7 @@ async def _send_reset(c: Console, email: str) -> None:
 @routes.get("/reset/{token}")
 async def new_password_form(request: web.Request) -> web.Response:
     if await console(request).store.peek_email_token(request.match_info["token"], "reset") is None:
-        raise_page(request, 400, "That reset link is invalid, used or expired.")
+        raise_page(request, 400, _("That reset link is invalid, used or expired."))
     return render(request, "new_password.html", token=request.match_info["token"], error=None)
 
 
@@ -197,7 +203,7 @@ async def new_password(request: web.Request) -> web.Response:
         return render(request, "new_password.html", status=400, token=token, error=problem)
     uid = await c.store.use_email_token(token, "reset")
     if uid is None:
-        raise_page(request, 400, "That reset link is invalid, used or expired.")
+        raise_page(request, 400, _("That reset link is invalid, used or expired."))
     await c.store.set_password(uid, await asyncio.to_thread(hash_password, password))  # and ends every session of the account
     if await c.store.mark_verified(uid):  # the link proved the address
         await grant_trial(request, uid)
@@ -209,5 +215,5 @@ async def switch_org(request: web.Request) -> web.Response:
     v = need_viewer(request)
     org = str((await request.post()).get("org", ""))
     if not await console(request).store.switch_org(v.session_token, v.user_id, org):
-        raise_page(request, 403, "You are not a member of that organisation.")
+        raise_page(request, 403, _("You are not a member of that organisation."))
     see_other("/")

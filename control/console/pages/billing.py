@@ -9,10 +9,12 @@ from typing import Any, NoReturn
 
 import aiohttp
 from aiohttp import web
+from babel.numbers import format_decimal
 
 from control.admin import AdminError, pln_to_micro
 
 from .. import billing, invoices
+from ..i18n import _, lang, money
 from ..payments import BadNotification, PaymentError
 from ..store import Viewer, name_problem
 from ..web import console, dev_only, need_owner, need_viewer, raise_page, render, see_other
@@ -27,7 +29,7 @@ async def _ledger(request: web.Request, org_id: str) -> list[dict[str, object]]:
     rows = await console(request).pool.fetch(
         "SELECT created_at AS at, kind, amount_micro_pln AS amount, 1 AS entries FROM ledger"
         " WHERE org_id = $1 AND kind <> 'usage'"
-        " UNION ALL SELECT date_trunc('day', created_at AT TIME ZONE 'UTC') AT TIME ZONE 'UTC', 'usage',"
+        " UNION ALL SELECT date_trunc('day', created_at AT TIME ZONE 'Europe/Warsaw') AT TIME ZONE 'Europe/Warsaw', 'usage',"
         " sum(amount_micro_pln)::bigint, count(*) FROM ledger WHERE org_id = $1 AND kind = 'usage' GROUP BY 2, 1"
         " ORDER BY 1 DESC LIMIT 200", org_id)
     return [dict(r) for r in rows]
@@ -61,13 +63,18 @@ async def billing_page(request: web.Request) -> web.Response:
     return render(request, "billing.html", balance=bal["balance_micro_pln"], ledger=await _ledger(request, v.org_id),
                   prices=_prices(request), payments=await billing.recent_payments(c.pool, v.org_id),
                   amounts=AMOUNTS, watched=watched, outcome=outcome, provider=c.provider.name, error=None,
-                  low_balance=await c.pool.fetchval("SELECT low_balance_micro_pln FROM orgs WHERE id = $1", v.org_id),
+                  low_balance_text=threshold_text(
+                      await c.pool.fetchval("SELECT low_balance_micro_pln FROM orgs WHERE id = $1", v.org_id)),
                   details=await c.pool.fetchrow("SELECT billing_name, billing_nip, billing_address, billing_person"
                                                 " FROM orgs WHERE id = $1", v.org_id),
                   invoices=await c.pool.fetch("SELECT id, number, issued_at, gross_grosze FROM invoices"
                                               " WHERE org_id = $1 ORDER BY issued_at DESC LIMIT 50", v.org_id),
-                  grosze_text=invoices.pln_text,
                   min_pln=billing.MIN_TOPUP_PLN, max_pln=billing.MAX_TOPUP_PLN)
+
+
+def threshold_text(micro: int | None) -> str:
+    """The threshold as the form takes it back: "12,50" / "12.50" (nothing when off)."""
+    return format_decimal(micro / 1_000_000, "0.00", locale=lang()) if micro else ""
 
 
 async def _start_topup(request: web.Request, v: Viewer, micro: int) -> NoReturn:
@@ -83,7 +90,7 @@ async def _start_topup(request: web.Request, v: Viewer, micro: int) -> NoReturn:
     except PaymentError as e:
         log.warning("payment %s not registered: %s", pid, e)
         await c.pool.execute("UPDATE payments SET status = 'failed' WHERE id = $1", pid)
-        raise_page(request, 502, "The payment provider is not reachable now; try again later.")
+        raise_page(request, 502, _("The payment provider is not reachable now; try again later."))
     see_other(url)
 
 
@@ -96,8 +103,8 @@ async def topup(request: web.Request) -> web.Response:
     except AdminError:
         micro = 0
     if not billing.MIN_TOPUP_PLN * 1_000_000 <= micro <= billing.MAX_TOPUP_PLN * 1_000_000 or micro % 10_000:
-        raise_page(request, 400, f"Choose an amount from {billing.MIN_TOPUP_PLN} to {billing.MAX_TOPUP_PLN} PLN"
-                                 " (at most 2 decimal places).")
+        raise_page(request, 400, _("Choose an amount from {min} to {max} (at most 2 decimal places).")
+                   .format(min=money(billing.MIN_TOPUP_PLN * 1_000_000), max=money(billing.MAX_TOPUP_PLN * 1_000_000)))
     await _start_topup(request, v, micro)
 
 
@@ -114,13 +121,13 @@ async def set_details(request: web.Request) -> web.Response:
     name = str(form.get("name", "")).strip()
     nip = invoices.normal_nip(str(form.get("nip", "")))
     address = str(form.get("address", "")).strip().replace("\r\n", "\n")
-    problems = [p for p in (name_problem(name, "name"),) if p]
+    problems = [p for p in (name_problem(name, _("name")),) if p]
     if not name or len(name) > 200:
-        problems.append("Enter the name to put on invoices (at most 200 characters).")
+        problems.append(_("Enter the name to put on invoices (at most 200 characters)."))
     if not address or len(address) > 300:
-        problems.append("Enter the address (at most 300 characters).")
+        problems.append(_("Enter the address (at most 300 characters)."))
     if not person and not invoices.nip_valid(nip):
-        problems.append("The NIP is not valid: 10 digits whose last one is the checksum.")
+        problems.append(_("The NIP is not valid: 10 digits whose last one is the checksum."))
     if problems:
         raise_page(request, 400, " ".join(problems))
     await console(request).pool.execute(
@@ -135,7 +142,7 @@ async def invoice_pdf(request: web.Request) -> web.Response:
     inv = await console(request).pool.fetchrow("SELECT * FROM invoices WHERE id = $1 AND org_id = $2",
                                                 request.match_info["invoice_id"], v.org_id)
     if inv is None:
-        raise_page(request, 404, "There is no such invoice in this organisation.")
+        raise_page(request, 404, _("There is no such invoice in this organisation."))
     pdf = invoices.render_pdf(inv, invoices.Seller.of(console(request).settings))
     return web.Response(body=pdf, content_type="application/pdf", headers={
         "Content-Disposition": f'attachment; filename="{inv["number"].replace("/", "-")}.pdf"'})
@@ -154,8 +161,9 @@ async def set_low_balance(request: web.Request) -> web.Response:
         except AdminError:
             micro = 0
         if not 0 < micro <= LOW_BALANCE_MAX_PLN * 1_000_000 or micro % 10_000:
-            raise_page(request, 400, f"Enter a threshold from 0.01 to {LOW_BALANCE_MAX_PLN} PLN (at most 2 decimal places), or nothing to"
-                                     " turn the e-mail off.")
+            raise_page(request, 400, _("Enter a threshold from {min} to {max} (at most 2 decimal places), or nothing"
+                                       " to turn the e-mail off.").format(min=money(10_000),
+                                                                          max=money(LOW_BALANCE_MAX_PLN * 1_000_000)))
     await c.pool.execute("UPDATE orgs SET low_balance_micro_pln = $2, low_balance_mailed_at = NULL WHERE id = $1",
                          v.org_id, micro)
     see_other("/billing?msg=" + ("low_balance_set" if micro else "low_balance_off"))
@@ -169,7 +177,7 @@ async def cancel_payment(request: web.Request) -> web.Response:
     c = console(request)
     pid = request.match_info["payment_id"]
     if await billing.payment_of(c.pool, v.org_id, pid) is None:
-        raise_page(request, 404, "There is no such payment in this organisation.")
+        raise_page(request, 404, _("There is no such payment in this organisation."))
     await c.pool.execute("UPDATE payments SET status = 'cancelled' WHERE id = $1 AND status = 'pending'", pid)
     see_other(f"/billing?payment={pid}")
 
@@ -181,7 +189,7 @@ async def retry_payment(request: web.Request) -> web.Response:
     c = console(request)
     row = await billing.payment_of(c.pool, v.org_id, request.match_info["payment_id"])
     if row is None:
-        raise_page(request, 404, "There is no such payment in this organisation.")
+        raise_page(request, 404, _("There is no such payment in this organisation."))
     if row["status"] not in ("failed", "cancelled"):
         see_other(f"/billing?payment={row['id']}")
     await _start_topup(request, v, row["amount_micro_pln"])
@@ -193,7 +201,7 @@ async def payment_return(request: web.Request) -> web.Response:
     v = need_viewer(request)
     pid = request.match_info["payment_id"]
     if await billing.payment_of(console(request).pool, v.org_id, pid) is None:
-        raise_page(request, 404, "There is no such payment in this organisation.")
+        raise_page(request, 404, _("There is no such payment in this organisation."))
     if request.query.get("cancelled"):
         see_other(f"/billing?payment={pid}&cancelled=1")
     see_other(f"/billing?payment={pid}")
@@ -204,7 +212,7 @@ async def payment_status(request: web.Request) -> web.Response:
     v = need_viewer(request)
     row = await billing.payment_of(console(request).pool, v.org_id, request.match_info["payment_id"])
     if row is None:
-        raise_page(request, 404, "There is no such payment in this organisation.")
+        raise_page(request, 404, _("There is no such payment in this organisation."))
     return web.json_response({"id": row["id"], "status": row["status"], "amount_micro_pln": row["amount_micro_pln"]})
 
 
@@ -243,7 +251,7 @@ async def _sandbox_payment(request: web.Request) -> tuple[object, Any]:
     v = need_viewer(request)
     row = await billing.payment_of(c.pool, v.org_id, request.match_info["payment_id"])
     if row is None:
-        raise_page(request, 404, "There is no such payment in this organisation.")
+        raise_page(request, 404, _("There is no such payment in this organisation."))
     return v, row
 
 

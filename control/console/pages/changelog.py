@@ -10,6 +10,7 @@ from aiohttp import web
 
 from extproc import catalog
 
+from ..i18n import _
 from ..web import console, render
 
 routes = web.RouteTableDef()
@@ -43,5 +44,5 @@ async def changelog_page(request: web.Request) -> web.Response:
     try:
         cat = catalog.load(console(request).settings.catalog)
     except (OSError, ValueError):
-        return render(request, "changelog.html", status=503, entries=[], error="The catalog cannot be read now.")
+        return render(request, "changelog.html", status=503, entries=[], error=_("The catalog cannot be read now."))
     return render(request, "changelog.html", entries=entries(cat, time.time()), error=None)

@@ -6,6 +6,7 @@ import secrets
 
 from aiohttp import web
 
+from ..i18n import _
 from ..store import Viewer, name_problem
 from ..web import console, need_viewer, raise_page, render, see_other
 
@@ -57,7 +58,7 @@ async def create_key(request: web.Request) -> web.Response:
     v = need_viewer(request)
     form = await request.post()
     name = str(form.get("name", "")).strip(" ")
-    problem = name_problem(name, "key's name")
+    problem = name_problem(name, _("key's name"))
     if problem:
         return await _page(request, v, status=400, error=problem)
     # Each form creates one key at most: a reload of this page (the browser sending the same form
@@ -78,8 +79,8 @@ async def revoke_key(request: web.Request) -> web.Response:
     kid = request.match_info["key_id"]
     row = await c.pool.fetchrow("SELECT created_by FROM api_keys WHERE id = $1 AND org_id = $2", kid, v.org_id)
     if row is None:
-        raise_page(request, 404, "There is no such key in this organisation.")
+        raise_page(request, 404, _("There is no such key in this organisation."))
     if not may_revoke(v, row["created_by"]):
-        raise_page(request, 403, "Members revoke only the keys they created; ask an owner.")
+        raise_page(request, 403, _("Members revoke only the keys they created; ask an owner."))
     await c.admin.revoke_key(kid)
     see_other("/keys?msg=key_revoked")

@@ -6,6 +6,7 @@ import asyncio
 from aiohttp import web
 
 from .. import limits, mail
+from ..i18n import _, lang
 from ..security import hash_password, new_token, password_problem
 from ..store import normal_email, valid_email
 from ..web import console, need_owner, raise_page, render, see_other, viewer
@@ -33,13 +34,13 @@ async def invite(request: web.Request) -> web.Response:
     f = await request.post()
     email, role = normal_email(str(f.get("email", ""))), str(f.get("role", "member"))
     if not valid_email(email):
-        return await _page(request, 400, "Enter a valid e-mail address (one address, nothing else).")
+        return await _page(request, 400, _("Enter a valid e-mail address (one address, nothing else)."))
     if role not in ("owner", "member"):
-        return await _page(request, 400, "The role is owner or member.")
+        return await _page(request, 400, _("The role is owner or member."))
     if any(m["email"] == email for m in await c.store.members(v.org_id)):
-        return await _page(request, 400, "That person is already a member.")
+        return await _page(request, 400, _("That person is already a member."))
     if not await limits.hit(c.redis, (limits.INVITE_ORG, v.org_id), (limits.INVITE_EMAIL, email)):
-        return await _page(request, 429, "Too many invitations; try again later.")
+        return await _page(request, 429, _("Too many invitations; try again later."))
     token = new_token()
     await c.store.create_invite(token, v.org_id, email, role, v.user_id)
     c.background.run(c.mailer.send(email, *mail.invite(v.org_name, v.email, f"{c.base_url}/invite/{token}")),
@@ -51,7 +52,7 @@ async def invite(request: web.Request) -> web.Response:
 async def revoke_invite(request: web.Request) -> web.Response:
     v = need_owner(request)
     if not await console(request).store.revoke_invite(v.org_id, request.match_info["invite_id"]):
-        raise_page(request, 404, "There is no such invitation in this organisation.")
+        raise_page(request, 404, _("There is no such invitation in this organisation."))
     see_other("/members?msg=invite_revoked")
 
 
@@ -65,9 +66,9 @@ async def remove(request: web.Request) -> web.Response:
     keep = (await request.post()).get("keep_keys") == "1"
     done = await c.store.remove_member(v.org_id, uid, revoke_keys=not keep)
     if done.problem == "not_found":
-        raise_page(request, 404, "There is no such member in this organisation.")
+        raise_page(request, 404, _("There is no such member in this organisation."))
     if done.problem == "last_owner":
-        return await _page(request, 400, "The organisation's last owner cannot be removed.")
+        return await _page(request, 400, _("The organisation's last owner cannot be removed."))
     for kid in done.revoked_keys:
         await c.admin.revoke_key(kid)  # revoked already; this drops the gateway's cached entry at once
     see_other("/members?msg=member_removed" + ("" if keep else "_keys_revoked"))
@@ -78,7 +79,7 @@ async def invite_page(request: web.Request) -> web.Response:
     c = console(request)
     inv = await c.store.invite(request.match_info["token"])
     if inv is None:
-        raise_page(request, 400, "That invitation is invalid, used or expired.")
+        raise_page(request, 400, _("That invitation is invalid, used or expired."))
     has_account = await c.store.user_by_email(inv["email"]) is not None
     return render(request, "invite.html", invite=inv, token=request.match_info["token"], has_account=has_account,
                   error=None)
@@ -90,14 +91,15 @@ async def accept(request: web.Request) -> web.Response:
     token = request.match_info["token"]
     inv = await c.store.invite(token)
     if inv is None:
-        raise_page(request, 400, "That invitation is invalid, used or expired.")
+        raise_page(request, 400, _("That invitation is invalid, used or expired."))
     v = viewer(request)
     if v is not None:
         if v.email != inv["email"]:
-            raise_page(request, 403, f"This invitation is for {inv['email']}; log out and accept it as that person.")
+            raise_page(request, 403, _("This invitation is for {email}; log out and accept it as that person.")
+                       .format(email=inv["email"]))
         org = await c.store.accept_invite(token, v.user_id, v.email)
         if org is None:
-            raise_page(request, 400, "That invitation is invalid, used or expired.")
+            raise_page(request, 400, _("That invitation is invalid, used or expired."))
         await c.store.switch_org(v.session_token, v.user_id, org)
         see_other("/?msg=joined")
     if await c.store.user_by_email(inv["email"]) is not None:
@@ -109,8 +111,8 @@ async def accept(request: web.Request) -> web.Response:
         return render(request, "invite.html", status=400, invite=inv, token=token, has_account=False, error=problem)
     pw = await asyncio.to_thread(hash_password, password)
     async with c.pool.acquire() as conn, conn.transaction():
-        uid = await c.store.create_user(inv["email"], pw, verified=True, conn=conn)
+        uid = await c.store.create_user(inv["email"], pw, lang(), verified=True, conn=conn)
     org = await c.store.accept_invite(token, uid, inv["email"])
     if org is None:
-        raise_page(request, 400, "That invitation is invalid, used or expired.")
+        raise_page(request, 400, _("That invitation is invalid, used or expired."))
     return await start_session(request, uid, org, "/?msg=joined")

@@ -1,4 +1,5 @@
-"""Usage: the organisation's requests newest first, filters, totals per day and alias, a chart, CSV.
+"""Usage: the organisation's requests newest first, filters, totals per day (Warsaw days: the From and To
+dates too) and alias, a chart, CSV (machine-readable: UTC times, amounts with a dot, not translated).
 The page refreshes its live part every few seconds (``/usage/live``)."""
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from urllib.parse import urlencode
 from aiohttp import web
 
 from control.admin import micro_to_pln, status_condition
+from extproc.catalog import WARSAW
 
+from ..i18n import DATE_HINT, _, day, day_short, money_exact, ngettext, parse_day
 from ..web import console, need_viewer, render
 
 routes = web.RouteTableDef()
@@ -36,15 +39,16 @@ class Filters:
     @classmethod
     def of(cls, q: Any) -> "Filters":
         problems: list[str] = []
-        start = _date(q.get("from"), "From", problems)
-        end = _date(q.get("to"), "To", problems)
+        hint = _(DATE_HINT)
+        start = _date(q.get("from"), _("The From date is not a date ({hint}).").format(hint=hint), problems)
+        end = _date(q.get("to"), _("The To date is not a date ({hint}).").format(hint=hint), problems)
         if start and end and start > end:
-            problems.append("The From date is after the To date.")
+            problems.append(_("The From date is after the To date."))
         status = str(q.get("status", ""))[:8]
         try:
             status_condition(status)
         except ValueError:
-            problems.append("Unknown status filter.")
+            problems.append(_("Unknown status filter."))
             status = ""
         rid = str(q.get("request_id", "")).strip()[:100]
         return cls(start, end, str(q.get("key", ""))[:64], str(q.get("alias", ""))[:64], status, rid,
@@ -60,10 +64,10 @@ class Filters:
         sql: list[str] = ["u.org_id = $1"]
         args: list[Any] = [org_id]
         if self.start:
-            args.append(dt.datetime.combine(self.start, dt.time(), dt.timezone.utc))
+            args.append(dt.datetime.combine(self.start, dt.time(), WARSAW))
             sql.append(f"u.started_at >= ${len(args)}")
         if self.end:
-            args.append(dt.datetime.combine(self.end + dt.timedelta(days=1), dt.time(), dt.timezone.utc))
+            args.append(dt.datetime.combine(self.end + dt.timedelta(days=1), dt.time(), WARSAW))
             sql.append(f"u.started_at < ${len(args)}")
         if self.key:
             args.append(self.key)
@@ -86,13 +90,13 @@ class Filters:
         return " AND ".join(sql), args
 
 
-def _date(v: Any, name: str, problems: list[str]) -> dt.date | None:
+def _date(v: Any, problem: str, problems: list[str]) -> dt.date | None:
     if not v:
         return None
     try:
-        return dt.date.fromisoformat(str(v))
+        return parse_day(str(v))
     except ValueError:
-        problems.append(f"The {name} date is not a date (YYYY-MM-DD).")
+        problems.append(problem)
         return None
 
 
@@ -115,16 +119,17 @@ def chart(days: list[dict[str, Any]], width: int = 640, height: int = 160) -> di
     for i, d in enumerate(days):
         h = max(1.0, (height - 20) * d["cost"] / top) if d["cost"] else 0.0
         bars.append({"x": round(i * slot + slot * 0.15, 1), "w": round(slot * 0.7, 1), "y": round(height - 16 - h, 1),
-                     "h": round(h, 1), "label": d["day"].strftime("%m-%d"), "cx": round(i * slot + slot / 2, 1),
-                     "title": f"{d['day']}: {micro_to_pln(d['cost'])} PLN, {d['requests']} requests"})
-    return {"width": width, "height": height, "bars": bars, "top": micro_to_pln(top) if days else "0"}
+                     "h": round(h, 1), "label": day_short(d["day"]), "cx": round(i * slot + slot / 2, 1),
+                     "title": ngettext("{day}: {cost}, {n} request", "{day}: {cost}, {n} requests", d["requests"])
+                     .format(day=day(d["day"]), cost=money_exact(d["cost"]), n=d["requests"])})
+    return {"width": width, "height": height, "bars": bars, "top": money_exact(top if days else 0)}
 
 
 async def _live(request: web.Request, org_id: str, f: Filters) -> dict[str, Any]:
     c = console(request)
     where, args = f.where(org_id)
     per_day = [dict(r) for r in await c.pool.fetch(
-        "SELECT (u.started_at AT TIME ZONE 'UTC')::date AS day, count(*) AS requests, sum(u.prompt_tokens)::bigint AS prompt,"
+        "SELECT (u.started_at AT TIME ZONE 'Europe/Warsaw')::date AS day, count(*) AS requests, sum(u.prompt_tokens)::bigint AS prompt,"
         f" sum(u.completion_tokens)::bigint AS completion, sum(u.cost_micro_pln)::bigint AS cost FROM usage_records u WHERE {where}"
         " GROUP BY 1 ORDER BY 1 DESC", *args)]
     per_alias = [dict(r) for r in await c.pool.fetch(
