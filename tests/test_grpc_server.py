@@ -53,7 +53,9 @@ def test_handshake_settings_ack_and_ping() -> None:
     c = h2.Connection()
     first = frames(c.data_to_send())
     assert [f[0] for f in first] == [h2.SETTINGS, h2.WINDOW_UPDATE]
-    assert struct.unpack(">L", first[1][3])[0] == h2.MAX_WINDOW - 65535  # the connection window opened wide
+    assert first[0][3] == struct.pack(">HLHL", h2.INITIAL_WINDOW_SIZE, h2.STREAM_WINDOW, h2.MAX_FRAME_SIZE,
+                                      h2.OUR_MAX_FRAME)
+    assert struct.unpack(">L", first[1][3])[0] == h2.CONNECTION_WINDOW - 65535  # the connection window opened
     assert c.receive(h2.PREFACE + settings(window=1000) + h2.frame(h2.PING, 0, 0, b"12345678")) == []
     out = frames(c.data_to_send())
     assert out == [(h2.SETTINGS, h2.ACK, 0, b""), (h2.PING, h2.ACK, 0, b"12345678")]
