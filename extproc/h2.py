@@ -145,6 +145,7 @@ class Connection:
         self.unconsumed = 0  # bytes of whole messages handed out as events and not yet ``consumed``
         self._blocked: dict[int, _Stream] = {}  # streams with data held back, in arrival order
         self.last_stream = 0  # the highest stream the client opened
+        self._accepted = 0  # the highest stream not refused (a GOAWAY's last stream)
         self.draining = False  # a GOAWAY went one way or the other: new streams are refused
         self._goaway_sent = False
         self.outbound = bytearray(
@@ -327,6 +328,7 @@ class Connection:
             if self.draining:
                 self.outbound += frame(RST_STREAM, 0, sid, _U32.pack(REFUSED_STREAM))
                 return
+            self._accepted = sid
             st = self.streams[sid] = _Stream(sid, self._initial)
             events.append((OPENED, sid, headers))
         elif st.closed_remote or not flags & END_STREAM:  # more HEADERS after the end / trailers not ending it
@@ -497,9 +499,9 @@ class Connection:
         return self.streams.pop(sid, None) is not None
 
     def goaway(self, code: int = NO_ERROR) -> None:
-        """GOAWAY with the last stream the client opened (which the open ones may still finish); only
-        the first call sends one, so a connection error's code is the one the client sees."""
+        """GOAWAY with the last stream taken (the open ones may still finish; later ones are refused);
+        only the first call sends one, so a connection error's code is the one the client sees."""
         if not self._goaway_sent:
             self._goaway_sent = True
             self.draining = True
-            self.outbound += frame(GOAWAY, 0, 0, _U32.pack(self.last_stream) + _U32.pack(code))
+            self.outbound += frame(GOAWAY, 0, 0, _U32.pack(self._accepted) + _U32.pack(code))

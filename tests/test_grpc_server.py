@@ -5,9 +5,7 @@ server is tested with grpcio's own client, the other HTTP/2 + gRPC implementatio
 (``gateway status`` and the Kubernetes probe use it; Envoy's client is exercised by every e2e test)."""
 from __future__ import annotations
 
-import asyncio
 import struct
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,29 +16,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hpack import Encoder
 
 from extproc import h2
-from extproc.grpc_server import EOF, Call, Server
 from extproc.server import PROCESS_PATH
+from grpc_peers import Running, echo, frames, grpc_msg
 
 
 # ---- sans-I/O ----------------------------------------------------------------------------------
-def frames(data: bytes) -> list[tuple[int, int, int, bytes]]:
-    out, pos = [], 0
-    while pos < len(data):
-        n = int.from_bytes(data[pos:pos + 3], "big")
-        kind, flags = data[pos + 3], data[pos + 4]
-        sid = int.from_bytes(data[pos + 5:pos + 9], "big") & 0x7FFFFFFF
-        out.append((kind, flags, sid, data[pos + 9:pos + 9 + n]))
-        pos += 9 + n
-    return out
-
-
 def settings(**values: int) -> bytes:
     ids = {"window": h2.INITIAL_WINDOW_SIZE, "frame": h2.MAX_FRAME_SIZE}
     return h2.frame(h2.SETTINGS, 0, 0, b"".join(struct.pack(">HL", ids[k], v) for k, v in values.items()))
-
-
-def grpc_msg(payload: bytes) -> bytes:
-    return struct.pack(">BL", 0, len(payload)) + payload
 
 
 def open_stream(enc: Encoder, sid: int, path: bytes = PROCESS_PATH, end: bool = False) -> bytes:
@@ -174,36 +157,6 @@ def test_answer_before_the_client_ended_tells_it_to_stop() -> None:
 
 
 # ---- the server, with grpcio's client ----------------------------------------------------------
-class Running:
-    def __init__(self, routes: dict[bytes, Any]) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.server = Server(routes)
-        self.server.health[""] = health_pb2.HealthCheckResponse.SERVING
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self.server.start("127.0.0.1", 0), self.loop).result(5)
-        assert self.server._server is not None
-        self.port = self.server._server.sockets[0].getsockname()[1]
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.stop(1), self.loop).result(5)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-        self.loop.close()
-
-
-async def echo(call: Call) -> None:
-    """Answers every request message with a body response carrying the request body reversed."""
-    while True:
-        req = await call.read()
-        if req is EOF:
-            return
-        if req.request_body.body == b"fail":
-            raise RuntimeError("boom")
-        call.write(ep.ProcessingResponse(request_body=ep.BodyResponse(response=ep.CommonResponse(
-            body_mutation=ep.BodyMutation(body=req.request_body.body[::-1])))))
-
-
 @pytest.fixture()
 def running() -> Iterator[Running]:
     r = Running({PROCESS_PATH: (echo, ep.ProcessingRequest.FromString)})
