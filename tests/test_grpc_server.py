@@ -133,6 +133,47 @@ def test_large_reply_is_cut_to_the_clients_frame_size() -> None:
     assert out[-1][0] == h2.HEADERS and out[-1][1] & h2.END_STREAM
 
 
+def _window_updates(out: list[tuple[int, int, int, bytes]]) -> dict[int, int]:
+    got: dict[int, int] = {}
+    for k, _, sid, p in out:
+        if k == h2.WINDOW_UPDATE:
+            got[sid] = got.get(sid, 0) + struct.unpack(">L", p)[0]
+    return got
+
+
+def _held_and_filled() -> h2.Connection:
+    """A stream with more than HOLD of replies held back by its shut window, whose 1 MiB the client
+    then filled with requests, all read by the handler."""
+    c, enc = h2.Connection(), Encoder()
+    c.receive(h2.PREFACE + settings(window=0) + open_stream(enc, 1))
+    c.send_message(1, b"r" * (h2.HOLD + 1))
+    msg = grpc_msg(b"q" * (2**16 - 5))
+    for _ in range(h2.STREAM_WINDOW // len(msg)):
+        for kind, sid, value in c.receive(h2.frame(h2.DATA, 0, 1, msg)):
+            assert (kind, sid) == (h2.MESSAGE, 1)
+            c.consumed(1, len(value))  # type: ignore[arg-type]
+    assert c.unconsumed == 0
+    return c
+
+
+def test_a_stream_whose_replies_the_client_leaves_unread_gets_no_more_window() -> None:
+    """What the handler reads is not given back to the stream's window while the client leaves the
+    replies unread; once it takes them, it is."""
+    c = _held_and_filled()
+    out = frames(c.data_to_send())
+    assert _window_updates(out) == {0: h2.CONNECTION_WINDOW - 65535}  # (the opening one) and no other
+    with pytest.raises(h2.ProtocolError) as e:  # the stream's window is spent
+        c.receive(h2.frame(h2.DATA, 0, 1, grpc_msg(b"")))
+    assert e.value.code == h2.FLOW_CONTROL_ERROR
+    c = _held_and_filled()
+    c.data_to_send()
+    c.receive(h2.frame(h2.WINDOW_UPDATE, 0, 0, struct.pack(">L", 2**21))
+              + h2.frame(h2.WINDOW_UPDATE, 0, 1, struct.pack(">L", 2**21)))
+    out = frames(c.data_to_send())
+    assert sum(len(p) for k, _, _, p in out if k == h2.DATA) == h2.HOLD + 6  # the reply went out
+    assert _window_updates(out) == {1: h2.STREAM_WINDOW}  # and the stream's window came back whole
+
+
 def test_reset_stream_ends_the_call_and_drops_its_replies() -> None:
     c, enc = h2.Connection(), Encoder()
     c.receive(h2.PREFACE + open_stream(enc, 1))
