@@ -4,15 +4,22 @@ Fed the bytes a client sent (``receive``), it returns events: a stream opened wi
 gRPC message (the 5-byte length prefix taken off), a stream ended or reset by the client, the connection
 going away.  What the server says goes into ``outbound`` (``data_to_send`` takes it): the response
 headers, gRPC messages framed to the client's frame size and flow-control windows (held back while a
-window is shut and sent when it opens), trailers.  No sockets and no asyncio here: ``grpc_server`` is
-the I/O.
+window is shut, even below 0 after a SETTINGS cut, and sent when it opens), trailers.  No sockets and no
+asyncio here: ``grpc_server`` is the I/O.
 
-Why not grpcio or grpclib (over h2): the same pass-through processor serves 2.36x the requests on this
-connection that it serves on grpcio's asyncio server, at a sixth of the CPU per request, and 0.91x on
-grpclib (BENCHMARKS.md, "Which gRPC server the ext_proc runs on"), because it only does what one trusted
-peer on a local socket needs.  Incoming headers are
-decoded with ``hpack`` (the dynamic table is the client's to drive); outgoing ones are literal fields that
-never touch the encoder's table, so they are constant bytes.
+Receive side: the client gets 1 MiB of window per stream and 16 MiB for the connection, and a message's
+bytes go back to both when the application says it read the message (``consumed``), so a client is at
+most the windows ahead of the handlers.  A frame that breaks the protocol is a ``ProtocolError`` with its
+RFC code (the caller sends the one ``goaway`` and closes); a stream-level error resets that stream only.
+After a GOAWAY either way new streams are refused (REFUSED_STREAM) and the open ones go on.  Conformance
+is checked against real peers by tests/test_h2_conformance.py.
+
+Why not grpcio or grpclib (over h2): the same pass-through processor serves 2.36x the chat requests on
+this server that it serves on grpcio's asyncio server, at a sixth of the CPU per request, while grpclib
+reaches 0.91x of grpcio (BENCHMARKS.md, "Which gRPC server the ext_proc runs on"), because it only does
+what one trusted peer on a local socket needs.  Incoming headers are decoded with ``hpack`` (the dynamic
+table is the client's to drive); outgoing ones are literal fields that never touch the encoder's table,
+so they are constant bytes.
 """
 from __future__ import annotations
 
