@@ -409,7 +409,8 @@ class Connection:
         self._unacked = unacked
         if st is not None:
             st.unacked += n
-            self._top_up(st)
+            if st.unacked >= STREAM_WINDOW // 2:
+                self._top_up(st)
 
     def _top_up(self, st: _Stream) -> None:
         """Give the stream's window back once half of it is owed, unless the client leaves our replies
