@@ -92,7 +92,8 @@ class Call:
                 if timer is not None:
                     timer.cancel()
         message = self._queue.popleft()
-        proto.consumed(self._sid, len(message))
+        if proto.conn.consumed(self._sid, len(message)) or proto.read_paused:
+            proto.after_read()
         return self._parse(message)
 
     def write(self, message: Message) -> None:
@@ -106,8 +107,11 @@ class Call:
 
     def _drop_unread(self) -> None:
         """The handler is done: messages it did not read are given back to the windows unread."""
-        while self._queue:
-            self._proto.consumed(self._sid, len(self._queue.popleft()))
+        if self._queue:
+            proto = self._proto
+            while self._queue:
+                proto.conn.consumed(self._sid, len(self._queue.popleft()))
+            proto.after_read()
 
     def _end(self) -> None:
         self._ended = True
@@ -167,7 +171,7 @@ class _Protocol(asyncio.Protocol):
         self._flush_pending = False
         self._loop = asyncio.get_running_loop()
         self.write_paused = False  # the transport's write buffer is full: the client is not reading
-        self._read_paused = False
+        self.read_paused = False
         self._writable: list[asyncio.Future[None]] = []  # handlers waiting in ``Call.read`` for that to pass
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -202,13 +206,11 @@ class _Protocol(asyncio.Protocol):
             self.close()
 
     # ---- backpressure ------------------------------------------------------------------------
-    def consumed(self, sid: int, length: int) -> None:
-        conn = self.conn
-        conn.consumed(sid, length)
-        if self._read_paused and conn.unconsumed <= READ_BACKLOG:
+    def after_read(self) -> None:
+        """Messages were read: window updates to send, reading to resume perhaps."""
+        if self.read_paused:
             self._pace()
-        if conn.outbound:  # window updates
-            self.flush_soon()
+        self.flush_soon()
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -221,8 +223,8 @@ class _Protocol(asyncio.Protocol):
 
     def _pace(self) -> None:
         pause = self.write_paused or self.conn.unconsumed > READ_BACKLOG
-        if pause != self._read_paused and self.transport is not None:
-            self._read_paused = pause
+        if pause != self.read_paused and self.transport is not None:
+            self.read_paused = pause
             if pause:
                 self.transport.pause_reading()
             else:

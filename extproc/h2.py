@@ -394,15 +394,16 @@ class Connection:
         if flags & END_STREAM:
             self._remote_end(sid, st, events)
 
-    def consumed(self, sid: int, length: int) -> None:
+    def consumed(self, sid: int, length: int) -> bool:
         """The handler has read (or dropped) a message of ``length`` bytes from the stream: its bytes
-        are given back to the client's windows."""
+        are given back to the client's windows.  True if that queued a WINDOW_UPDATE to send."""
         self.unconsumed -= 5 + length
-        self._give_back(self.streams.get(sid), 5 + length)
+        return self._give_back(self.streams.get(sid), 5 + length)
 
-    def _give_back(self, st: _Stream | None, n: int) -> None:
+    def _give_back(self, st: _Stream | None, n: int) -> bool:
         unacked = self._unacked + n
-        if unacked >= CONNECTION_WINDOW // 2:
+        queued = unacked >= CONNECTION_WINDOW // 2
+        if queued:
             self.outbound += frame(WINDOW_UPDATE, 0, 0, _U32.pack(unacked))
             self._recv += unacked
             unacked = 0
@@ -410,15 +411,18 @@ class Connection:
         if st is not None:
             st.unacked += n
             if st.unacked >= STREAM_WINDOW // 2:
-                self._top_up(st)
+                queued = self._top_up(st) or queued
+        return queued
 
-    def _top_up(self, st: _Stream) -> None:
+    def _top_up(self, st: _Stream) -> bool:
         """Give the stream's window back once half of it is owed, unless the client leaves our replies
         on it unread (``HOLD``): then it sends no more requests on it until it takes them."""
-        if st.unacked >= STREAM_WINDOW // 2 and st.held <= HOLD and not st.closed_remote:
-            self.outbound += frame(WINDOW_UPDATE, 0, st.sid, _U32.pack(st.unacked))
-            st.recv += st.unacked
-            st.unacked = 0
+        if st.unacked < STREAM_WINDOW // 2 or st.held > HOLD or st.closed_remote:
+            return False
+        self.outbound += frame(WINDOW_UPDATE, 0, st.sid, _U32.pack(st.unacked))
+        st.recv += st.unacked
+        st.unacked = 0
+        return True
 
     def _remote_end(self, sid: int, st: _Stream, events: list[tuple[int, int, object]]) -> None:
         st.closed_remote = True

@@ -426,7 +426,7 @@ def test_windows_are_given_back_as_handlers_read_and_reading_stops_while_they_la
     sids = [p.open(*[msg] * 8, headers=headers) for _ in range(5)]  # 5 MiB, handlers not reading
     assert all(p.h2.local_flow_control_window(s) == 0 for s in sids)  # the library used up every window
     proto = server.protocol(p)
-    server.wait(lambda: proto._read_paused)  # more than READ_BACKLOG waits for the handlers: reading stops
+    server.wait(lambda: proto.read_paused)  # more than READ_BACKLOG waits for the handlers: reading stops
     assert READ_BACKLOG < server.call(lambda: proto.conn.unconsumed) <= READ_BACKLOG + h2.OUR_MAX_FRAME
     server.open_gate()
     p.until(lambda: all(len(reply_bodies(p.data(s))) == 8 for s in sids))
@@ -435,7 +435,7 @@ def test_windows_are_given_back_as_handlers_read_and_reading_stops_while_they_la
         assert sum(struct.unpack(">L", f[3])[0] for f in p.of(h2.WINDOW_UPDATE, s)) >= h2.STREAM_WINDOW // 2
     conn_updates = [struct.unpack(">L", f[3])[0] for f in p.of(h2.WINDOW_UPDATE, 0)]
     assert conn_updates[0] == h2.CONNECTION_WINDOW - 65_535 and len(conn_updates) == 1  # 5 MiB < half of 16
-    assert server.call(lambda: (proto._read_paused, proto.conn.unconsumed)) == (False, 0)
+    assert server.call(lambda: (proto.read_paused, proto.conn.unconsumed)) == (False, 0)
     for s in sids:  # and the streams go on
         p.h2.send_data(s, body_msg(b"more"), end_stream=True)
     p.flush()
@@ -501,7 +501,7 @@ def test_a_peer_that_stops_reading_holds_its_handlers_not_the_servers_memory(
     assert buffered <= 15 * len(msg) // 4, buffered  # the answers are not all queued up in the server
     # because the handlers wait to read until the client takes what was written, and the socket is
     # not read meanwhile
-    assert server.call(lambda: (proto.write_paused, proto._read_paused, bool(proto._writable))) == (True, True, True)
+    assert server.call(lambda: (proto.write_paused, proto.read_paused, bool(proto._writable))) == (True, True, True)
     # another connection is served meanwhile, by grpcio's client
     assert asyncio.run(_grpcio_echo(server.port, [b"other"])) == [b"rehto"]
     # the peer reads again: every answer arrives, whole and in order
