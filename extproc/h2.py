@@ -1,8 +1,8 @@
 """A sans-I/O HTTP/2 server connection, cut to what a gRPC server behind Envoy needs (RFC 9113).
 
 Fed the bytes a client sent (``receive``), it returns events: a stream opened with its headers, a whole
-gRPC message (the 5-byte length prefix taken off), a stream ended or reset by the client, the connection
-going away.  What the server says goes into ``outbound`` (``data_to_send`` takes it): the response
+gRPC message (the 5-byte length prefix taken off), a stream ended or reset by the client (a GOAWAY
+sets ``draining``).  What the server says goes into ``outbound`` (``data_to_send`` takes it): the response
 headers, gRPC messages framed to the client's frame size and flow-control windows (held back while a
 window is shut, even below 0 after a SETTINGS cut, and sent when it opens), trailers.  No sockets and no
 asyncio here: ``grpc_server`` is the I/O.
@@ -56,7 +56,7 @@ _SETTING = Struct(">HL")
 _MSG = Struct(">BL")  # gRPC: compressed flag, message length
 
 # Events: (kind, stream id, value)
-OPENED, MESSAGE, ENDED, RESET, GONE = range(5)
+OPENED, MESSAGE, ENDED, RESET = range(4)
 
 
 class ProtocolError(Exception):
@@ -246,7 +246,6 @@ class Connection:
             if len(payload) < 8:
                 raise ProtocolError(FRAME_SIZE_ERROR, "GOAWAY shorter than 8 bytes")
             self.draining = True
-            events.append((GONE, 0, None))
         # PRIORITY, PUSH_PROMISE (never sent to a server) and unknown frame types are ignored
 
     @staticmethod
