@@ -201,24 +201,8 @@ class Connection:
     def _frame(self, kind: int, flags: int, sid: int, payload: bytes, events: list[tuple[int, int, object]]) -> None:
         if kind == DATA:
             self._data(flags, sid, payload, events)
-        elif kind == HEADERS:
-            if flags & PADDED:
-                payload = _unpad(payload)
-            if flags & PRIORITY_FLAG:
-                if len(payload) < 5:
-                    raise ProtocolError(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
-                payload = payload[5:]
-            self._block = (sid, flags, bytearray(payload))
-            if flags & END_HEADERS:
-                self._headers(events)
-        elif kind == CONTINUATION:
-            if self._block is None or self._block[0] != sid:
-                raise ProtocolError(PROTOCOL_ERROR, "unexpected CONTINUATION")
-            self._block[2].extend(payload)
-            if len(self._block[2]) > MAX_HEADER_BLOCK:
-                raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
-            if flags & END_HEADERS:
-                self._headers(events)
+        elif kind == HEADERS or kind == CONTINUATION:
+            self._header_block(kind, flags, sid, payload, events)
         elif kind == WINDOW_UPDATE:
             self._window_update(sid, payload, events)
         elif kind == SETTINGS:
@@ -247,6 +231,25 @@ class Connection:
                 raise ProtocolError(FRAME_SIZE_ERROR, "GOAWAY shorter than 8 bytes")
             self.draining = True
         # PRIORITY, PUSH_PROMISE (never sent to a server) and unknown frame types are ignored
+
+    def _header_block(self, kind: int, flags: int, sid: int, payload: bytes,
+                      events: list[tuple[int, int, object]]) -> None:
+        if kind == HEADERS:
+            if flags & PADDED:
+                payload = _unpad(payload)
+            if flags & PRIORITY_FLAG:
+                if len(payload) < 5:
+                    raise ProtocolError(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
+                payload = payload[5:]
+            self._block = (sid, flags, bytearray())
+        elif self._block is None or self._block[0] != sid:
+            raise ProtocolError(PROTOCOL_ERROR, "unexpected CONTINUATION")
+        block = self._block[2]
+        block += payload
+        if len(block) > MAX_HEADER_BLOCK:
+            raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
+        if flags & END_HEADERS:
+            self._headers(events)
 
     @staticmethod
     def _connection_frame(sid: int) -> None:

@@ -284,6 +284,9 @@ def test_an_endless_header_block_is_cut_off(server: Server, peers: Callable[...,
     for _ in range((h2.MAX_HEADER_BLOCK - (len(first) - 9)) // 16_384 + 1):  # the last one crosses the line
         p.raw(h2.frame(h2.CONTINUATION, 0, 1, b"\x00" * 16_384))
     _assert_connection_error(p, 0, h2.ENHANCE_YOUR_CALM)
+    q = peers()  # and in one HEADERS frame
+    q.raw(h2.frame(h2.HEADERS, h2.END_HEADERS, 1, b"\x00" * (h2.MAX_HEADER_BLOCK + 1)))
+    _assert_connection_error(q, 0, h2.ENHANCE_YOUR_CALM)
 
 
 # ---- padding -----------------------------------------------------------------------------------------
