@@ -5,6 +5,12 @@ handler is ``async def handler(call) -> None`` registered by its gRPC path.  Eac
 when it returns the call ends with status OK (an exception ends it with INTERNAL).  Writes are not
 awaited: they are framed at once and what one turn of the event loop produced goes out in one write.
 
+Backpressure: a message's bytes go back to the client's flow-control windows when its handler reads it,
+so a client can get at most the windows ahead of the handlers; the socket is not read while more than
+``READ_BACKLOG`` bytes of whole messages wait for their handlers, nor while the transport's write buffer
+is full (``pause_writing``), when handlers also wait in ``Call.read`` until the client takes what was
+written.  A GOAWAY either way lets the calls under way finish; the connection closes once none is left.
+
 Also served: ``grpc.health.v1.Health/Check``, which Envoy's health checker and ``gateway status`` ask.
 """
 from __future__ import annotations
@@ -24,6 +30,7 @@ log = logging.getLogger("extproc")
 EOF = object()  # what ``Call.read`` returns once the client has sent everything
 NOT_FOUND, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 5, 12, 13, 14
 HEALTH_CHECK = b"/grpc.health.v1.Health/Check"
+READ_BACKLOG = 2**22  # bytes of whole messages not yet read by their handlers at which reading stops
 
 
 class Status(Exception):
@@ -69,6 +76,9 @@ class Call:
         """The next request message, parsed; ``EOF`` once the client ended (or reset) the call.
         ``TimeoutError`` if none came within ``timeout`` seconds (a timer only while it waits: cheaper
         than ``asyncio.timeout`` around every read)."""
+        proto = self._proto
+        if proto.write_paused:
+            await proto.writable()
         while not self._queue:
             if self._ended:
                 return EOF
@@ -81,7 +91,10 @@ class Call:
                 self._waiter = None
                 if timer is not None:
                     timer.cancel()
-        return self._parse(self._queue.popleft())
+        message = self._queue.popleft()
+        if proto.conn.consumed(self._sid, len(message)) or proto.read_paused:
+            proto.after_read()
+        return self._parse(message)
 
     def write(self, message: Message) -> None:
         self._proto.conn.send_message(self._sid, message.SerializeToString())
@@ -91,6 +104,14 @@ class Call:
         self._queue.append(data)
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+    def _drop_unread(self) -> None:
+        """The handler is done: messages it did not read are given back to the windows unread."""
+        if self._queue:
+            proto = self._proto
+            while self._queue:
+                proto.conn.consumed(self._sid, len(self._queue.popleft()))
+            proto.after_read()
 
     def _end(self) -> None:
         self._ended = True
@@ -125,11 +146,14 @@ class Server:
         self._server = await loop.create_server(lambda: _Protocol(self), host, port, reuse_address=True)
 
     async def stop(self, grace: float) -> None:
-        """Stop taking connections and calls (a new call is refused, so Envoy may open it on another
-        process), let the calls under way finish (up to ``grace`` s), then close."""
+        """Stop taking connections and calls (a GOAWAY on every connection; a new call is refused, so
+        Envoy may open it on another process), let the calls under way finish (up to ``grace`` s), then
+        close."""
         self.stopping = True
         if self._server is not None:
             self._server.close()
+        for p in list(self._protocols):
+            p.drain()
         if self.calls:
             await asyncio.wait(list(self.calls), timeout=grace)
         for t in list(self.calls):
@@ -146,6 +170,9 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._flush_pending = False
         self._loop = asyncio.get_running_loop()
+        self.write_paused = False  # the transport's write buffer is full: the client is not reading
+        self.read_paused = False
+        self._writable: list[asyncio.Future[None]] = []  # handlers waiting in ``Call.read`` for that to pass
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # a stream transport (uvloop's are not subclasses of asyncio.Transport, only alike)
@@ -159,12 +186,61 @@ class _Protocol(asyncio.Protocol):
         for call in self.calls.values():
             call._end()
         self.calls.clear()
+        self._wake_writers()
 
     def close(self) -> None:
+        """GOAWAY (unless one was sent: its code stands) and close once it is written."""
         if self.transport is not None:
             self.conn.goaway()
             self.transport.write(self.conn.data_to_send())
             self.transport.close()
+
+    def drain(self) -> None:
+        """GOAWAY now; the calls under way finish, then the connection closes."""
+        self.conn.goaway()
+        self.flush_soon()
+        self._close_if_drained()
+
+    def _close_if_drained(self) -> None:
+        if self.conn.draining and not self.conn.streams:
+            self.close()
+
+    # ---- backpressure ------------------------------------------------------------------------
+    def after_read(self) -> None:
+        """Messages were read: window updates to send, reading to resume perhaps."""
+        if self.read_paused:
+            self._pace()
+        self.flush_soon()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        self._pace()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._pace()
+        self._wake_writers()
+
+    def _pace(self) -> None:
+        pause = self.write_paused or self.conn.unconsumed > READ_BACKLOG
+        if pause != self.read_paused and self.transport is not None:
+            self.read_paused = pause
+            if pause:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
+
+    async def writable(self) -> None:
+        while self.write_paused and self.transport is not None:
+            waiter = self._loop.create_future()
+            self._writable.append(waiter)
+            await waiter
+
+    def _wake_writers(self) -> None:
+        for waiter in self._writable:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._writable.clear()
 
     def flush_soon(self) -> None:
         if not self._flush_pending:
@@ -189,14 +265,20 @@ class _Protocol(asyncio.Protocol):
                 call = self.calls.get(sid)
                 if call is not None:
                     call._push(value)  # type: ignore[arg-type]
+                else:
+                    self.conn.consumed(sid, len(value))  # type: ignore[arg-type]
             elif kind == h2.OPENED:
                 self._open(sid, value)  # type: ignore[arg-type]
             elif kind == h2.ENDED or kind == h2.RESET:
                 call = self.calls.get(sid)
                 if call is not None:
                     call._end()
-        if self.conn.outbound:  # acknowledgements, window updates; replies flush themselves
+        if self.conn.unconsumed > READ_BACKLOG:
+            self._pace()
+        if self.conn.outbound:  # acknowledgements, window updates, replies let go by them
             self.flush_soon()
+        if self.conn.draining:
+            self._close_if_drained()
 
     def _open(self, sid: int, headers: list[tuple[bytes, bytes]]) -> None:
         path = next((v for k, v in headers if k == b":path"), b"")
@@ -227,5 +309,8 @@ class _Protocol(asyncio.Protocol):
             block = h2.trailers(INTERNAL, "internal error")
         finally:
             self.calls.pop(sid, None)
+            call._drop_unread()
             self.conn.end_stream(sid, block)
             self.flush_soon()
+            if self.conn.draining:
+                self._close_if_drained()

@@ -1,18 +1,25 @@
 """A sans-I/O HTTP/2 server connection, cut to what a gRPC server behind Envoy needs (RFC 9113).
 
 Fed the bytes a client sent (``receive``), it returns events: a stream opened with its headers, a whole
-gRPC message (the 5-byte length prefix taken off), a stream ended or reset by the client, the connection
-going away.  What the server says goes into ``outbound`` (``data_to_send`` takes it): the response
+gRPC message (the 5-byte length prefix taken off), a stream ended or reset by the client (a GOAWAY
+sets ``draining``).  What the server says goes into ``outbound`` (``data_to_send`` takes it): the response
 headers, gRPC messages framed to the client's frame size and flow-control windows (held back while a
-window is shut and sent when it opens), trailers.  No sockets and no asyncio here: ``grpc_server`` is
-the I/O.
+window is shut, even below 0 after a SETTINGS cut, and sent when it opens), trailers.  No sockets and no
+asyncio here: ``grpc_server`` is the I/O.
 
-Why not grpcio or grpclib (over h2): the same pass-through processor serves 2.36x the requests on this
-connection that it serves on grpcio's asyncio server, at a sixth of the CPU per request, and 0.91x on
-grpclib (BENCHMARKS.md, "Which gRPC server the ext_proc runs on"), because it only does what one trusted
-peer on a local socket needs.  Incoming headers are
-decoded with ``hpack`` (the dynamic table is the client's to drive); outgoing ones are literal fields that
-never touch the encoder's table, so they are constant bytes.
+Receive side: the client gets 1 MiB of window per stream and 16 MiB for the connection, and a message's
+bytes go back to both when the application says it read the message (``consumed``), so a client is at
+most the windows ahead of the handlers.  A frame that breaks the protocol is a ``ProtocolError`` with its
+RFC code (the caller sends the one ``goaway`` and closes); a stream-level error resets that stream only.
+After a GOAWAY either way new streams are refused (REFUSED_STREAM) and the open ones go on.  Conformance
+is checked against real peers by tests/test_h2_conformance.py.
+
+Why not grpcio or grpclib (over h2): the same pass-through processor serves 2.36x the chat requests on
+this server that it serves on grpcio's asyncio server, at a sixth of the CPU per request, while grpclib
+reaches 0.91x of grpcio (BENCHMARKS.md, "Which gRPC server the ext_proc runs on"), because it only does
+what one trusted peer on a local socket needs.  Incoming headers are decoded with ``hpack`` (the dynamic
+table is the client's to drive); outgoing ones are literal fields that never touch the encoder's table,
+so they are constant bytes.
 """
 from __future__ import annotations
 
@@ -24,16 +31,24 @@ from hpack import Decoder
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
 
 # settings identifiers
-HEADER_TABLE_SIZE, ENABLE_PUSH, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 1, 2, 4, 5
+ENABLE_PUSH, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 2, 4, 5
 
-NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, REFUSED_STREAM, COMPRESSION_ERROR = 0, 1, 3, 6, 7, 9
+NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM = 0, 1, 3, 5, 6, 7
+COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 9, 11
 MAX_WINDOW = 2**31 - 1
-OUR_MAX_FRAME = 2**24 - 1  # what the client may send us: big bodies come in few frames
-REPLENISH = 2**30  # give the window back once this much has been received
+MIN_FRAME, MAX_FRAME = 2**14, 2**24 - 1  # the range of SETTINGS_MAX_FRAME_SIZE
+OUR_MAX_FRAME = 2**20  # what the client may send us: big bodies come in few frames
+MAX_HEADER_BLOCK = 2**18  # a header block (HEADERS + CONTINUATION) larger than this ends the connection
+# Receive windows: what the client may send before the handlers have read it.  A whole message's bytes
+# are given back when the handler reads it; padding, data nobody will read and the bytes of a message
+# still incomplete at once (a message larger than the window must be able to arrive).
+STREAM_WINDOW = 2**20
+CONNECTION_WINDOW = 2**24
+HOLD = 2**20  # replies held back on a stream by the client's windows beyond which its window stays shut
 
 _HEAD = Struct(">HBBBL")  # length (24 bits, split 16 + 8), type, flags, stream id
 _U32 = Struct(">L")
@@ -41,10 +56,12 @@ _SETTING = Struct(">HL")
 _MSG = Struct(">BL")  # gRPC: compressed flag, message length
 
 # Events: (kind, stream id, value)
-OPENED, MESSAGE, ENDED, RESET, GONE = range(5)
+OPENED, MESSAGE, ENDED, RESET = range(4)
 
 
 class ProtocolError(Exception):
+    """A connection error (RFC 9113 section 5.4.1): the caller sends ``goaway(code)`` and closes."""
+
     def __init__(self, code: int, why: str) -> None:
         super().__init__(why)
         self.code = code
@@ -87,18 +104,29 @@ OK_TRAILERS = trailers(0)
 
 
 class _Stream:
-    __slots__ = ("parts", "have", "need", "window", "pending", "headers_sent", "closed_remote")
+    __slots__ = ("sid", "parts", "have", "need", "window", "recv", "unacked", "pending", "held", "headers_sent",
+                 "closed_remote")
 
-    def __init__(self, window: int) -> None:
+    def __init__(self, sid: int, window: int) -> None:
+        self.sid = sid
         # a gRPC message not yet whole: its pieces, their length, the length that makes it whole (joined
         # once, when whole: a 20 MiB body in 16 KiB frames is not copied again with every frame)
         self.parts: list[bytes] = []
         self.have = 0
         self.need = 0
-        self.window = window  # how much we may still send on this stream
+        self.window = window  # how much we may still send on this stream (negative after a SETTINGS cut)
+        self.recv = STREAM_WINDOW  # how much the client may still send on it
+        self.unacked = 0  # bytes to give back to ``recv`` (negative: whole messages given back ahead, see _data)
         self.pending: deque[tuple[bytes | memoryview, int]] = deque()  # (DATA payload or trailer block, flags) held back
+        self.held = 0  # bytes of DATA in ``pending``
         self.headers_sent = False
         self.closed_remote = False  # (a stream we have closed is no longer in ``streams``)
+
+
+def _unpad(payload: bytes) -> bytes:
+    if not payload or payload[0] >= len(payload):
+        raise ProtocolError(PROTOCOL_ERROR, "padding as long as the frame")
+    return payload[1:len(payload) - payload[0]]
 
 
 class Connection:
@@ -118,14 +146,19 @@ class Connection:
         self.streams: dict[int, _Stream] = {}
         self._window = 65535  # connection-level send window
         self._initial = 65535  # the client's initial stream window
-        self._max_frame = 16384  # the largest frame the client takes
-        self._received = 0  # connection-level bytes received since the window was last given back
+        self._max_frame = MIN_FRAME  # the largest frame the client takes
+        self._recv = CONNECTION_WINDOW  # how much the client may still send on the connection
+        self._unacked = 0  # bytes to give back to ``_recv`` (negative: see _data)
+        self.unconsumed = 0  # bytes of whole messages handed out as events and not yet ``consumed``
         self._blocked: dict[int, _Stream] = {}  # streams with data held back, in arrival order
-        self.last_stream = 0
+        self.last_stream = 0  # the highest stream the client opened
+        self._accepted = 0  # the highest stream not refused (a GOAWAY's last stream)
+        self.draining = False  # a GOAWAY went one way or the other: new streams are refused
+        self._goaway_sent = False
         self.outbound = bytearray(
-            frame(SETTINGS, 0, 0, _SETTING.pack(ENABLE_PUSH, 0) + _SETTING.pack(INITIAL_WINDOW_SIZE, MAX_WINDOW)
+            frame(SETTINGS, 0, 0, _SETTING.pack(INITIAL_WINDOW_SIZE, STREAM_WINDOW)
                   + _SETTING.pack(MAX_FRAME_SIZE, OUR_MAX_FRAME))
-            + frame(WINDOW_UPDATE, 0, 0, _U32.pack(MAX_WINDOW - 65535)))
+            + frame(WINDOW_UPDATE, 0, 0, _U32.pack(CONNECTION_WINDOW - 65535)))
 
     def data_to_send(self) -> bytes:
         out = bytes(self.outbound)
@@ -152,6 +185,8 @@ class Connection:
         while end - pos >= 9:
             hi, lo, kind, flags, sid = _HEAD.unpack_from(buf, pos)
             n = (hi << 8) | lo
+            if n > OUR_MAX_FRAME:
+                raise ProtocolError(FRAME_SIZE_ERROR, "frame larger than SETTINGS_MAX_FRAME_SIZE")
             if pos + 9 + n > end:
                 break
             sid &= 0x7FFFFFFF
@@ -166,47 +201,70 @@ class Connection:
     def _frame(self, kind: int, flags: int, sid: int, payload: bytes, events: list[tuple[int, int, object]]) -> None:
         if kind == DATA:
             self._data(flags, sid, payload, events)
-        elif kind == HEADERS:
-            if flags & PADDED:
-                payload = payload[1:len(payload) - payload[0]]
-            if flags & PRIORITY_FLAG:
-                payload = payload[5:]
-            self._block = (sid, flags, bytearray(payload))
-            if flags & END_HEADERS:
-                self._headers(events)
-        elif kind == CONTINUATION:
-            if self._block is None or self._block[0] != sid:
-                raise ProtocolError(PROTOCOL_ERROR, "unexpected CONTINUATION")
-            self._block[2].extend(payload)
-            if flags & END_HEADERS:
-                self._headers(events)
+        elif kind == HEADERS or kind == CONTINUATION:
+            self._header_block(kind, flags, sid, payload, events)
         elif kind == WINDOW_UPDATE:
-            if len(payload) != 4:
-                raise ProtocolError(FRAME_SIZE_ERROR, "bad WINDOW_UPDATE")
-            inc = _U32.unpack(payload)[0] & 0x7FFFFFFF
-            if sid == 0:
-                self._window += inc
-            elif sid in self.streams:
-                self.streams[sid].window += inc
-            self._flush_blocked()
+            self._window_update(sid, payload, events)
         elif kind == SETTINGS:
-            if not flags & ACK:
+            self._connection_frame(sid)
+            if flags & ACK:
+                if payload:
+                    raise ProtocolError(FRAME_SIZE_ERROR, "SETTINGS acknowledgement with a payload")
+            else:
                 self._settings(payload)
                 self.outbound += frame(SETTINGS, ACK, 0)
         elif kind == PING:
+            self._connection_frame(sid)
+            if len(payload) != 8:
+                raise ProtocolError(FRAME_SIZE_ERROR, "PING not 8 bytes")
             if not flags & ACK:
                 self.outbound += frame(PING, ACK, 0, payload)
         elif kind == RST_STREAM:
-            st = self.streams.pop(sid, None)
-            self._blocked.pop(sid, None)
-            if st is not None:
+            if len(payload) != 4:
+                raise ProtocolError(FRAME_SIZE_ERROR, "RST_STREAM not 4 bytes")
+            self._stream_frame(sid)
+            if self._drop(sid):
                 events.append((RESET, sid, None))
         elif kind == GOAWAY:
-            events.append((GONE, 0, None))
+            self._connection_frame(sid)
+            if len(payload) < 8:
+                raise ProtocolError(FRAME_SIZE_ERROR, "GOAWAY shorter than 8 bytes")
+            self.draining = True
         # PRIORITY, PUSH_PROMISE (never sent to a server) and unknown frame types are ignored
 
+    def _header_block(self, kind: int, flags: int, sid: int, payload: bytes,
+                      events: list[tuple[int, int, object]]) -> None:
+        if kind == HEADERS:
+            if flags & PADDED:
+                payload = _unpad(payload)
+            if flags & PRIORITY_FLAG:
+                if len(payload) < 5:
+                    raise ProtocolError(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
+                payload = payload[5:]
+            self._block = (sid, flags, bytearray())
+        elif self._block is None or self._block[0] != sid:
+            raise ProtocolError(PROTOCOL_ERROR, "unexpected CONTINUATION")
+        block = self._block[2]
+        block += payload
+        if len(block) > MAX_HEADER_BLOCK:
+            raise ProtocolError(ENHANCE_YOUR_CALM, "header block too large")
+        if flags & END_HEADERS:
+            self._headers(events)
+
+    @staticmethod
+    def _connection_frame(sid: int) -> None:
+        if sid:
+            raise ProtocolError(PROTOCOL_ERROR, "connection frame on a stream")
+
+    def _stream_frame(self, sid: int) -> None:
+        """A frame for a stream the client may have opened (not 0, not idle: RFC 9113 section 5.1)."""
+        if sid % 2 == 0 or sid > self.last_stream:
+            raise ProtocolError(PROTOCOL_ERROR, "frame on an idle stream")
+
     def _settings(self, payload: bytes) -> None:
-        for i in range(0, len(payload) - 5, 6):
+        if len(payload) % 6:
+            raise ProtocolError(FRAME_SIZE_ERROR, "SETTINGS not a multiple of 6 bytes")
+        for i in range(0, len(payload), 6):
             ident, value = _SETTING.unpack_from(payload, i)
             if ident == INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
@@ -215,9 +273,36 @@ class Connection:
                 self._initial = value
                 for st in self.streams.values():
                     st.window += delta
+                    if st.window > MAX_WINDOW:
+                        raise ProtocolError(FLOW_CONTROL_ERROR, "window too large")
             elif ident == MAX_FRAME_SIZE:
+                if not MIN_FRAME <= value <= MAX_FRAME:
+                    raise ProtocolError(PROTOCOL_ERROR, "SETTINGS_MAX_FRAME_SIZE out of range")
                 self._max_frame = value
+            elif ident == ENABLE_PUSH and value > 1:
+                raise ProtocolError(PROTOCOL_ERROR, "SETTINGS_ENABLE_PUSH not 0 or 1")
             # HEADER_TABLE_SIZE needs nothing: our header blocks never use the dynamic table
+        self._flush_blocked()
+
+    def _window_update(self, sid: int, payload: bytes, events: list[tuple[int, int, object]]) -> None:
+        if len(payload) != 4:
+            raise ProtocolError(FRAME_SIZE_ERROR, "WINDOW_UPDATE not 4 bytes")
+        inc = _U32.unpack(payload)[0] & 0x7FFFFFFF
+        if sid == 0:
+            if inc == 0:
+                raise ProtocolError(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
+            self._window += inc
+            if self._window > MAX_WINDOW:
+                raise ProtocolError(FLOW_CONTROL_ERROR, "connection window too large")
+        else:
+            self._stream_frame(sid)
+            st = self.streams.get(sid)
+            if st is None:
+                return  # a closed stream
+            st.window += inc
+            if inc == 0 or st.window > MAX_WINDOW:
+                self._stream_error(sid, PROTOCOL_ERROR if inc == 0 else FLOW_CONTROL_ERROR, events)
+                return
         self._flush_blocked()
 
     def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
@@ -241,31 +326,48 @@ class Connection:
         assert self._block is not None
         sid, flags, block = self._block
         self._block = None
-        headers = self._decode(bytes(block))
+        headers = self._decode(bytes(block))  # even for a stream refused or gone: the table must follow
+        if sid % 2 == 0:
+            raise ProtocolError(PROTOCOL_ERROR, "HEADERS on a stream id a client may not open")
         st = self.streams.get(sid)
         if st is None:
-            if sid % 2 == 0 or sid <= self.last_stream:
-                return  # trailers of a stream already gone, or not a client stream: nothing to do
+            if sid <= self.last_stream:
+                return  # trailers of a stream already gone (reset or answered): nothing to do
             self.last_stream = sid
-            st = self.streams[sid] = _Stream(self._initial)
+            if self.draining:
+                self.outbound += frame(RST_STREAM, 0, sid, _U32.pack(REFUSED_STREAM))
+                return
+            self._accepted = sid
+            st = self.streams[sid] = _Stream(sid, self._initial)
             events.append((OPENED, sid, headers))
+        elif st.closed_remote or not flags & END_STREAM:  # more HEADERS after the end / trailers not ending it
+            self._stream_error(sid, STREAM_CLOSED if st.closed_remote else PROTOCOL_ERROR, events)
+            return
         if flags & END_STREAM:
             self._remote_end(sid, st, events)
 
     def _data(self, flags: int, sid: int, payload: bytes, events: list[tuple[int, int, object]]) -> None:
-        self._received += len(payload)
-        if self._received >= REPLENISH:
-            self.outbound += frame(WINDOW_UPDATE, 0, 0, _U32.pack(self._received))
-            self._received = 0
+        size = len(payload)
+        self._recv -= size
+        if self._recv < 0:
+            raise ProtocolError(FLOW_CONTROL_ERROR, "connection window exceeded")
+        if flags & PADDED:
+            payload = _unpad(payload)
         st = self.streams.get(sid)
         if st is None or st.closed_remote:
-            return  # a stream already answered or reset: its data has no reader
-        if flags & PADDED:
-            payload = payload[1:len(payload) - payload[0]]
+            self._stream_frame(sid)
+            if st is not None:  # data after the client's END_STREAM
+                self._stream_error(sid, STREAM_CLOSED, events)
+            self._give_back(None, size)  # nobody reads it
+            return
+        st.recv -= size
+        if st.recv < 0:
+            raise ProtocolError(FLOW_CONTROL_ERROR, "stream window exceeded")
         if st.parts:
             st.parts.append(payload)
             st.have += len(payload)
             if st.have < st.need:
+                self._give_back(st, size)
                 if flags & END_STREAM:
                     self._remote_end(sid, st, events)
                 return
@@ -287,12 +389,50 @@ class Connection:
             st.parts = [rest]
             st.have = len(rest)
             st.need = 5 + _MSG.unpack_from(rest)[1] if len(rest) >= 5 else 5
+        # the whole messages (``pos`` bytes, partly from earlier frames whose bytes were given back as
+        # they came) are given back when read: until then the windows owe them (``unacked`` < 0)
+        self.unconsumed += pos
+        self._give_back(st, size - pos)
         if flags & END_STREAM:
             self._remote_end(sid, st, events)
+
+    def consumed(self, sid: int, length: int) -> bool:
+        """The handler has read (or dropped) a message of ``length`` bytes from the stream: its bytes
+        are given back to the client's windows.  True if that queued a WINDOW_UPDATE to send."""
+        self.unconsumed -= 5 + length
+        return self._give_back(self.streams.get(sid), 5 + length)
+
+    def _give_back(self, st: _Stream | None, n: int) -> bool:
+        unacked = self._unacked + n
+        queued = unacked >= CONNECTION_WINDOW // 2
+        if queued:
+            self.outbound += frame(WINDOW_UPDATE, 0, 0, _U32.pack(unacked))
+            self._recv += unacked
+            unacked = 0
+        self._unacked = unacked
+        if st is not None:
+            st.unacked += n
+            if st.unacked >= STREAM_WINDOW // 2:
+                queued = self._top_up(st) or queued
+        return queued
+
+    def _top_up(self, st: _Stream) -> bool:
+        """Give the stream's window back once half of it is owed, unless the client leaves our replies
+        on it unread (``HOLD``): then it sends no more requests on it until it takes them."""
+        if st.unacked < STREAM_WINDOW // 2 or st.held > HOLD or st.closed_remote:
+            return False
+        self.outbound += frame(WINDOW_UPDATE, 0, st.sid, _U32.pack(st.unacked))
+        st.recv += st.unacked
+        st.unacked = 0
+        return True
 
     def _remote_end(self, sid: int, st: _Stream, events: list[tuple[int, int, object]]) -> None:
         st.closed_remote = True
         events.append((ENDED, sid, None))
+
+    def _stream_error(self, sid: int, code: int, events: list[tuple[int, int, object]]) -> None:
+        if self.reset(sid, code):
+            events.append((RESET, sid, None))
 
     # ---- sending ---------------------------------------------------------------------------
     def send_message(self, sid: int, message: bytes) -> None:
@@ -306,6 +446,7 @@ class Connection:
         data = _MSG.pack(0, len(message)) + message
         if st.pending or len(data) > st.window or len(data) > self._window or len(data) > self._max_frame:
             st.pending.append((data, 0))
+            st.held += len(data)
             self._blocked[sid] = st
             self._flush_blocked()
             return
@@ -350,17 +491,31 @@ class Connection:
                 else:
                     st.pending.popleft()
                 st.window -= len(chunk)
+                st.held -= len(chunk)
                 self._window -= len(chunk)
                 self.outbound += frame(DATA, 0, sid, chunk)
             if not st.pending:
                 del self._blocked[sid]
+            if sid in self.streams:
+                self._top_up(st)
             if self._window <= 0:
                 return
 
-    def reset(self, sid: int, code: int = NO_ERROR) -> None:
-        if self.streams.pop(sid, None) is not None:
-            self._blocked.pop(sid, None)
-            self.outbound += frame(RST_STREAM, 0, sid, _U32.pack(code))
+    def reset(self, sid: int, code: int = NO_ERROR) -> bool:
+        """Abandon the stream with RST_STREAM; False if it was no longer open."""
+        if not self._drop(sid):
+            return False
+        self.outbound += frame(RST_STREAM, 0, sid, _U32.pack(code))
+        return True
+
+    def _drop(self, sid: int) -> bool:
+        self._blocked.pop(sid, None)
+        return self.streams.pop(sid, None) is not None
 
     def goaway(self, code: int = NO_ERROR) -> None:
-        self.outbound += frame(GOAWAY, 0, 0, _U32.pack(self.last_stream) + _U32.pack(code))
+        """GOAWAY with the last stream taken (the open ones may still finish; later ones are refused);
+        only the first call sends one, so a connection error's code is the one the client sees."""
+        if not self._goaway_sent:
+            self._goaway_sent = True
+            self.draining = True
+            self.outbound += frame(GOAWAY, 0, 0, _U32.pack(self._accepted) + _U32.pack(code))

@@ -5,9 +5,7 @@ server is tested with grpcio's own client, the other HTTP/2 + gRPC implementatio
 (``gateway status`` and the Kubernetes probe use it; Envoy's client is exercised by every e2e test)."""
 from __future__ import annotations
 
-import asyncio
 import struct
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,29 +16,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hpack import Encoder
 
 from extproc import h2
-from extproc.grpc_server import EOF, Call, Server
 from extproc.server import PROCESS_PATH
+from grpc_peers import Running, echo, frames, grpc_msg
 
 
 # ---- sans-I/O ----------------------------------------------------------------------------------
-def frames(data: bytes) -> list[tuple[int, int, int, bytes]]:
-    out, pos = [], 0
-    while pos < len(data):
-        n = int.from_bytes(data[pos:pos + 3], "big")
-        kind, flags = data[pos + 3], data[pos + 4]
-        sid = int.from_bytes(data[pos + 5:pos + 9], "big") & 0x7FFFFFFF
-        out.append((kind, flags, sid, data[pos + 9:pos + 9 + n]))
-        pos += 9 + n
-    return out
-
-
 def settings(**values: int) -> bytes:
     ids = {"window": h2.INITIAL_WINDOW_SIZE, "frame": h2.MAX_FRAME_SIZE}
     return h2.frame(h2.SETTINGS, 0, 0, b"".join(struct.pack(">HL", ids[k], v) for k, v in values.items()))
-
-
-def grpc_msg(payload: bytes) -> bytes:
-    return struct.pack(">BL", 0, len(payload)) + payload
 
 
 def open_stream(enc: Encoder, sid: int, path: bytes = PROCESS_PATH, end: bool = False) -> bytes:
@@ -53,7 +36,9 @@ def test_handshake_settings_ack_and_ping() -> None:
     c = h2.Connection()
     first = frames(c.data_to_send())
     assert [f[0] for f in first] == [h2.SETTINGS, h2.WINDOW_UPDATE]
-    assert struct.unpack(">L", first[1][3])[0] == h2.MAX_WINDOW - 65535  # the connection window opened wide
+    assert first[0][3] == struct.pack(">HLHL", h2.INITIAL_WINDOW_SIZE, h2.STREAM_WINDOW, h2.MAX_FRAME_SIZE,
+                                      h2.OUR_MAX_FRAME)
+    assert struct.unpack(">L", first[1][3])[0] == h2.CONNECTION_WINDOW - 65535  # the connection window opened
     assert c.receive(h2.PREFACE + settings(window=1000) + h2.frame(h2.PING, 0, 0, b"12345678")) == []
     out = frames(c.data_to_send())
     assert out == [(h2.SETTINGS, h2.ACK, 0, b""), (h2.PING, h2.ACK, 0, b"12345678")]
@@ -148,6 +133,47 @@ def test_large_reply_is_cut_to_the_clients_frame_size() -> None:
     assert out[-1][0] == h2.HEADERS and out[-1][1] & h2.END_STREAM
 
 
+def _window_updates(out: list[tuple[int, int, int, bytes]]) -> dict[int, int]:
+    got: dict[int, int] = {}
+    for k, _, sid, p in out:
+        if k == h2.WINDOW_UPDATE:
+            got[sid] = got.get(sid, 0) + struct.unpack(">L", p)[0]
+    return got
+
+
+def _held_and_filled() -> h2.Connection:
+    """A stream with more than HOLD of replies held back by its shut window, whose 1 MiB the client
+    then filled with requests, all read by the handler."""
+    c, enc = h2.Connection(), Encoder()
+    c.receive(h2.PREFACE + settings(window=0) + open_stream(enc, 1))
+    c.send_message(1, b"r" * (h2.HOLD + 1))
+    msg = grpc_msg(b"q" * (2**16 - 5))
+    for _ in range(h2.STREAM_WINDOW // len(msg)):
+        for kind, sid, value in c.receive(h2.frame(h2.DATA, 0, 1, msg)):
+            assert (kind, sid) == (h2.MESSAGE, 1)
+            c.consumed(1, len(value))  # type: ignore[arg-type]
+    assert c.unconsumed == 0
+    return c
+
+
+def test_a_stream_whose_replies_the_client_leaves_unread_gets_no_more_window() -> None:
+    """What the handler reads is not given back to the stream's window while the client leaves the
+    replies unread; once it takes them, it is."""
+    c = _held_and_filled()
+    out = frames(c.data_to_send())
+    assert _window_updates(out) == {0: h2.CONNECTION_WINDOW - 65535}  # (the opening one) and no other
+    with pytest.raises(h2.ProtocolError) as e:  # the stream's window is spent
+        c.receive(h2.frame(h2.DATA, 0, 1, grpc_msg(b"")))
+    assert e.value.code == h2.FLOW_CONTROL_ERROR
+    c = _held_and_filled()
+    c.data_to_send()
+    c.receive(h2.frame(h2.WINDOW_UPDATE, 0, 0, struct.pack(">L", 2**21))
+              + h2.frame(h2.WINDOW_UPDATE, 0, 1, struct.pack(">L", 2**21)))
+    out = frames(c.data_to_send())
+    assert sum(len(p) for k, _, _, p in out if k == h2.DATA) == h2.HOLD + 6  # the reply went out
+    assert _window_updates(out) == {1: h2.STREAM_WINDOW}  # and the stream's window came back whole
+
+
 def test_reset_stream_ends_the_call_and_drops_its_replies() -> None:
     c, enc = h2.Connection(), Encoder()
     c.receive(h2.PREFACE + open_stream(enc, 1))
@@ -172,36 +198,6 @@ def test_answer_before_the_client_ended_tells_it_to_stop() -> None:
 
 
 # ---- the server, with grpcio's client ----------------------------------------------------------
-class Running:
-    def __init__(self, routes: dict[bytes, Any]) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.server = Server(routes)
-        self.server.health[""] = health_pb2.HealthCheckResponse.SERVING
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self.server.start("127.0.0.1", 0), self.loop).result(5)
-        assert self.server._server is not None
-        self.port = self.server._server.sockets[0].getsockname()[1]
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.stop(1), self.loop).result(5)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-        self.loop.close()
-
-
-async def echo(call: Call) -> None:
-    """Answers every request message with a body response carrying the request body reversed."""
-    while True:
-        req = await call.read()
-        if req is EOF:
-            return
-        if req.request_body.body == b"fail":
-            raise RuntimeError("boom")
-        call.write(ep.ProcessingResponse(request_body=ep.BodyResponse(response=ep.CommonResponse(
-            body_mutation=ep.BodyMutation(body=req.request_body.body[::-1])))))
-
-
 @pytest.fixture()
 def running() -> Iterator[Running]:
     r = Running({PROCESS_PATH: (echo, ep.ProcessingRequest.FromString)})
