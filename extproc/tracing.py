@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -24,16 +24,14 @@ class NullTracer:
 NULL = NullTracer()
 
 
-class OtlpTracer(NullTracer):
-    """The SDK's tracer with a batch processor: spans are queued here and exported by the processor's
-    thread every second; what is still queued when the process exits is flushed then (the provider's
-    exit hook)."""
+class SdkTracer(NullTracer):
+    """The OpenTelemetry SDK's tracer: ``span`` hands each span to ``processor``.  The SDK's default
+    sampler follows the parent's sampled flag: spans are kept when Envoy keeps its stream span."""
     enabled = True
 
-    def __init__(self, endpoint: str, service: str = "llm-gateway-extproc") -> None:
+    def __init__(self, processor: SpanProcessor, service: str = "llm-gateway-extproc") -> None:
         provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service}))
-        provider.add_span_processor(BatchSpanProcessor(
-            OTLPSpanExporter(endpoint=endpoint, insecure=True, timeout=5), schedule_delay_millis=1000))
+        provider.add_span_processor(processor)
         self.tracer = provider.get_tracer(__name__)
 
     def span(self, parent: str | None, name: str, start_ns: int, end_ns: int, attrs: dict[str, str]) -> None:
@@ -46,4 +44,10 @@ class OtlpTracer(NullTracer):
 
 
 def tracer(endpoint: str) -> NullTracer:
-    return OtlpTracer(endpoint) if endpoint else NULL
+    """Spans exported in batches every second by the processor's thread to the collector at ``endpoint``
+    (what is still queued when the process exits is flushed by the provider's exit hook); ``NULL``
+    when no endpoint is set."""
+    if not endpoint:
+        return NULL
+    return SdkTracer(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=True, timeout=5),
+                                       schedule_delay_millis=1000))
