@@ -45,4 +45,5 @@ def test_no_span_when_envoy_does_not_sample_the_stream() -> None:
 
 def test_tracing_is_on_only_with_an_endpoint() -> None:
     assert tracing.tracer("") is tracing.NULL and not tracing.NULL.enabled
-    assert isinstance(tracing.tracer("127.0.0.1:4317"), tracing.SdkTracer) and tracing.tracer("127.0.0.1:4317").enabled
+    on = tracing.tracer("127.0.0.1:4317")
+    assert isinstance(on, tracing.SdkTracer) and on.enabled
