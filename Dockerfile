@@ -20,7 +20,10 @@ COPY openapi.yaml pyproject.toml ./
 COPY extproc ./extproc
 COPY control ./control
 COPY sim ./sim
-RUN pip install .
+# (then opentelemetry-proto's files laid back over xds-protos' older copies: pyproject.toml says why)
+RUN pip install . \
+    && pip install --force-reinstall --no-deps \
+       "opentelemetry-proto==$(python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 
 # The Envoy template (envoy/envoy.yaml) and the demo catalog (control/catalog.yaml) are data files
 # that the installed packages do not carry: the code finds them next to the source tree, so the

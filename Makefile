@@ -12,6 +12,10 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
+# xds-protos carries older copies of opentelemetry-proto's files and pip installs it last: put
+# opentelemetry-proto's back (pyproject.toml says why they are the ones to keep)
+	$(PY) -m pip install --quiet --force-reinstall --no-deps \
+	  "opentelemetry-proto==$$($(PY) -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 	touch $(STAMP)
 
 install: $(STAMP)
