@@ -137,7 +137,7 @@ def measure(systems: list[System], long_port: int, quick: bool, client: Path, tm
     the streams.  Returns {"concurrency": [...], "systems": {name: {"label", "cells": {C: result}}}}."""
     cs = CONCURRENCY_QUICK if quick else CONCURRENCY_FULL
     res: dict[str, Any] = {"concurrency": list(cs), "tokens": fx.LONG_TOKENS, "cadence_ms": fx.LONG_CADENCE_MS,
-                           "ramp_ms": RAMP_MS, "systems": {}}
+                           "ramp_ms": RAMP_MS, "timeout_s": TIMEOUT_S, "profiled_c": PROFILED_C, "systems": {}}
     for s in systems:
         cells: dict[str, Any] = {}
         idle = idle_rss(s)

@@ -11,6 +11,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from . import long_report
+
 ROOT = Path(__file__).resolve().parent.parent
 MD = ROOT / "BENCHMARKS.md"
 CHART = ROOT / "bench" / "chart.svg"
@@ -325,6 +327,8 @@ def update_markdown(doc: dict[str, Any]) -> None:
         else:
             parts.append("Not recorded in the latest comparison; run `make bench PROFILE=1`.")
         parts.append("")
+        if cmp.get("long_streams"):
+            parts += long_report.section(cmp["long_streams"], cmp.get("long_profile"), c["timestamp"], when)
     else:
         parts += ["## Latest comparison", "", "Not run yet: `make bench`.", ""]
     parts += ["## Throughput vs ext_proc processes", ""]

@@ -166,7 +166,7 @@ def start_gateway(tmp: Path, up: Upstream, workers: int = 1, event_loop: str | N
     except BaseException:
         stack.stop()
         raise
-    pid, envoy = stack.procs["extproc"].popen.pid, stack.procs["envoy"].popen.pid
+    pid, envoy = (p.pid for p in (stack.procs["extproc"].popen, stack.procs["envoy"].popen) if p is not None)
     if workers == 1:
         return System("gateway", "gateway (full stack)", base, key=key, pid=pid, envoy_pid=envoy,
                       note="control.launcher.Stack: Envoy + ext_proc + Redis + PostgreSQL + usage writer",

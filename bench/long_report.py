@@ -1,0 +1,127 @@
+"""The long-stream section of BENCHMARKS.md and its chart, bench/chart-streams.svg: the gap each system
+adds between tokens against concurrency (bench/long_streams.py measures them)."""
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+from typing import Any
+
+CHART = Path(__file__).resolve().parent / "chart-streams.svg"
+ORDER = ["direct", "bare_envoy", "minimal_extproc", "gateway", "litellm"]
+COLORS = {"direct": "#9e9e9e", "bare_envoy": "#4c78a8", "minimal_extproc": "#72b7b2", "gateway": "#e45756",
+          "litellm": "#b279a2"}
+
+METHOD = """\
+C concurrent chat streams (C = {cs}) of {tokens} tokens, one SSE event every {cadence} ms, all opened
+evenly over {ramp} ms.  The upstream (`bench/sse_upstream.c`) and the load generator (`bench/sse_client.c`)
+are small C programs the bench compiles with gcc into its temporary directory: the upstream keeps each
+stream's cadence on a 1 ms timer wheel (epoll + timerfd), the client holds all C connections in one
+epoll loop and records when each token event arrives.  A *gap* is the time between two consecutive
+token events of one stream at the client (199 per stream).  **Added** = the system's gap percentile
+minus bare Envoy's at the same C; bare Envoy's own row is minus the direct run (client straight to the
+upstream), which shows the upstream and the client are not the bottleneck.  chunks/s = token events
+delivered over the time from the first to the last.  Errors: streams that did not end with
+`data: [DONE]` after all {tokens} tokens within {timeout} s (by kind in the JSON).  KB per stream: peak RSS
+during the cell minus RSS before the system's first long-stream cell, over C.  CPU per chunk: the
+process's utime + stime (/proc) over the cell, over the token events delivered.  Targets (issue 24, part
+2): at 500 streams the gateway adds ≤ 10 ms p99 with 0 errors; at 2,000 it holds every stream; ext_proc
+≤ 20 KB per open stream; at every C the gateway adds no more than the minimal ext_proc."""
+
+HEAD = ["system", "C", "gap p50 ms", "gap p99 ms", "added p50 ms", "added p99 ms", "chunks/s", "errors",
+        "ext_proc KB/stream", "Envoy KB/stream", "ext_proc µs/chunk", "Envoy µs/chunk"]
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1000:.2f}"
+
+
+def _opt(r: dict[str, Any], key: str, nd: int = 1) -> str:
+    v = r.get(key)
+    return "–" if v is None else f"{v:,.{nd}f}"
+
+
+def table(ls: dict[str, Any]) -> list[list[str]]:
+    out = []
+    for c in ls["concurrency"]:
+        for name in ORDER:
+            s = ls["systems"].get(name)
+            r = s and s["cells"].get(str(c))
+            if not s:
+                continue
+            if not r:
+                out.append([s["label"], f"{c:,}", "not run (failed at a lower C)"] + [""] * (len(HEAD) - 3))
+                continue
+            ref = " (vs direct)" if r.get("added_ref") == "direct" else ""
+            out.append([s["label"], f"{c:,}", _ms(r["gap_p50_us"]), _ms(r["gap_p99_us"]),
+                        _opt(r, "added_p50_ms", 2) + ref, _opt(r, "added_p99_ms", 2) + ref,
+                        f"{r['tokens_per_s']:,.0f}", str(r["errors"]), _opt(r, "extproc_kb_per_stream"),
+                        _opt(r, "envoy_kb_per_stream"), _opt(r, "extproc_cpu_us_per_chunk"),
+                        _opt(r, "envoy_cpu_us_per_chunk")])
+    return out
+
+
+def _y(v: float) -> float:
+    """Symmetric log: 0 at 0, one unit per decade above 1 ms."""
+    return math.copysign(math.log10(1 + abs(v)), v)
+
+
+def chart(ls: dict[str, Any], when: str) -> str:
+    """Added gap p99 (ms, symmetric log scale) against C, one line per system."""
+    cs = ls["concurrency"]
+    series = {n: [(i, s["cells"][str(c)]) for i, c in enumerate(cs) if str(c) in s["cells"]]
+              for n, s in ls["systems"].items() if n in ORDER and n != "direct"}
+    vals = [r["added_p99_ms"] for pts in series.values() for _, r in pts if r.get("added_p99_ms") is not None]
+    top_decade = max(1, math.ceil(math.log10(1 + max(vals + [10.0]))))
+    bottom = min(0.0, min([_y(v) for v in vals] + [0.0]))
+    left, width, top, height = 70, 520, 50, 300
+    x = lambda i: left + width * (i + 0.5) / len(cs)  # noqa: E731
+    y = lambda v: top + height * (top_decade - _y(v)) / (top_decade - bottom)  # noqa: E731
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 190}" height="{top + height + 50}" '
+           'font-family="sans-serif" font-size="11">', '<rect width="100%" height="100%" fill="white"/>',
+           f'<text x="{left}" y="20" font-size="14" font-weight="bold">Added gap between tokens, p99 (ms, vs '
+           f'bare Envoy; bare Envoy vs direct)</text>', f'<text x="{left}" y="36" fill="#555">{html.escape(when)}</text>']
+    for v in [0.0] + [10.0 ** d for d in range(top_decade)]:
+        out.append(f'<line x1="{left}" y1="{y(v):.1f}" x2="{left + width}" y2="{y(v):.1f}" stroke="#ddd"/>')
+        out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end" fill="#555">{v:g}</text>')
+    for i, c in enumerate(cs):
+        out.append(f'<text x="{x(i):.1f}" y="{top + height + 18}" text-anchor="middle">{c:,} streams</text>')
+    for li, (n, pts) in enumerate(series.items()):
+        pts = [(i, r) for i, r in pts if r.get("added_p99_ms") is not None]
+        path = " ".join(f"{x(i):.1f},{y(r['added_p99_ms']):.1f}" for i, r in pts)
+        out.append(f'<polyline points="{path}" fill="none" stroke="{COLORS[n]}" stroke-width="2"/>')
+        for i, r in pts:
+            mark = f' ({r["errors"]} err)' if r["errors"] else ""
+            out.append(f'<circle cx="{x(i):.1f}" cy="{y(r["added_p99_ms"]):.1f}" r="3" fill="{COLORS[n]}"/>')
+            out.append(f'<text x="{x(i) + 5:.1f}" y="{y(r["added_p99_ms"]) - 5:.1f}" fill="{COLORS[n]}">'
+                       f'{r["added_p99_ms"]:g}{mark}</text>')
+        ly = top + 10 + li * 18
+        out.append(f'<rect x="{left + width + 20}" y="{ly}" width="10" height="10" fill="{COLORS[n]}"/>')
+        out.append(f'<text x="{left + width + 34}" y="{ly + 9}">{html.escape(ls["systems"][n]["label"])}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def section(ls: dict[str, Any], prof: dict[str, Any] | None, timestamp: str, when: str) -> list[str]:
+    """Markdown lines; writes the chart."""
+    from .report import _md_table
+    CHART.write_text(chart(ls, when))
+    parts = ["## Long streams: the gap added between tokens", "",
+             METHOD.format(cs=", ".join(f"{c:,}" for c in ls["concurrency"]), tokens=ls["tokens"],
+                           cadence=ls["cadence_ms"], ramp=ls["ramp_ms"], timeout=ls["timeout_s"]), "",
+             f"Latest: {when}.", "", _md_table(HEAD, table(ls)), "",
+             "![added gap p99 against concurrency](bench/chart-streams.svg)", ""]
+    gave = {s["label"]: s["gave_up_after"] for s in ls["systems"].values() if "gave_up_after" in s}
+    parts += [f"{k} failed more than half its streams at C = {v:,} and was not run at a higher C." for k, v in gave.items()]
+    parts += ["", f"### Profile of the gateway's ext_proc through the {ls['profiled_c']:,}-stream cell", ""]
+    if prof and not prof.get("error"):
+        parts += [f"`make bench PROFILE=1` at {timestamp}: py-spy, {prof['seconds']} s, {prof['samples']} samples "
+                  f"({prof.get('rps_while_profiled', 0):,.0f} chunks/s while sampled); flame graph `{prof['svg']}` "
+                  "(not committed). Top functions by own time:", "",
+                  "| function | own samples | % |", "|---|---:|---:|"]
+        parts += [f"| `{t['function']}` | {t['samples']} | {t['pct']} |" for t in prof["top_own"]]
+    elif prof:
+        parts.append(f"Profiling failed: {prof['error']}")
+    else:
+        parts.append("Not recorded in the latest comparison; run `make bench PROFILE=1`.")
+    return parts + [""]
