@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .markdown import md_table, profile_lines
+
 CHART = Path(__file__).resolve().parent / "chart-streams.svg"
 ORDER = ["direct", "bare_envoy", "minimal_extproc", "gateway", "litellm"]
 COLORS = {"direct": "#9e9e9e", "bare_envoy": "#4c78a8", "minimal_extproc": "#72b7b2", "gateway": "#e45756",
@@ -75,8 +77,13 @@ def chart(ls: dict[str, Any], when: str) -> str:
     top_decade = max(1, math.ceil(math.log10(1 + max(vals + [10.0]))))
     bottom = min(0.0, min([_y(v) for v in vals] + [0.0]))
     left, width, top, height = 70, 520, 50, 300
-    x = lambda i: left + width * (i + 0.5) / len(cs)  # noqa: E731
-    y = lambda v: top + height * (top_decade - _y(v)) / (top_decade - bottom)  # noqa: E731
+
+    def x(i: int) -> float:
+        return left + width * (i + 0.5) / len(cs)
+
+    def y(v: float) -> float:
+        return top + height * (top_decade - _y(v)) / (top_decade - bottom)
+
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 190}" height="{top + height + 50}" '
            'font-family="sans-serif" font-size="11">', '<rect width="100%" height="100%" fill="white"/>',
            f'<text x="{left}" y="20" font-size="14" font-weight="bold">Added gap between tokens, p99 (ms, vs '
@@ -104,24 +111,14 @@ def chart(ls: dict[str, Any], when: str) -> str:
 
 def section(ls: dict[str, Any], prof: dict[str, Any] | None, timestamp: str, when: str) -> list[str]:
     """Markdown lines; writes the chart."""
-    from .report import _md_table
     CHART.write_text(chart(ls, when))
     parts = ["## Long streams: the gap added between tokens", "",
              METHOD.format(cs=", ".join(f"{c:,}" for c in ls["concurrency"]), tokens=ls["tokens"],
                            cadence=ls["cadence_ms"], ramp=ls["ramp_ms"], timeout=ls["timeout_s"]), "",
-             f"Latest: {when}.", "", _md_table(HEAD, table(ls)), "",
+             f"Latest: {when}.", "", md_table(HEAD, table(ls)), "",
              "![added gap p99 against concurrency](bench/chart-streams.svg)", ""]
     gave = {s["label"]: s["gave_up_after"] for s in ls["systems"].values() if "gave_up_after" in s}
     parts += [f"{k} failed more than half its streams at C = {v:,} and was not run at a higher C." for k, v in gave.items()]
-    parts += ["", f"### Profile of the gateway's ext_proc through the {ls['profiled_c']:,}-stream cell", ""]
-    if prof and not prof.get("error"):
-        parts += [f"`make bench PROFILE=1` at {timestamp}: py-spy, {prof['seconds']} s, {prof['samples']} samples "
-                  f"({prof.get('rps_while_profiled', 0):,.0f} chunks/s while sampled); flame graph `{prof['svg']}` "
-                  "(not committed). Top functions by own time:", "",
-                  "| function | own samples | % |", "|---|---:|---:|"]
-        parts += [f"| `{t['function']}` | {t['samples']} | {t['pct']} |" for t in prof["top_own"]]
-    elif prof:
-        parts.append(f"Profiling failed: {prof['error']}")
-    else:
-        parts.append("Not recorded in the latest comparison; run `make bench PROFILE=1`.")
+    parts += ["", f"### Profile of the gateway's ext_proc through the {ls['profiled_c']:,}-stream cell", "",
+              *profile_lines(prof, timestamp, "chunks/s")]
     return parts + [""]
