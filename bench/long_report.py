@@ -10,6 +10,7 @@ from typing import Any
 from .markdown import md_table, profile_lines
 
 CHART = Path(__file__).resolve().parent / "chart-streams.svg"
+TARGET_MS = 10.0  # issue 24 part 2: the gateway's added gap p99 at 500 streams
 ORDER = ["direct", "bare_envoy", "minimal_extproc", "gateway", "litellm"]
 COLORS = {"direct": "#9e9e9e", "bare_envoy": "#4c78a8", "minimal_extproc": "#72b7b2", "gateway": "#e45756",
           "litellm": "#b279a2"}
@@ -23,15 +24,22 @@ epoll loop and records when each token event arrives.  A *gap* is the time betwe
 token events of one stream at the client (199 per stream).  **Added** = the system's gap percentile
 minus bare Envoy's at the same C; bare Envoy's own row is minus the direct run (client straight to the
 upstream), which shows the upstream and the client are not the bottleneck.  chunks/s = token events
-delivered over the time from the first to the last.  Errors: streams that did not end with
+delivered over the time from the first to the last (C × 40/s when every stream keeps pace; the ramp
+and the streams' ends lower it a little); stream s: from the request to the last token (a stream that
+keeps pace takes {nominal:.2f} s).  Errors: streams that did not end with
 `data: [DONE]` after all {tokens} tokens within {timeout} s (by kind in the JSON).  KB per stream: peak RSS
-during the cell minus RSS before the system's first long-stream cell, over C.  CPU per chunk: the
+during the cell minus RSS before the system's first long-stream cell, over C (the systems have served
+the short-request cells before, up to 256 connections, so their allocators may already hold some of
+that memory); "per added": the peak's growth from the previous C's cell, over the streams added — the
+marginal cost, which the earlier cells cannot hide.  The headline's `kb_per_stream` is the gateway
+ext_proc's KB per stream at the largest C measured.  CPU per chunk: the
 process's utime + stime (/proc) over the cell, over the token events delivered.  Targets (issue 24, part
 2): at 500 streams the gateway adds ≤ 10 ms p99 with 0 errors; at 2,000 it holds every stream; ext_proc
 ≤ 20 KB per open stream; at every C the gateway adds no more than the minimal ext_proc."""
 
-HEAD = ["system", "C", "gap p50 ms", "gap p99 ms", "added p50 ms", "added p99 ms", "chunks/s", "errors",
-        "ext_proc KB/stream", "Envoy KB/stream", "ext_proc µs/chunk", "Envoy µs/chunk"]
+HEAD = ["system", "C", "gap p50 ms", "gap p99 ms", "added p50 ms", "added p99 ms", "chunks/s", "stream s p50",
+        "errors", "ext_proc KB/stream", "(per added)", "Envoy KB/stream", "(per added)", "ext_proc µs/chunk",
+        "Envoy µs/chunk"]
 
 
 def _ms(us: float) -> str:
@@ -57,9 +65,10 @@ def table(ls: dict[str, Any]) -> list[list[str]]:
             ref = " (vs direct)" if r.get("added_ref") == "direct" else ""
             out.append([s["label"], f"{c:,}", _ms(r["gap_p50_us"]), _ms(r["gap_p99_us"]),
                         _opt(r, "added_p50_ms", 2) + ref, _opt(r, "added_p99_ms", 2) + ref,
-                        f"{r['tokens_per_s']:,.0f}", str(r["errors"]), _opt(r, "extproc_kb_per_stream"),
-                        _opt(r, "envoy_kb_per_stream"), _opt(r, "extproc_cpu_us_per_chunk"),
-                        _opt(r, "envoy_cpu_us_per_chunk")])
+                        f"{r['tokens_per_s']:,.0f}", f"{r['duration_p50_us'] / 1e6:.2f}", str(r["errors"]),
+                        _opt(r, "extproc_kb_per_stream"), _opt(r, "extproc_kb_per_added_stream"),
+                        _opt(r, "envoy_kb_per_stream"), _opt(r, "envoy_kb_per_added_stream"),
+                        _opt(r, "extproc_cpu_us_per_chunk"), _opt(r, "envoy_cpu_us_per_chunk")])
     return out
 
 
@@ -74,7 +83,8 @@ def chart(ls: dict[str, Any], when: str) -> str:
     series = {n: [(i, s["cells"][str(c)]) for i, c in enumerate(cs) if str(c) in s["cells"]]
               for n, s in ls["systems"].items() if n in ORDER and n != "direct"}
     vals = [r["added_p99_ms"] for pts in series.values() for _, r in pts if r.get("added_p99_ms") is not None]
-    top_decade = max(1, math.ceil(math.log10(1 + max(vals + [10.0]))))
+    decades = max(1, math.ceil(math.log10(max(vals + [10.0]))))
+    ymax = _y(10.0 ** decades)
     bottom = min(0.0, min([_y(v) for v in vals] + [0.0]))
     left, width, top, height = 70, 520, 50, 300
 
@@ -82,15 +92,19 @@ def chart(ls: dict[str, Any], when: str) -> str:
         return left + width * (i + 0.5) / len(cs)
 
     def y(v: float) -> float:
-        return top + height * (top_decade - _y(v)) / (top_decade - bottom)
+        return top + height * (ymax - _y(v)) / (ymax - bottom)
 
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 190}" height="{top + height + 50}" '
            'font-family="sans-serif" font-size="11">', '<rect width="100%" height="100%" fill="white"/>',
            f'<text x="{left}" y="20" font-size="14" font-weight="bold">Added gap between tokens, p99 (ms, vs '
            f'bare Envoy; bare Envoy vs direct)</text>', f'<text x="{left}" y="36" fill="#555">{html.escape(when)}</text>']
-    for v in [0.0] + [10.0 ** d for d in range(top_decade)]:
+    for v in [0.0] + [10.0 ** d for d in range(decades + 1)]:
         out.append(f'<line x1="{left}" y1="{y(v):.1f}" x2="{left + width}" y2="{y(v):.1f}" stroke="#ddd"/>')
         out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end" fill="#555">{v:g}</text>')
+    out.append(f'<line x1="{left}" y1="{y(TARGET_MS):.1f}" x2="{left + width}" y2="{y(TARGET_MS):.1f}" '
+               'stroke="#e45756" stroke-dasharray="4 3"/>')
+    out.append(f'<text x="{left + 4}" y="{y(TARGET_MS) - 4:.1f}" fill="#e45756">target at 500 streams: '
+               f'≤ {TARGET_MS:g} ms</text>')
     for i, c in enumerate(cs):
         out.append(f'<text x="{x(i):.1f}" y="{top + height + 18}" text-anchor="middle">{c:,} streams</text>')
     for li, (n, pts) in enumerate(series.items()):
@@ -109,12 +123,14 @@ def chart(ls: dict[str, Any], when: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def section(ls: dict[str, Any], prof: dict[str, Any] | None, timestamp: str, when: str) -> list[str]:
-    """Markdown lines; writes the chart."""
-    CHART.write_text(chart(ls, when))
+def section(ls: dict[str, Any], prof: dict[str, Any] | None, timestamp: str, when: str,
+            short_when: str) -> list[str]:
+    """Markdown lines; writes the chart (its subtitle: ``short_when``)."""
+    CHART.write_text(chart(ls, short_when))
     parts = ["## Long streams: the gap added between tokens", "",
              METHOD.format(cs=", ".join(f"{c:,}" for c in ls["concurrency"]), tokens=ls["tokens"],
-                           cadence=ls["cadence_ms"], ramp=ls["ramp_ms"], timeout=ls["timeout_s"]), "",
+                           cadence=ls["cadence_ms"], ramp=ls["ramp_ms"], timeout=ls["timeout_s"],
+                           nominal=(ls["tokens"] - 1) * ls["cadence_ms"] / 1000), "",
              f"Latest: {when}.", "", md_table(HEAD, table(ls)), "",
              "![added gap p99 against concurrency](bench/chart-streams.svg)", ""]
     gave = {s["label"]: s["gave_up_after"] for s in ls["systems"].values() if "gave_up_after" in s}

@@ -102,6 +102,7 @@ class _Watch:
         self.thread.join()
         out: dict[str, Any] = {}
         for n, p in self.pids.items():
+            out[f"{n}_rss_peak_kb"] = self.peak[n]
             out[f"{n}_kb_per_stream"] = round((self.peak[n] - self.idle[n]) / streams, 2)
             out[f"{n}_cpu_us_per_chunk"] = round((cpu_s(p) - self.cpu0[n]) * 1e6 / max(1, chunks), 2)
         return out
@@ -142,9 +143,15 @@ def measure(systems: list[System], long_port: int, quick: bool, client: Path, tm
         cells: dict[str, Any] = {}
         idle = idle_rss(s)
         res["systems"][s.name] = {"label": s.label, "cells": cells, "rss_idle_kb": idle}
+        prev: int | None = None
         for c in cs:
             r = run_cell(s, _port(s, long_port), c, client, tmp, idle)
+            if prev is not None:
+                for k in _pids(s):
+                    r[f"{k}_kb_per_added_stream"] = round(
+                        (r[f"{k}_rss_peak_kb"] - cells[str(prev)][f"{k}_rss_peak_kb"]) / (c - prev), 2)
             cells[str(c)] = r
+            prev = c
             log(f"{s.label:22s} streams c={c:<5d} gap p50 {r['gap_p50_us'] / 1000:6.2f} ms  p99 "
                 f"{r['gap_p99_us'] / 1000:7.2f} ms  {r['tokens_per_s']:8.0f} chunks/s  errors {r['errors']}"
                 + "".join(f"  {k} {r[k + '_kb_per_stream']:.1f} KB/stream {r[k + '_cpu_us_per_chunk']:.1f} us/chunk"
@@ -183,9 +190,11 @@ def profile(system: System, port: int, client: Path, tmp: Path, stem: Path) -> d
 
 
 def headline(ls: dict[str, Any] | None) -> dict[str, Any]:
-    """The issue's keys from the gateway's cells (None where a cell was not run)."""
+    """The issue's keys from the gateway's cells (None where a cell was not run); ``kb_per_stream`` at the
+    largest C measured, where the memory the earlier cells left behind weighs least."""
     cells = (ls or {}).get("systems", {}).get("gateway", {}).get("cells", {})
     c500, c2000 = cells.get("500", {}), cells.get("2000", {})
+    largest = cells[max(cells, key=int)] if cells else {}
     return {"streams_c500_added_itl_p99_ms": c500.get("added_p99_ms"),
             "streams_c2000_errors": c2000.get("errors"),
-            "kb_per_stream": c500.get("extproc_kb_per_stream")}
+            "kb_per_stream": largest.get("extproc_kb_per_stream")}

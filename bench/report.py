@@ -310,7 +310,8 @@ def update_markdown(doc: dict[str, Any]) -> None:
                   *profile_lines(cmp.get("profile"), c["timestamp"], "req/s")]
         parts.append("")
         if cmp.get("long_streams"):
-            parts += long_report.section(cmp["long_streams"], cmp.get("long_profile"), c["timestamp"], when)
+            parts += long_report.section(cmp["long_streams"], cmp.get("long_profile"), c["timestamp"], when,
+                                         cmp["_when"])
     else:
         parts += ["## Latest comparison", "", "Not run yet: `make bench`.", ""]
     parts += ["## Throughput vs ext_proc processes", ""]
