@@ -38,6 +38,11 @@ def _cluster(name: str, port: int, *, http2: bool = False) -> dict[str, Any]:
     c: dict[str, Any] = {
         "name": name, "type": "STATIC", "connect_timeout": "2s",
         "per_connection_buffer_limit_bytes": 65 * 1024 * 1024,
+        # Envoy's default circuit breakers allow 1,024 connections, pending and active requests per
+        # cluster: a reference that has to hold 2,000 long streams (bench/long_streams.py) must not stop
+        # at 1,024 (the gateway's clusters keep the defaults; its figures show what that costs)
+        "circuit_breakers": {"thresholds": [{"max_connections": 100_000, "max_pending_requests": 100_000,
+                                             "max_requests": 100_000}]},
         "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
             {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}]}]}}
     if http2:

@@ -134,31 +134,34 @@ def _port(system: System, long_port: int) -> int:
 
 def measure(systems: list[System], long_port: int, quick: bool, client: Path, tmp: Path,
             log: Callable[[str], None]) -> dict[str, Any]:
-    """Every system at every C (ascending); LiteLLM stops at the first C where it failed ``GIVE_UP`` of
-    the streams.  Returns {"concurrency": [...], "systems": {name: {"label", "cells": {C: result}}}}."""
+    """Every C (ascending), every system in turn at that C, so the systems compared at one C are measured
+    minutes apart at most on a shared machine; LiteLLM is left out of the higher C once it failed
+    ``GIVE_UP`` of the streams.  Returns {"concurrency": [...], "systems": {name: {"label", "cells": {C: result}}}}."""
     cs = CONCURRENCY_QUICK if quick else CONCURRENCY_FULL
     res: dict[str, Any] = {"concurrency": list(cs), "tokens": fx.LONG_TOKENS, "cadence_ms": fx.LONG_CADENCE_MS,
                            "ramp_ms": RAMP_MS, "timeout_s": TIMEOUT_S, "profiled_c": PROFILED_C, "systems": {}}
+    idle = {s.name: idle_rss(s) for s in systems}
     for s in systems:
-        cells: dict[str, Any] = {}
-        idle = idle_rss(s)
-        res["systems"][s.name] = {"label": s.label, "cells": cells, "rss_idle_kb": idle}
-        prev: int | None = None
-        for c in cs:
-            r = run_cell(s, _port(s, long_port), c, client, tmp, idle)
-            if prev is not None:
+        res["systems"][s.name] = {"label": s.label, "cells": {}, "rss_idle_kb": idle[s.name]}
+    prev: int | None = None
+    for c in cs:
+        for s in systems:
+            doc = res["systems"][s.name]
+            if "gave_up_after" in doc:
+                continue
+            r = run_cell(s, _port(s, long_port), c, client, tmp, idle[s.name])
+            if prev is not None and str(prev) in doc["cells"]:
                 for k in _pids(s):
                     r[f"{k}_kb_per_added_stream"] = round(
-                        (r[f"{k}_rss_peak_kb"] - cells[str(prev)][f"{k}_rss_peak_kb"]) / (c - prev), 2)
-            cells[str(c)] = r
-            prev = c
+                        (r[f"{k}_rss_peak_kb"] - doc["cells"][str(prev)][f"{k}_rss_peak_kb"]) / (c - prev), 2)
+            doc["cells"][str(c)] = r
             log(f"{s.label:22s} streams c={c:<5d} gap p50 {r['gap_p50_us'] / 1000:6.2f} ms  p99 "
                 f"{r['gap_p99_us'] / 1000:7.2f} ms  {r['tokens_per_s']:8.0f} chunks/s  errors {r['errors']}"
                 + "".join(f"  {k} {r[k + '_kb_per_stream']:.1f} KB/stream {r[k + '_cpu_us_per_chunk']:.1f} us/chunk"
-                          for k in ("extproc", "envoy") if k + "_kb_per_stream" in r))
+                          for k in _pids(s)))
             if s.name == "litellm" and r["errors"] > GIVE_UP * c:
-                res["systems"][s.name]["gave_up_after"] = c
-                break
+                doc["gave_up_after"] = c
+        prev = c
     _added(res)
     return res
 

@@ -61,7 +61,7 @@ def test_every_stream_whole(binaries: tuple[Path, Path], tmp_path: Path) -> None
         assert r["tokens"] == 40 * fx.LONG_TOKENS
         assert r["gap_n"] == 40 * (fx.LONG_TOKENS - 1)
         assert r["ttft_n"] == r["duration_n"] == 40
-        assert r["gap_p50_us"] > 0 and r["gap_max_us"] >= r["gap_p99_us"] >= r["gap_p50_us"]
+        assert r["gap_max_us"] >= r["gap_p99_us"] >= r["gap_p50_us"]  # no timing asserted: 1 ms cadence
     assert (served["streams"], served["frames_sent"]) == (40, 40 * fx.LONG_TOKENS)
 
 
