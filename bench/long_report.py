@@ -27,7 +27,9 @@ upstream), which shows the upstream and the client are not the bottleneck.  chun
 delivered over the time from the first to the last (C × 40/s when every stream keeps pace; the ramp
 and the streams' ends lower it a little); stream s: from the request to the last token (a stream that
 keeps pace takes {nominal:.2f} s).  Errors: streams that did not end with
-`data: [DONE]` after all {tokens} tokens within {timeout} s (by kind in the JSON).  KB per stream: peak RSS
+`data: [DONE]` after all {tokens} tokens within {timeout} s, by kind: status (a reply other than 200),
+closed (the connection ended mid-stream), short (the stream ended without all its tokens and
+`[DONE]`), timeout, connect.  KB per stream: peak RSS
 during the cell minus RSS before the system's first long-stream cell, over C (the systems have served
 the short-request cells before, up to 256 connections, so their allocators may already hold some of
 that memory); "per added": the peak's growth from the previous C's cell, over the streams added — the
@@ -51,6 +53,11 @@ def _opt(r: dict[str, Any], key: str, nd: int = 1) -> str:
     return "–" if v is None else f"{v:,.{nd}f}"
 
 
+def _errors(r: dict[str, Any]) -> str:
+    kinds = [f"{r[k]:,} {k[len('errors_'):]}" for k in r if k.startswith("errors_") and r[k]]
+    return f"{r['errors']:,}" + (f" ({', '.join(kinds)})" if kinds else "")
+
+
 def table(ls: dict[str, Any]) -> list[list[str]]:
     out = []
     for c in ls["concurrency"]:
@@ -65,7 +72,7 @@ def table(ls: dict[str, Any]) -> list[list[str]]:
             ref = " (vs direct)" if r.get("added_ref") == "direct" else ""
             out.append([s["label"], f"{c:,}", _ms(r["gap_p50_us"]), _ms(r["gap_p99_us"]),
                         _opt(r, "added_p50_ms", 2) + ref, _opt(r, "added_p99_ms", 2) + ref,
-                        f"{r['tokens_per_s']:,.0f}", f"{r['duration_p50_us'] / 1e6:.2f}", str(r["errors"]),
+                        f"{r['tokens_per_s']:,.0f}", f"{r['duration_p50_us'] / 1e6:.2f}", _errors(r),
                         _opt(r, "extproc_kb_per_stream"), _opt(r, "extproc_kb_per_added_stream"),
                         _opt(r, "envoy_kb_per_stream"), _opt(r, "envoy_kb_per_added_stream"),
                         _opt(r, "extproc_cpu_us_per_chunk"), _opt(r, "envoy_cpu_us_per_chunk")])

@@ -29,7 +29,7 @@ SRC = Path(__file__).resolve().parent
 CONCURRENCY_FULL = (250, 500, 1000, 2000)
 CONCURRENCY_QUICK = (250, 500)
 RAMP_MS = 1000  # the C streams are opened evenly over this time
-TIMEOUT_S = 40  # a stream still open this long after its start is an error
+TIMEOUT_S = 20  # a stream still open this long after its start (4 times its length) is an error
 PROFILED_C = 500  # the cell py-spy records (PROFILE=1)
 GIVE_UP = 0.5  # LiteLLM is not run at a higher C once it failed this share of the streams
 
@@ -112,7 +112,7 @@ def run_cell(system: System, port: int, streams: int, client: Path, tmp: Path,
              idle: dict[str, int]) -> dict[str, Any]:
     req = tmp / f"long-request-{system.name}.http"
     req.write_bytes(request(system))
-    busy = settle(3.0)
+    busy = settle(2.0)
     watch = _Watch(_pids(system), idle)
     used0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run([str(client), str(port), str(req), str(streams), str(RAMP_MS), str(TIMEOUT_S),
