@@ -79,6 +79,31 @@ def table(ls: dict[str, Any]) -> list[list[str]]:
     return out
 
 
+def targets(ls: dict[str, Any]) -> list[str]:
+    """Issue 24 part 2's targets against the gateway's cells: one line each, met or missed."""
+    sy = ls["systems"]
+    gw, mini = sy.get("gateway", {}).get("cells", {}), sy.get("minimal_extproc", {}).get("cells", {})
+    out = []
+
+    def line(ok: bool | None, text: str) -> None:
+        out.append(f"- {'not measured' if ok is None else 'met' if ok else '**missed**'}: {text}")
+
+    c500, c2000 = gw.get("500"), gw.get("2000")
+    line(None if not c500 or c500.get("added_p99_ms") is None else c500["added_p99_ms"] <= TARGET_MS
+         and c500["errors"] == 0, "at 500 streams the gateway adds ≤ 10 ms p99 with 0 errors" +
+         (f" (added {c500.get('added_p99_ms')} ms, {c500['errors']} errors)" if c500 else ""))
+    line(None if not c2000 else c2000["errors"] == 0, "at 2,000 streams the gateway holds every stream" +
+         (f" ({c2000['errors']:,} errors, added p99 {c2000.get('added_p99_ms')} ms)" if c2000 else ""))
+    largest = gw[max(gw, key=int)] if gw else None
+    kb = largest and largest.get("extproc_kb_per_stream")
+    line(None if kb is None else kb <= 20, f"ext_proc ≤ 20 KB per open stream ({kb} KB at the largest C)")
+    worse = [c for c in gw if c in mini and gw[c].get("added_p99_ms") is not None
+             and mini[c].get("added_p99_ms") is not None and gw[c]["added_p99_ms"] > mini[c]["added_p99_ms"]]
+    line(None if not gw or not mini else not worse, "at every C the gateway adds no more (p99) than the minimal "
+         "ext_proc" + (f" (more at C = {', '.join(worse)})" if worse else ""))
+    return out
+
+
 def _y(v: float) -> float:
     """Symmetric log: 0 at 0, one unit per decade above 1 ms."""
     return math.copysign(math.log10(1 + abs(v)), v)
@@ -139,7 +164,8 @@ def section(ls: dict[str, Any], prof: dict[str, Any] | None, timestamp: str, whe
                            cadence=ls["cadence_ms"], ramp=ls["ramp_ms"], timeout=ls["timeout_s"],
                            nominal=(ls["tokens"] - 1) * ls["cadence_ms"] / 1000), "",
              f"Latest: {when}.", "", md_table(HEAD, table(ls)), "",
-             "![added gap p99 against concurrency](bench/chart-streams.svg)", ""]
+             "![added gap p99 against concurrency](bench/chart-streams.svg)", "", "Targets (issue 24, part 2):", "",
+             *targets(ls), ""]
     gave = {s["label"]: s["gave_up_after"] for s in ls["systems"].values() if "gave_up_after" in s}
     parts += [f"{k} failed more than half its streams at C = {v:,} and was not run at a higher C." for k, v in gave.items()]
     parts += ["", f"### Profile of the gateway's ext_proc through the {ls['profiled_c']:,}-stream cell", "",
