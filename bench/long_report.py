@@ -23,7 +23,10 @@ stream's cadence on a 1 ms timer wheel (epoll + timerfd), the client holds all C
 epoll loop and records when each token event arrives.  A *gap* is the time between two consecutive
 token events of one stream at the client (199 per stream).  **Added** = the system's gap percentile
 minus bare Envoy's at the same C; bare Envoy's own row is minus the direct run (client straight to the
-upstream), which shows the upstream and the client are not the bottleneck.  chunks/s = token events
+upstream), which shows the upstream and the client are not the bottleneck.  A gap p50 of 0 means most
+token events arrive in the same read as the one before: the proxy has fallen behind the cadence and
+hands over several events at once (the added p50 is then negative, and the p99 and the stream length
+tell how far behind it is).  chunks/s = token events
 delivered over the time from the first to the last (C × 40/s when every stream keeps pace; the ramp
 and the streams' ends lower it a little); stream s: from the request to the last token (a stream that
 keeps pace takes {nominal:.2f} s).  Errors: streams that did not end with
@@ -37,7 +40,12 @@ marginal cost, which the earlier cells cannot hide.  The headline's `kb_per_stre
 ext_proc's KB per stream at the largest C measured.  CPU per chunk: the
 process's utime + stime (/proc) over the cell, over the token events delivered.  Targets (issue 24, part
 2): at 500 streams the gateway adds ≤ 10 ms p99 with 0 errors; at 2,000 it holds every stream; ext_proc
-≤ 20 KB per open stream; at every C the gateway adds no more than the minimal ext_proc."""
+≤ 20 KB per open stream; at every C the gateway adds no more than the minimal ext_proc.  The bench's
+own Envoys (bare, minimal) lift Envoy's default circuit breakers (1,024 connections, pending and active
+requests per cluster); the gateway's configuration keeps them, so beyond 1,024 streams its ext_proc
+cluster refuses the rest (HTTP 500, `overflow` in its access log).  Every Envoy here runs one worker
+(`--concurrency 1`) on 2 shared cores: where bare Envoy's own added gap grows, the reference itself
+is saturated and the added figures of the others are flattered by as much."""
 
 HEAD = ["system", "C", "gap p50 ms", "gap p99 ms", "added p50 ms", "added p99 ms", "chunks/s", "stream s p50",
         "errors", "ext_proc KB/stream", "(per added)", "Envoy KB/stream", "(per added)", "ext_proc µs/chunk",
