@@ -16,13 +16,12 @@ import json
 import resource
 import subprocess
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable
 
 from . import fixtures as fx
 from .event_loop import cpu_s
-from .procs import Procs, port_open, settle, free_port
+from .procs import Procs, free_port, port_open, settle
 from .systems import System
 
 SRC = Path(__file__).resolve().parent
