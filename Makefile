@@ -77,6 +77,7 @@ test: $(STAMP) browser services prometheus litellm-env
 # make bench [QUICK=1] [SOAK=seconds] [PROFILE=1]: see BENCHMARKS.md (bench/run.py).
 bench: $(STAMP)
 	command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)
+	command -v gcc >/dev/null || (apt-get update && apt-get install -y gcc)  # the long-stream cell's C programs
 	$(PY) -m bench.grpc_servers $(if $(QUICK),--seconds 2 --rounds 1,--seconds 5 --rounds 2)
 	$(PY) -m bench.run $(if $(QUICK),--quick) $(if $(SOAK),--soak $(SOAK)) $(if $(PROFILE),--profile)
 

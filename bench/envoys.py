@@ -7,7 +7,7 @@ request header `x-bench-route` picks the upstream listener, as Envoy cannot read
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -22,6 +22,14 @@ HEADER_MUTATION_ROUTE = "type.googleapis.com/envoy.extensions.filters.http.heade
 FILE_LOG = "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog"
 
 
+class Upstream(NamedTuple):
+    """Ports of the fixed-reply upstream: JSON replies, the SSE reply, and (0 until started) the cadenced
+    long-stream server of bench/long_streams.py."""
+    json: int
+    sse: int
+    long: int = 0
+
+
 def _admin(port: int) -> dict[str, Any]:
     return {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}
 
@@ -30,6 +38,11 @@ def _cluster(name: str, port: int, *, http2: bool = False) -> dict[str, Any]:
     c: dict[str, Any] = {
         "name": name, "type": "STATIC", "connect_timeout": "2s",
         "per_connection_buffer_limit_bytes": 65 * 1024 * 1024,
+        # Envoy's default circuit breakers allow 1,024 connections, pending and active requests per
+        # cluster: a reference that has to hold 2,000 long streams (bench/long_streams.py) must not stop
+        # at 1,024 (the gateway's clusters keep the defaults; its figures show what that costs)
+        "circuit_breakers": {"thresholds": [{"max_connections": 100_000, "max_pending_requests": 100_000,
+                                             "max_requests": 100_000}]},
         "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
             {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}]}]}}
     if http2:
@@ -77,8 +90,10 @@ def upstream(json_port: int, sse_port: int, admin_port: int) -> dict[str, Any]:
                                                listener("up_sse", sse_port, sse_routes)]}}
 
 
-def proxy(port: int, admin_port: int, json_port: int, sse_port: int, log_path: Path,
+def proxy(port: int, admin_port: int, up: Upstream, log_path: Path,
           extproc_port: int | None = None) -> dict[str, Any]:
+    """`x-bench-route: sse` goes to the SSE listener, `long` to the cadenced long-stream server (when
+    started), anything else to the JSON listener."""
     route_common = {"timeout": "600s", "idle_timeout": "60s",
                     "retry_policy": {"retry_on": "connect-failure,reset-before-request", "num_retries": 1,
                                      "per_try_timeout": "180s",
@@ -89,7 +104,15 @@ def proxy(port: int, admin_port: int, json_port: int, sse_port: int, log_path: P
                                      "host_selection_retry_max_attempts": 3}}
     filters: list[dict[str, Any]] = [
         {"name": "envoy.filters.http.buffer", "typed_config": {"@type": BUFFER, "max_request_bytes": 20 * 1024 * 1024}}]
-    clusters = [_cluster("up_json", json_port), _cluster("up_sse", sse_port)]
+    clusters = [_cluster("up_json", up.json), _cluster("up_sse", up.sse)]
+    routes = [{"match": {"prefix": "/", "headers": [{"name": "x-bench-route", "string_match": {"exact": "sse"}}]},
+               "route": {"cluster": "up_sse", **route_common}}]
+    if up.long:
+        clusters.append(_cluster("up_long", up.long))
+        routes.append({"match": {"prefix": "/", "headers": [{"name": "x-bench-route",
+                                                             "string_match": {"exact": "long"}}]},
+                       "route": {"cluster": "up_long", **route_common}})
+    routes.append({"match": {"prefix": "/"}, "route": {"cluster": "up_json", **route_common}})
     if extproc_port is not None:
         # The gateway's ext_proc filter, setting for setting (envoy/envoy.yaml).
         filters.append({"name": "envoy.filters.http.ext_proc", "typed_config": {
@@ -115,10 +138,7 @@ def proxy(port: int, admin_port: int, json_port: int, sse_port: int, log_path: P
                 "upstream": "%UPSTREAM_HOST%", "bytes_in": "%BYTES_RECEIVED%", "bytes_out": "%BYTES_SENT%",
                 "duration_ms": "%DURATION%", "upstream_ms": "%RESPONSE_DURATION%",
                 "details": "%RESPONSE_CODE_DETAILS%"}}}}],
-        "route_config": {"name": "bench", "virtual_hosts": [{"name": "bench", "domains": ["*"], "routes": [
-            {"match": {"prefix": "/", "headers": [{"name": "x-bench-route", "string_match": {"exact": "sse"}}]},
-             "route": {"cluster": "up_sse", **route_common}},
-            {"match": {"prefix": "/"}, "route": {"cluster": "up_json", **route_common}}]}]},
+        "route_config": {"name": "bench", "virtual_hosts": [{"name": "bench", "domains": ["*"], "routes": routes}]},
         "http_filters": filters}
     return {"node": {"id": "bench-proxy", "cluster": "bench"}, "admin": _admin(admin_port),
             # as in envoy/envoy.yaml: ext_proc streams half-closed, not reset, at their end

@@ -14,6 +14,7 @@ from typing import Any
 
 from .harness import harness, round_args
 from .load import SCENARIOS, wrk
+from .envoys import Upstream
 from .systems import start_gateway
 
 LOOPS = ("asyncio", "uvloop")
@@ -26,7 +27,7 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_loop(tmp: Path, up: tuple[int, int], loop: str, seconds: float, bodies: Path) -> dict[str, Any]:
+def run_loop(tmp: Path, up: Upstream, loop: str, seconds: float, bodies: Path) -> dict[str, Any]:
     gw, stack = start_gateway(tmp, up, event_loop=loop)
     try:
         assert gw.pid is not None

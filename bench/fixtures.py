@@ -9,9 +9,12 @@ import random
 
 CHAT_ALIAS, STREAM_ALIAS, EMBED_ALIAS = "bench-chat", "bench-stream", "bench-embed"
 UP_CHAT, UP_STREAM, UP_EMBED = "upstream-chat-model", "upstream-stream-model", "upstream-embed-model"
-ALIASES = {CHAT_ALIAS: UP_CHAT, STREAM_ALIAS: UP_STREAM, EMBED_ALIAS: UP_EMBED}
+LONG_ALIAS, UP_LONG = "bench-long", "upstream-long-model"  # the long-stream cell (bench/long_streams.py)
+ALIASES = {CHAT_ALIAS: UP_CHAT, STREAM_ALIAS: UP_STREAM, EMBED_ALIAS: UP_EMBED, LONG_ALIAS: UP_LONG}
 
 STREAM_CHUNKS = 64
+LONG_TOKENS = 200  # tokens of a long-stream reply, one event each
+LONG_CADENCE_MS = 25  # between two of its events
 EMBED_INPUTS = 16
 EMBED_DIM = 1024
 
@@ -27,8 +30,8 @@ def chat_request() -> bytes:
         {"role": "user", "content": "Dzień dobry! Jak się masz?"}]})
 
 
-def stream_request() -> bytes:
-    return _dumps({"model": STREAM_ALIAS, "max_tokens": 64, "stream": True,
+def stream_request(model: str = STREAM_ALIAS, max_tokens: int = 64) -> bytes:
+    return _dumps({"model": model, "max_tokens": max_tokens, "stream": True,
                    "stream_options": {"include_usage": True},
                    "messages": [{"role": "user", "content": "Opowiedz krótką bajkę."}]})
 
@@ -47,20 +50,30 @@ def chat_reply() -> bytes:
         "usage": {"prompt_tokens": 24, "completion_tokens": 12, "total_tokens": 36}})
 
 
-def stream_reply() -> bytes:
+def _stream_events(model: str, chunks: int) -> list[bytes]:
     """vLLM-style SSE: a role chunk's worth of content chunks, a finish chunk, the usage chunk, [DONE]."""
     out = []
-    base = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1767225600,
-            "model": UP_STREAM}
-    for i in range(STREAM_CHUNKS):
+    base = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1767225600, "model": model}
+    for i in range(chunks):
         delta = {"content": f"słowo{i} "} if i else {"role": "assistant", "content": "Był "}
-        fin = "stop" if i == STREAM_CHUNKS - 1 else None
+        fin = "stop" if i == chunks - 1 else None
         out.append(b"data: " + _dumps({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
                                                              "finish_reason": fin}]}) + b"\n\n")
     out.append(b"data: " + _dumps({**base, "choices": [], "usage": {
-        "prompt_tokens": 12, "completion_tokens": STREAM_CHUNKS, "total_tokens": 12 + STREAM_CHUNKS}}) + b"\n\n")
+        "prompt_tokens": 12, "completion_tokens": chunks, "total_tokens": 12 + chunks}}) + b"\n\n")
     out.append(b"data: [DONE]\n\n")
-    return b"".join(out)
+    return out
+
+
+def stream_reply() -> bytes:
+    return b"".join(_stream_events(UP_STREAM, STREAM_CHUNKS))
+
+
+def long_stream_frames() -> bytes:
+    """The long-stream upstream's frames (bench/sse_upstream.c), NUL-separated, one sent per cadence
+    tick: one token event each, the last one followed at once by the usage event and [DONE]."""
+    events = _stream_events(UP_LONG, LONG_TOKENS)
+    return b"\0".join(events[:LONG_TOKENS - 1] + [b"".join(events[LONG_TOKENS - 1:])])
 
 
 def embed_reply() -> bytes:

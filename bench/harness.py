@@ -10,11 +10,12 @@ from typing import Iterator
 
 from .load import write_bodies
 from .procs import Procs
+from .envoys import Upstream
 from .systems import start_upstream
 
 
 @contextlib.contextmanager
-def harness(prefix: str) -> Iterator[tuple[Path, Procs, Path, tuple[int, int]]]:
+def harness(prefix: str) -> Iterator[tuple[Path, Procs, Path, Upstream]]:
     with tempfile.TemporaryDirectory(prefix=prefix) as t:
         tmp = Path(t)
         procs = Procs(tmp / "logs")

@@ -35,6 +35,31 @@ def http_ok(url: str, headers: dict[str, str] | None = None) -> bool:
         return False
 
 
+def cpu_busy(window: float = 0.25) -> float:
+    def read() -> tuple[int, int]:
+        v = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+        return sum(v), v[3] + v[4]  # total, idle + iowait
+    t0, i0 = read()
+    time.sleep(window)
+    t1, i1 = read()
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
+BUSY = 0.25  # machine-wide CPU share above which a cell is started on a machine that is not quiet
+
+
+def settle(limit: float) -> float:
+    """Wait (up to ``limit`` s) until the machine is quiet again: a proxy may still be working off
+    requests whose clients wrk has already dropped (LiteLLM does), and that work must not be charged to
+    the next cell.  Returns the CPU share busy just before the cell starts (other users of the machine
+    show up here too: such a cell is flagged)."""
+    t0 = time.monotonic()
+    busy = cpu_busy()
+    while busy > BUSY and time.monotonic() - t0 < limit:
+        busy = cpu_busy()
+    return busy
+
+
 class Procs:
     def __init__(self, logs: Path) -> None:
         self.logs = logs

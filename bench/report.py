@@ -11,6 +11,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from . import long_report
+from .markdown import md_table, profile_lines
+
 ROOT = Path(__file__).resolve().parent.parent
 MD = ROOT / "BENCHMARKS.md"
 CHART = ROOT / "bench" / "chart.svg"
@@ -275,13 +278,6 @@ server (extproc/h2.py), which keeps nothing of a stream once it has ended or bee
 stream itself after its last answer. The usage writer (a process of its own) is sampled too."""
 
 
-def _md_table(head: list[str], body: list[list[str]]) -> str:
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(head))) + "|"]
-    for r in body:
-        out.append("| " + " | ".join(r) + " |")
-    return "\n".join(out)
-
-
 def update_markdown(doc: dict[str, Any]) -> None:
     data = _load_data()
     if doc.get("comparison"):
@@ -301,7 +297,7 @@ def update_markdown(doc: dict[str, Any]) -> None:
         CHART.write_text(chart(cmp))
         head, body = rows(cmp)
         noisy = any(x.get("noisy") for s in cmp["systems"].values() for x in s["cells"].values())
-        parts += ["## Latest comparison", "", when, "", _md_table(head, body), "",
+        parts += ["## Latest comparison", "", when, "", md_table(head, body), "",
                   *([NOISY, ""] if noisy else []),
                   *([FEW, ""] if any(x.get("few") for s in cmp["systems"].values() for x in s["cells"].values()) else []),
                   "Gateway throughput ratios:", ""]
@@ -310,21 +306,12 @@ def update_markdown(doc: dict[str, Any]) -> None:
         parts += ["", "![requests per second](bench/chart.svg)", "",
                   "Headline (the last line `make bench` prints):", "", "```json",
                   json.dumps(c["headline"]), "```", ""]
-        prof = cmp.get("profile")
-        parts += ["## Profile of the gateway's ext_proc (non-streaming chat, c64)", ""]
-        if prof and not prof.get("error"):
-            parts += [f"`make bench PROFILE=1` at {c['timestamp']}: py-spy, {prof['seconds']} s, {prof['samples']} "
-                      f"samples ({_f(prof.get('rps_while_profiled'))} req/s while sampled); flame graph "
-                      f"`{prof['svg']}` (not committed). Top functions by own time (Python frames only: "
-                      f"time in C — system calls, the C parts of asyncio, json and protobuf — shows up as own "
-                      f"time of the Python function that called it):", "",
-                      "| function | own samples | % |", "|---|---:|---:|"]
-            parts += [f"| `{t['function']}` | {t['samples']} | {t['pct']} |" for t in prof["top_own"]]
-        elif prof:
-            parts.append(f"Profiling failed: {prof['error']}")
-        else:
-            parts.append("Not recorded in the latest comparison; run `make bench PROFILE=1`.")
+        parts += ["## Profile of the gateway's ext_proc (non-streaming chat, c64)", "",
+                  *profile_lines(cmp.get("profile"), c["timestamp"], "req/s")]
         parts.append("")
+        if cmp.get("long_streams"):
+            parts += long_report.section(cmp["long_streams"], cmp.get("long_profile"), c["timestamp"], when,
+                                         cmp["_when"])
     else:
         parts += ["## Latest comparison", "", "Not run yet: `make bench`.", ""]
     parts += ["## Throughput vs ext_proc processes", ""]
@@ -334,7 +321,7 @@ def update_markdown(doc: dict[str, Any]) -> None:
                   f"chat at 64 connections, {c['machine']['cores']} cores; the 2-process stack is started after "
                   "the 1-process one has stopped and measured the same way. Every process shares the cores with "
                   "Envoy, Redis, PostgreSQL, wrk and the upstream: more processes than free cores buy nothing.", "",
-                  _md_table(WORKERS_HEAD, workers_rows(c["comparison"])), ""]
+                  md_table(WORKERS_HEAD, workers_rows(c["comparison"])), ""]
         per = c["comparison"]["systems"].get("gateway_w2", {}).get("requests_per_process")
         if per:
             parts += ["Requests served per process over the 2-process stack's check, warm-up and cell: "

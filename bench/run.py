@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from . import fixtures as fx
-from . import report
+from . import long_streams, profiling, report
+from .redis_ceiling import ceiling
 from .load import SCENARIOS, check, write_bodies, wrk
-from .procs import Procs
+from .procs import BUSY, Procs, cpu_busy, settle
 from .systems import (ROOT, System, direct, ensure_litellm, launch_litellm, litellm_ready, start_bare,
                       start_gateway, start_minimal, start_upstream)
 
@@ -64,31 +65,6 @@ def machine() -> dict[str, Any]:
 
 
 # ---- comparison ---------------------------------------------------------------------------------
-def _cpu_busy(window: float = 0.25) -> float:
-    def read() -> tuple[int, int]:
-        v = [int(x) for x in open("/proc/stat").readline().split()[1:]]
-        return sum(v), v[3] + v[4]  # total, idle + iowait
-    t0, i0 = read()
-    time.sleep(window)
-    t1, i1 = read()
-    return 1.0 - (i1 - i0) / max(1, t1 - t0)
-
-
-BUSY = 0.25  # machine-wide CPU share above which a cell is started on a machine that is not quiet
-
-
-def settle(limit: float) -> float:
-    """Wait (up to ``limit`` s) until the machine is quiet again: a proxy may still be working off
-    requests whose clients wrk has already dropped (LiteLLM does), and that work must not be charged to
-    the next cell.  Returns the CPU share busy just before the cell starts (other users of the machine
-    show up here too: such a cell is flagged)."""
-    t0 = time.monotonic()
-    busy = _cpu_busy()
-    while busy > BUSY and time.monotonic() - t0 < limit:
-        busy = _cpu_busy()
-    return busy
-
-
 def run_cell(system: System, scenario: str, conns: int, secs: float, bodies: Path,
              longer: float, quick: bool) -> dict[str, Any]:
     """One wrk run; if it completed fewer than two requests per connection (a slow system at high
@@ -136,41 +112,9 @@ def measure(system: System, cells: list[tuple[str, str, int]], secs: float, warm
 def profile(system: System, secs: float, bodies: Path, stamp: str) -> dict[str, Any]:
     """py-spy on the gateway's ext_proc during the non-streaming chat load: an SVG flame graph, and a
     raw (collapsed stacks) recording of a second identical run for the own-time headline."""
-    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
-    if spy is None:
-        log("installing py-spy into the venv for PROFILE=1 ...")
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "py-spy"], check=False)
-        spy = shutil.which("py-spy", path=str(Path(sys.executable).parent))
-    if spy is None:
-        return {"error": "py-spy could not be installed"}
     assert system.pid is not None
-    svg = RESULTS / f"{stamp}-flame-gateway-extproc.svg"
-    raw = RESULTS / f"{stamp}-flame-gateway-extproc.txt"
-    d = max(3, round(secs))
-    result: dict[str, Any] = {"svg": str(svg.relative_to(ROOT)), "seconds": d}
-    for fmt, path in (("flamegraph", svg), ("raw", raw)):
-        p = subprocess.Popen([spy, "record", "--pid", str(system.pid), "--duration", str(d), "--rate", "200",
-                              "--nonblocking", "--format", fmt, "--output", str(path)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        time.sleep(0.5)
-        r = wrk(system, SCENARIOS["chat"], 64, d, bodies)
-        _, err = p.communicate(timeout=60)
-        if p.returncode != 0:
-            return {"error": f"py-spy failed: {err.decode(errors='replace')[-300:]}"}
-        if fmt == "raw":
-            result["rps_while_profiled"] = r["rps"]
-    own: Counter[str] = Counter()
-    total = 0
-    for line in raw.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        if not stack or not n.isdigit():
-            continue
-        own[stack.split(";")[-1]] += int(n)
-        total += int(n)
-    result["samples"] = total
-    result["top_own"] = [{"function": f, "samples": n, "pct": round(100 * n / total, 1)}
-                         for f, n in own.most_common(5)] if total else []
-    return result
+    return profiling.profile(system.pid, RESULTS / f"{stamp}-flame-gateway-extproc", max(3, round(secs)),
+                             lambda d: wrk(system, SCENARIOS["chat"], 64, d, bodies)["rps"])
 
 
 def gateway_errors(stack: Any) -> dict[str, Any]:
@@ -236,7 +180,9 @@ def compare(args: argparse.Namespace, tmp: Path, procs: Procs, stamp: str) -> di
     bodies.mkdir()
     write_bodies(bodies)
     up = start_upstream(procs, tmp)
-    log(f"fixed-reply upstream on :{up[0]} (JSON) and :{up[1]} (SSE)")
+    long_up, long_client = long_streams.build(tmp)
+    up = up._replace(long=long_streams.start_upstream(procs, tmp, long_up))
+    log(f"fixed-reply upstream on :{up.json} (JSON) and :{up.sse} (SSE); cadenced long-stream upstream on :{up.long}")
     litellm: System | None = None
     litellm_note = ""
     if not args.no_litellm:
@@ -269,6 +215,13 @@ def compare(args: argparse.Namespace, tmp: Path, procs: Procs, stamp: str) -> di
             if s.name == "gateway" and args.profile:
                 prof = profile(s, secs, bodies, stamp)
                 log(f"profile: {prof.get('error') or prof['svg']}")
+        log(f"--- long streams: {fx.LONG_TOKENS} tokens every {fx.LONG_CADENCE_MS} ms ---")
+        ls = long_streams.measure(systems, up.long, quick, long_client, tmp, log)
+        ls_prof = None
+        if args.profile and "gateway" in results:
+            ls_prof = long_streams.profile(gw, gw.port, long_client, tmp,
+                                           RESULTS / f"{stamp}-flame-gateway-extproc-streams")
+            log(f"profile of the {long_streams.PROFILED_C}-stream cell: {ls_prof.get('error') or ls_prof['svg']}")
         if "gateway" in results:
             results["gateway"]["error_detail"] = gateway_errors(stack)
         if "chat" in results.get("gateway", {}).get("cells", {}):
@@ -287,7 +240,8 @@ def compare(args: argparse.Namespace, tmp: Path, procs: Procs, stamp: str) -> di
             results[gw2.name]["requests_per_process"] = per_process(stack)
             log(f"requests served per ext_proc process: {results[gw2.name]['requests_per_process']}")
         return {"mode": "quick" if quick else "full", "cell_seconds": secs, "systems": results,
-                "litellm_note": litellm_note, "profile": prof,
+                "litellm_note": litellm_note, "profile": prof, "long_streams": ls, "long_profile": ls_prof,
+                "redis": ceiling(),
                 "stream_chunks_per_reply": fx.STREAM_CHUNKS,
                 "cells": [{"id": c, "scenario": s, "conns": n} for c, s, n in cells]}
     finally:
@@ -370,9 +324,12 @@ def headline(cmp: dict[str, Any] | None, sk: dict[str, Any] | None) -> dict[str,
         "rps_gateway", "rps_bare_envoy", "rps_minimal_extproc", "rps_litellm", "ratio_vs_envoy",
         "ratio_vs_minimal", "ratio_vs_litellm", "overhead_p50_ms", "overhead_p50_minimal_ms",
         "overhead_p99_ms", "stream_chunks_per_s", "stream_ratio_vs_minimal", "models_ratio_vs_minimal",
-        "errors", "rss_growth_pct")}  # exactly the issue's keys: the 2-process row is in the table
+        "errors", "rss_growth_pct", "streams_c500_added_itl_p99_ms", "streams_c2000_errors", "kb_per_stream",
+        "redis_us_per_request")}  # exactly the issue's keys: the 2-process row is in the table
     if cmp:
         sy = cmp["systems"]
+        h.update(long_streams.headline(cmp.get("long_streams")))
+        h["redis_us_per_request"] = cmp.get("redis", {}).get("redis_us_per_request")
 
         def cell(name: str, c: str, key: str = "rps") -> float | None:
             v = sy.get(name, {}).get("cells", {}).get(c)
@@ -417,7 +374,7 @@ def main() -> None:
         sys.exit("bench: wrk not found (make bench installs Debian's wrk)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop what was started on the way out
     started = time.monotonic()
-    idle_busy = _cpu_busy(1.0)
+    idle_busy = cpu_busy(1.0)
     if idle_busy > BUSY:
         log(f"WARNING: the machine is {100 * idle_busy:.0f}% busy before anything was started: other "
             "processes compete for the cores and the figures will be lower and noisier")

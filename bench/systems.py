@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from . import envoys
+from .envoys import Upstream
 from . import fixtures as fx
 from . import litellm_env
 from .procs import Procs, free_port, http_ok, port_open
@@ -28,6 +29,7 @@ class System:
     key: str = "sk-bench-none"
     sse_port: int | None = None  # "direct" only: the streaming listener of the upstream
     pid: int | None = None  # the ext_proc process, where there is one
+    envoy_pid: int | None = None  # the proxy's Envoy, where there is one
     note: str = ""
     expect_alias: bool = True  # replies carry the client's model name (the proxy put it back)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -37,32 +39,33 @@ class System:
         return f"http://127.0.0.1:{port}"
 
 
-def _envoy(procs: Procs, name: str, doc: dict[str, Any], tmp: Path, port: int, admin: int) -> None:
+def _envoy(procs: Procs, name: str, doc: dict[str, Any], tmp: Path, port: int, admin: int) -> int:
     cfg = envoys.write(doc, tmp / f"{name}.yaml")
-    procs.start(name, [ENVOY, "-c", str(cfg), "--concurrency", "1", "--log-level", "warn",
-                       "--disable-hot-restart"])
+    p = procs.start(name, [ENVOY, "-c", str(cfg), "--concurrency", "1", "--log-level", "warn",
+                           "--disable-hot-restart"])
     procs.wait_ready(name, lambda: http_ok(f"http://127.0.0.1:{admin}/ready"), 30)
+    return p.pid
 
 
-def start_upstream(procs: Procs, tmp: Path) -> tuple[int, int]:
+def start_upstream(procs: Procs, tmp: Path) -> Upstream:
     j, s, a = free_port(), free_port(), free_port()
     _envoy(procs, "upstream", envoys.upstream(j, s, a), tmp, j, a)
-    return j, s
+    return Upstream(j, s)
 
 
-def direct(up: tuple[int, int]) -> System:
+def direct(up: Upstream) -> System:
     return System("direct", "direct to upstream", up[0], sse_port=up[1], expect_alias=False,
                   note="wrk straight to the fixed-reply Envoy")
 
 
-def start_bare(procs: Procs, tmp: Path, up: tuple[int, int]) -> System:
+def start_bare(procs: Procs, tmp: Path, up: Upstream) -> System:
     p, a = free_port(), free_port()
-    _envoy(procs, "bare-envoy", envoys.proxy(p, a, up[0], up[1], tmp / "bare-access.log"), tmp, p, a)
-    return System("bare_envoy", "bare Envoy", p, expect_alias=False,
+    envoy = _envoy(procs, "bare-envoy", envoys.proxy(p, a, up, tmp / "bare-access.log"), tmp, p, a)
+    return System("bare_envoy", "bare Envoy", p, expect_alias=False, envoy_pid=envoy,
                   note="same listener/route/cluster shape as the gateway, no ext_proc")
 
 
-def start_minimal(procs: Procs, tmp: Path, up: tuple[int, int], server: str = "grpcio") -> System:
+def start_minimal(procs: Procs, tmp: Path, up: Upstream, server: str = "grpcio") -> System:
     """The minimal pass-through processor behind an Envoy of its own; ``server``: the gRPC server it runs
     on (grpcio, the reference; or own, grpclib: bench/grpc_servers.py)."""
     g, p, a = free_port(), free_port(), free_port()
@@ -70,21 +73,21 @@ def start_minimal(procs: Procs, tmp: Path, up: tuple[int, int], server: str = "g
     proc = procs.start(f"minimal-extproc{suffix}", [sys.executable, "-m", "bench.minimal_extproc", "--port", str(g),
                                                     "--server", server], cwd=str(ROOT))
     procs.wait_ready(f"minimal-extproc{suffix}", lambda: port_open(g), 30)
-    _envoy(procs, f"minimal-envoy{suffix}", envoys.proxy(p, a, up[0], up[1], tmp / f"minimal{suffix}-access.log", g),
-           tmp, p, a)
+    envoy = _envoy(procs, f"minimal-envoy{suffix}", envoys.proxy(p, a, up, tmp / f"minimal{suffix}-access.log", g),
+                   tmp, p, a)
     if server == "grpcio":
-        return System("minimal_extproc", "minimal ext_proc", p, pid=proc.pid,
+        return System("minimal_extproc", "minimal ext_proc", p, pid=proc.pid, envoy_pid=envoy,
                       note="bench/minimal_extproc.py behind the gateway's ext_proc filter settings")
-    return System(f"minimal_{server}", f"minimal ext_proc on {server}", p, pid=proc.pid,
+    return System(f"minimal_{server}", f"minimal ext_proc on {server}", p, pid=proc.pid, envoy_pid=envoy,
                   note=f"bench/minimal_extproc.py --server {server}")
 
 
 # ---- the gateway: the real stack ------------------------------------------------------------
-def gateway_catalog(up: tuple[int, int]) -> dict[str, Any]:
+def gateway_catalog(up: Upstream) -> dict[str, Any]:
     price = [{"effective": "2026-01-01T00:00:00Z", "input_micro_pln_per_1m": 800000,
               "output_micro_pln_per_1m": 1600000}]
     chat = {"capabilities": ["chat"], "context_length": 8192, "max_output_tokens": 2048, "prices": price}
-    return {
+    cat: dict[str, Any] = {
         "aliases": {
             fx.CHAT_ALIAS: {**chat, "upstreams": [{"model": fx.UP_CHAT}]},
             fx.STREAM_ALIAS: {**chat, "upstreams": [{"model": fx.UP_STREAM}]},
@@ -93,14 +96,19 @@ def gateway_catalog(up: tuple[int, int]) -> dict[str, Any]:
                              "upstreams": [{"model": fx.UP_EMBED}]},
         },
         "upstream_models": {
-            fx.UP_CHAT: {"deployments": [{"name": "fixed-json", "host": "127.0.0.1", "port": up[0]}]},
-            fx.UP_STREAM: {"deployments": [{"name": "fixed-sse", "host": "127.0.0.1", "port": up[1]}]},
-            fx.UP_EMBED: {"deployments": [{"name": "fixed-json", "host": "127.0.0.1", "port": up[0]}]},
+            fx.UP_CHAT: {"deployments": [{"name": "fixed-json", "host": "127.0.0.1", "port": up.json}]},
+            fx.UP_STREAM: {"deployments": [{"name": "fixed-sse", "host": "127.0.0.1", "port": up.sse}]},
+            fx.UP_EMBED: {"deployments": [{"name": "fixed-json", "host": "127.0.0.1", "port": up.json}]},
         },
     }
+    if up.long:
+        cat["aliases"][fx.LONG_ALIAS] = {**chat, "upstreams": [{"model": fx.UP_LONG}]}
+        cat["upstream_models"][fx.UP_LONG] = {"deployments": [{"name": "cadenced-sse", "host": "127.0.0.1",
+                                                               "port": up.long}]}
+    return cat
 
 
-def start_gateway(tmp: Path, up: tuple[int, int], workers: int = 1, event_loop: str | None = None) -> tuple[System, Any]:
+def start_gateway(tmp: Path, up: Upstream, workers: int = 1, event_loop: str | None = None) -> tuple[System, Any]:
     """The full stack through control.launcher.Stack (Envoy, ext_proc, PostgreSQL, Redis, usage writer);
     only Envoy's worker count is set to 1 like every other Envoy here (the launcher uses 2).
     ``workers``: GATEWAY_EXTPROC_WORKERS (ext_proc processes behind that one Envoy)."""
@@ -158,13 +166,13 @@ def start_gateway(tmp: Path, up: tuple[int, int], workers: int = 1, event_loop: 
     except BaseException:
         stack.stop()
         raise
-    pid = stack.procs["extproc"].popen.pid
+    pid, envoy = (p.pid for p in (stack.procs["extproc"].popen, stack.procs["envoy"].popen) if p is not None)
     if workers == 1:
-        return System("gateway", "gateway (full stack)", base, key=key, pid=pid,
+        return System("gateway", "gateway (full stack)", base, key=key, pid=pid, envoy_pid=envoy,
                       note="control.launcher.Stack: Envoy + ext_proc + Redis + PostgreSQL + usage writer",
                       extra={"org": org}), stack
     return System(f"gateway_w{workers}", f"gateway, {workers} ext_proc processes (GATEWAY_EXTPROC_WORKERS={workers})",
-                  base, key=key, pid=pid, note=f"the same stack with {workers} ext_proc processes behind its one "
+                  base, key=key, pid=pid, envoy_pid=envoy, note=f"the same stack with {workers} ext_proc processes behind its one "
                   "Envoy (least-request balancing)", extra={"org": org, "workers": workers}), stack
 
 
@@ -174,7 +182,7 @@ def ensure_litellm(log: Path) -> str | None:
     return litellm_env.ensure(log)
 
 
-def launch_litellm(procs: Procs, tmp: Path, up: tuple[int, int], binary: str) -> System:
+def launch_litellm(procs: Procs, tmp: Path, up: Upstream, binary: str) -> System:
     port = free_port()
     api = lambda p: f"http://127.0.0.1:{p}/v1"  # noqa: E731
     cfg = {"model_list": [
@@ -184,6 +192,9 @@ def launch_litellm(procs: Procs, tmp: Path, up: tuple[int, int], binary: str) ->
                                                             "api_base": api(up[1]), "api_key": "sk-none"}},
         {"model_name": fx.EMBED_ALIAS, "litellm_params": {"model": f"openai/{fx.UP_EMBED}", "api_base": api(up[0]),
                                                            "api_key": "sk-none"}}]}
+    if up.long:
+        cfg["model_list"].append({"model_name": fx.LONG_ALIAS, "litellm_params": {
+            "model": f"openai/{fx.UP_LONG}", "api_base": api(up.long), "api_key": "sk-none"}})
     path = tmp / "litellm.yaml"
     path.write_text(yaml.safe_dump(cfg))
     workers = os.cpu_count() or 1
