@@ -116,7 +116,8 @@ def _substitute(s: Settings) -> str:
         TOTAL_TIMEOUT=s.total_timeout_s, IDLE_TIMEOUT=idle_budget(s),
         FIRST_BYTE_TIMEOUT=s.first_byte_timeout_s, HEADERS_TIMEOUT=s.request_headers_timeout_s,
         CONNECTION_IDLE_TIMEOUT=s.connection_idle_timeout_s, MAX_CONNECTIONS=s.max_connections,
-        MAX_STREAMS=s.max_streams_per_connection, TRUSTED_HOPS=trusted_hops(s), SSE_RELAY=str(SSE_RELAY))
+        MAX_STREAMS=s.max_streams_per_connection, TRUSTED_HOPS=trusted_hops(s), SSE_RELAY=str(SSE_RELAY),
+        EXTPROC_LIMIT=2 * s.max_connections)
 
 
 def trusted_hops(s: Settings) -> int:
@@ -218,6 +219,11 @@ def clusters(cat: Catalog, s: Settings) -> list[dict[str, Any]]:
             "per_connection_buffer_limit_bytes": s.max_reply_bytes,
             # per-deployment statistics (requests, errors, connect failures) beside the cluster's own
             "track_cluster_stats": {"per_endpoint_stats": True},
+            # one connection per request in flight (HTTP/1.1 model servers): as many as clients may hold,
+            # not Envoy's default 1,024 (long streams beyond it would wait for a whole stream)
+            "circuit_breakers": {"thresholds": [{"max_connections": s.max_connections,
+                                                 "max_pending_requests": s.max_connections,
+                                                 "max_requests": s.max_connections}]},
             "outlier_detection": {"consecutive_5xx": 5, "consecutive_local_origin_failure": 2,
                                   "split_external_local_origin_errors": True,
                                   "base_ejection_time": "10s", "max_ejection_percent": 100},

@@ -67,3 +67,19 @@ def test_a_streamed_reply_goes_through_the_relay_and_the_stream_watch_only() -> 
     assert "retry_policy" in ext["grpc_service"]  # several ext_proc processes: opened on another if refused
     [vhost] = hcm["route_config"]["virtual_hosts"]
     assert vhost["response_headers_to_remove"] == ["x-gateway-stream"]
+
+
+def test_circuit_breakers_follow_the_connection_limit() -> None:
+    """Envoy's default circuit breakers (1,024 per cluster) would refuse long streams beyond 512 (two
+    ext_proc streams each) with 500s: the gateway's follow GATEWAY_MAX_CONNECTIONS."""
+    from control.envoy_config import clusters
+    from extproc import catalog as catalog_mod
+    from conftest import make_catalog
+    doc = _render(max_connections=3000)
+    [extproc] = [c for c in doc["static_resources"]["clusters"] if c["name"] == "extproc"]
+    assert extproc["circuit_breakers"]["thresholds"] == [
+        {"max_connections": 6000, "max_pending_requests": 6000, "max_requests": 6000}]
+    s = Settings(state_dir="/tmp/gw-render-test", max_connections=3000)
+    for c in clusters(catalog_mod.parse(make_catalog(20000)), s):
+        assert c["circuit_breakers"]["thresholds"] == [
+            {"max_connections": 3000, "max_pending_requests": 3000, "max_requests": 3000}]
