@@ -107,7 +107,7 @@ def start_gateway(tmp: Path, up: tuple[int, int], workers: int = 1, event_loop: 
     from control.admin import Admin
     from control.launcher import Stack, free_port_base
     from control.procs import Proc
-    from extproc.settings import Settings
+    from control.settings import Settings
 
     class BenchStack(Stack):
         def _envoy_proc(self) -> Proc:
