@@ -1,7 +1,7 @@
 """What every process reads (the listener's address and port, the state directory, the catalog, the stores,
 development mode, ...) and the one reader of settings from the environment.  Each process's settings extend
 ``SharedSettings`` in the package that owns the process: the ext_proc's in ``extproc.settings``, the usage
-writer's in ``extproc.usage_writer``, the console's in ``control.console.settings``; the launcher composes
+writer's in ``extproc.usage_writer_settings``, the console's in ``control.console.settings``; the launcher composes
 them in ``control.settings``.  Each field names its environment variable (``env``)."""
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ S = TypeVar("S", bound="SharedSettings")
 
 def env(name: str, default: T) -> T:
     """A setting read from environment variable ``name``, ``default`` when it is unset."""
-    made: T = field(default=default, metadata={"env": name})
-    return made
+    return field(default=default, metadata={"env": name})
 
 
 def _parse(raw: str, default: object) -> object:
