@@ -115,7 +115,7 @@ def start_gateway(tmp: Path, up: Upstream, workers: int = 1, event_loop: str | N
     from control.admin import Admin
     from control.launcher import Stack, free_port_base
     from control.procs import Proc
-    from extproc.settings import Settings
+    from control.settings import Settings
 
     class BenchStack(Stack):
         def _envoy_proc(self) -> Proc:

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from extproc.catalog import CatalogError
-from extproc.settings import Settings
 from extproc.urls import RedisUrlError
 
 from .admin import Admin, AdminError, micro_to_pln, pln_to_micro
 from .console.launch import ConfigError
 from .embedded import StartError, write_private
+from .settings import Settings
 
 
 def _urls(s: Settings) -> tuple[str, str]:

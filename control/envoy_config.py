@@ -10,7 +10,8 @@ from typing import Any
 import yaml
 
 from extproc.catalog import Catalog, CatalogError, Deployment
-from extproc.settings import Settings
+
+from .settings import Settings
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "envoy" / "envoy.yaml"
 SSE_RELAY = TEMPLATE.parent / "sse_relay.lua"  # Envoy's relay of a streamed reply (Lua)

@@ -19,16 +19,15 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import fields
 from pathlib import Path
 from typing import Callable
 
 from extproc import catalog as catalog_mod
-from extproc.settings import ENV_VARS, Settings
 
 from . import embedded, envoy_config
 from .procs import Proc, http_ok, port_open
 from .restarts import GiveUp, Restarts
+from .settings import Settings
 
 
 def _bindable(port: int) -> bool:
@@ -138,10 +137,7 @@ class Stack:
 
     def child_env(self) -> dict[str, str]:
         """Every setting in force, as the environment of the processes the stack starts."""
-        env = dict(os.environ)
-        for f in fields(Settings):
-            value = getattr(self.s, f.name)
-            env[ENV_VARS[f.name]] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+        env = {**os.environ, **self.s.as_env()}
         env.update({"DATABASE_URL": self.database_url, "REDIS_URL": self.redis_url,
                     "GATEWAY_STATE_DIR": str(self.state), "GATEWAY_CATALOG": str(Path(self.s.catalog).resolve()),
                     "GATEWAY_EXTPROC_PORT": str(self.s.grpc_port)})

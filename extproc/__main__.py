@@ -17,7 +17,7 @@ from .exchange import Gateway
 from .grpc_server import Server
 from .process import run, until_stopped
 from .server import PROCESS_PATH, Processor
-from .settings import Settings
+from .settings import GatewaySettings
 from .store import exit_unless_redis_accepts_login, heartbeat, open_store, redis_client
 
 
@@ -54,7 +54,7 @@ def serving(server: Server, ok: bool) -> None:
         server.health[service] = status
 
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: GatewaySettings) -> None:
     cat = catalog_mod.load(settings.catalog)
     # the request path has its own Redis connection (store.fast); the pool serves cache fills and the
     # heartbeat. Usage records go to PostgreSQL from a process of their own (extproc.usage_writer).
@@ -114,4 +114,4 @@ async def serve(settings: Settings) -> None:
 
 
 if __name__ == "__main__":
-    run(serve)
+    run(GatewaySettings, serve)

@@ -9,15 +9,16 @@ import signal
 from typing import Any, Callable, Coroutine
 
 from . import logs
-from .settings import Settings
+from .settings_base import S
 from .urls import RedisUrlError
 
 
-def run(serve: Callable[[Settings], Coroutine[Any, Any, None]]) -> None:
-    """JSON-lines logging at ``GATEWAY_LOG_LEVEL``, then ``serve`` with the settings of the environment."""
+def run(settings_type: type[S], serve: Callable[[S], Coroutine[Any, Any, None]]) -> None:
+    """JSON-lines logging at ``GATEWAY_LOG_LEVEL``, then ``serve`` with the process's settings (``settings_type``)
+    read from the environment."""
     logs.setup(getattr(logging, os.environ.get("GATEWAY_LOG_LEVEL", "INFO").upper(), logging.INFO))
     try:
-        settings = Settings.from_env()
+        settings = settings_type.from_env()
         if settings.event_loop == "uvloop":
             import uvloop
             uvloop.run(serve(settings))

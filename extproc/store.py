@@ -24,7 +24,7 @@ from redis.backoff import ExponentialBackoff
 from .decisions import Admission, Identity, UsageRecord
 from .errors import ApiError
 from .resp import RespClient, RespSetupError
-from .settings import Settings
+from .settings import GatewaySettings
 from . import redis_keys as rk
 from .redis_keys import USAGE_STREAM
 from .urls import RedisTarget, parse_redis
@@ -174,7 +174,7 @@ async def exit_unless_redis_accepts_login(fast: RespClient) -> None:
         pass
 
 
-def open_store(settings: Settings, client: aioredis.Redis) -> Store:
+def open_store(settings: GatewaySettings, client: aioredis.Redis) -> Store:
     return Store(client, RespClient.from_url(settings.redis_url), default_rpm=settings.default_rpm,
                  default_concurrency=settings.default_concurrency, lease_s=int(settings.total_timeout_s) + 60,
                  key_ttl_s=settings.key_cache_ttl_s)

@@ -23,9 +23,9 @@ import redis.exceptions
 from . import metrics
 from .decisions import UsageRecord
 from .process import run, until_stopped
-from .settings import Settings
 from .redis_keys import USAGE_STREAM
 from .store import Store, exit_unless_redis_accepts_login, open_store, orphans, redis_client
+from .usage_writer_settings import WriterSettings
 
 log = logging.getLogger("extproc.usage")
 GROUP = "writers"
@@ -171,7 +171,7 @@ class UsageWriter:
             pass
 
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: WriterSettings) -> None:
     r = redis_client(settings.redis_url, 2)
     store = open_store(settings, r)
     await exit_unless_redis_accepts_login(store.fast)
@@ -191,4 +191,4 @@ async def serve(settings: Settings) -> None:
 
 
 if __name__ == "__main__":
-    run(serve)
+    run(WriterSettings, serve)

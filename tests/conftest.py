@@ -22,7 +22,7 @@ import yaml
 
 from control.admin import Admin
 from control.launcher import Stack, free_port_base
-from extproc.settings import Settings
+from control.settings import Settings
 from extproc.store import redis_client
 
 

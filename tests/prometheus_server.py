@@ -18,7 +18,7 @@ import yaml
 
 from conftest import process
 from control import envoy_config
-from extproc.settings import Settings
+from control.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = Path("/usr/bin/prometheus")

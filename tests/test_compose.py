@@ -1,6 +1,6 @@
 """compose.yaml and the Dockerfile agree with the code (no Docker needed: the YAML is only parsed).
 
-Settings names and ports come from extproc/settings.py, the simulators from control/catalog.yaml, and
+Settings names and ports come from control/settings.py, the simulators from control/catalog.yaml, and
 the Envoy config that the image's entrypoint renders is rendered here with compose's environment.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from extproc import catalog as catalog_mod
-from extproc.settings import ENV_VARS, Settings
+from control.settings import ENV_VARS, Settings
 from sim.cli import _parser as sim_parser
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,7 +154,7 @@ def test_env_var_names_are_settings(services: dict[str, dict[str, Any]]) -> None
             if k.startswith("GATEWAY_") or k in ("DATABASE_URL", "REDIS_URL")}
     assert used
     unknown = sorted(f"{n}: {k}" for n, k in used if k not in known)
-    assert not unknown, f"compose.yaml sets variables that extproc/settings.py does not read: {unknown}"
+    assert not unknown, f"compose.yaml sets variables that control/settings.py does not read: {unknown}"
 
 
 def test_services_reach_postgres_and_redis(services: dict[str, dict[str, Any]]) -> None:

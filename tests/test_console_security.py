@@ -27,7 +27,7 @@ from test_console_members import invite
 from test_console_support import PASSWORD, ConsoleClient, mail_link, mails, new_email, signed_up
 from control.console.launch import ConfigError, console_proc
 from control.launcher import Stack
-from extproc.settings import Settings
+from control.settings import Settings
 
 
 # ---- 1. development mode ------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 from control import envoy_config
 from extproc.catalog import CatalogError, parse
-from extproc.settings import Settings
+from control.settings import Settings
 
 
 def _doc(*deployments: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from control.envoy_config import render_bootstrap
-from extproc.settings import Settings
+from control.settings import Settings
 
 
 def _render(**kw: Any) -> dict[str, Any]:

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import Gateway, assert_error, rate_window_with, free_base, wait_for
 from control.launcher import Stack
-from extproc.settings import Settings
+from control.settings import Settings
 
 CHAT = {"model": "polish-fast", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
 

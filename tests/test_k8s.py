@@ -1,7 +1,7 @@
 """deploy/k8s agrees with the code and with the Kubernetes API schemas (kubernetes-validate ships them: no
 cluster, no network).
 
-Settings names come from extproc/settings.py (ENV_VARS), ports from Settings with the manifests'
+Settings names come from control/settings.py (ENV_VARS), ports from Settings with the manifests'
 environment, the catalog from control/catalog.yaml; selectors match labels, the HPA and the PDB target
 the gateway Deployment, probes and the drain hook point at declared container ports, and the Envoy
 config the image's entrypoint renders with that environment listens where the manifests say."""
@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from extproc import catalog as catalog_mod
-from extproc.settings import ENV_VARS, Settings
+from control.settings import ENV_VARS, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = ROOT / "deploy" / "k8s"
@@ -122,7 +122,7 @@ def test_env_var_names_are_settings(objects: dict[tuple[str, str], dict[str, Any
             for c in containers(obj).values():
                 names |= {e["name"] for e in c.get("env", [])}
     unknown = sorted(names - known)
-    assert not unknown, f"deploy/k8s sets variables that extproc/settings.py does not read: {unknown}"
+    assert not unknown, f"deploy/k8s sets variables that control/settings.py does not read: {unknown}"
     assert {"DATABASE_URL", "REDIS_URL"} <= set(secret), "PostgreSQL and Redis are given by URL in the Secret"
     assert not {"DATABASE_URL", "REDIS_URL"} & set(settings), "URLs (with passwords) belong in the Secret"
     assert secret["DATABASE_URL"].startswith("postgresql://") and secret["REDIS_URL"].startswith("redis")

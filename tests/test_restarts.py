@@ -10,7 +10,7 @@ import pytest
 
 from control.launcher import GaveUp, Proc, Stack
 from control.restarts import GiveUp, Restart, Restarts
-from extproc.settings import Settings
+from control.settings import Settings
 
 
 def test_delays_double_up_to_the_cap_then_it_gives_up() -> None:

@@ -1,6 +1,6 @@
 """``python -m control.console``: the console web application (settings from the environment)."""
-from extproc.settings import Settings
+from .settings import ConsoleSettings
 
 from .app import run
 
-run(Settings.from_env())
+run(ConsoleSettings.from_env())

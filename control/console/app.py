@@ -11,13 +11,13 @@ from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
 from control.admin import Admin
-from extproc.settings import Settings
 from extproc.store import redis_client
 
 from . import i18n, low_balance
 from .mail import Mailer
 from .payments import make_provider
 from .security import load_secret
+from .settings import ConsoleSettings
 from .store import Store
 from .web import ANON_COOKIE, CONSOLE, HERE, SESSION_COOKIE, Console, PageError, cookie, csrf_ok, render, templates
 
@@ -120,7 +120,7 @@ async def healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-def make_app(settings: Settings) -> web.Application:
+def make_app(settings: ConsoleSettings) -> web.Application:
     from .pages import api_docs, auth, billing, changelog, dev, keys, language, members, usage
     app = web.Application(middlewares=[lang_mw, session_mw, errors_mw, csrf_mw], client_max_size=64 * 1024)
 
@@ -146,7 +146,7 @@ def make_app(settings: Settings) -> web.Application:
     return app
 
 
-def run(settings: Settings) -> None:
+def run(settings: ConsoleSettings) -> None:
     from .launch import refusal
     why = refusal(settings)
     if why:

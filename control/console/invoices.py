@@ -17,7 +17,8 @@ from typing import Any
 import asyncpg
 
 from extproc.catalog import WARSAW
-from extproc.settings import Settings
+
+from .settings import ConsoleSettings
 
 VAT_PCT = 23
 _NIP_WEIGHTS = (6, 5, 7, 2, 3, 4, 5, 6, 7)
@@ -62,7 +63,7 @@ class Seller:
     address: str
 
     @classmethod
-    def of(cls, s: Settings) -> "Seller":
+    def of(cls, s: ConsoleSettings) -> "Seller":
         """The operator's company as GATEWAY_SELLER_* give it (placeholders say what to set)."""
         return cls(s.seller_name or "(set GATEWAY_SELLER_NAME)", s.seller_nip or "(set GATEWAY_SELLER_NIP)",
                    s.seller_address or "(set GATEWAY_SELLER_ADDRESS)")

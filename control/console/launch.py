@@ -4,28 +4,26 @@ need a development convenience outside development mode."""
 from __future__ import annotations
 
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 from control.procs import Proc, http_ok, port_open
-from extproc.settings import ENV_VARS, Settings
 
-CONSOLE_FIELDS = ("dev", "trusted_hops", "console_port", "console_url", "console_secret", "smtp_host", "smtp_port", "smtp_user",
-                  "smtp_password", "smtp_tls", "mail_from", "payment_provider", "p24_merchant_id", "p24_pos_id",
-                  "p24_crc", "p24_api_key", "p24_sandbox", "p24_api_url", "trial_balance_pln", "gateway_host",
-                  "low_balance_check_s", "seller_name", "seller_nip", "seller_address")
+from .settings import ConsoleSettings
+
+# where the stores, the state and the catalog are: the stack's (``Stack.child_env``), not a Settings' own
+_STACK_RESOLVED = {"DATABASE_URL", "REDIS_URL", "GATEWAY_STATE_DIR", "GATEWAY_CATALOG"}
 
 
 class ConfigError(RuntimeError):
     """A start that cannot go on (one line, for the operator)."""
 
 
-def payment_provider(s: Settings) -> str:
+def payment_provider(s: ConsoleSettings) -> str:
     """The provider in force: the configured one, or the sandbox in development mode."""
     return s.payment_provider or ("sandbox" if s.dev else "")
 
 
-def refusal(s: Settings) -> str | None:
+def refusal(s: ConsoleSettings) -> str | None:
     """Why the console must not start with these settings (one line), or None.  Mail capture and the
     sandbox payment provider exist only in development mode (GATEWAY_DEV=1)."""
     provider = payment_provider(s)
@@ -42,20 +40,19 @@ def refusal(s: Settings) -> str | None:
             + "; the local mail capture and the sandbox payments exist only in development mode (GATEWAY_DEV=1)")
 
 
-def check(s: Settings) -> None:
+def check(s: ConsoleSettings) -> None:
     why = refusal(s)
     if why:
         raise ConfigError(why)
 
 
-def console_env(s: Settings) -> dict[str, str]:
+def console_env(s: ConsoleSettings) -> dict[str, str]:
     """The console's settings as environment variables (a Stack's Settings may carry overrides)."""
-    values = {f.name: getattr(s, f.name) for f in fields(s)}
-    return {ENV_VARS[n]: ("1" if values[n] else "0") if isinstance(values[n], bool) else str(values[n])
-            for n in CONSOLE_FIELDS}
+    names = set(ConsoleSettings.env_vars().values()) - _STACK_RESOLVED
+    return {name: value for name, value in s.as_env().items() if name in names}
 
 
-def console_proc(env: dict[str, str], s: Settings, name: str = "console") -> Proc:
+def console_proc(env: dict[str, str], s: ConsoleSettings, name: str = "console") -> Proc:
     """The console web app with ``s``'s settings; ``env``: the stack's environment for its children
     (``Stack.child_env``: where PostgreSQL and Redis are)."""
     env = {**env, **console_env(s)}
@@ -64,7 +61,7 @@ def console_proc(env: dict[str, str], s: Settings, name: str = "console") -> Pro
                 ready=lambda: http_ok(f"http://127.0.0.1:{port}/healthz"))
 
 
-def smtp_proc(s: Settings, state: Path) -> Proc:
+def smtp_proc(s: ConsoleSettings, state: Path) -> Proc:
     port = s.smtp_capture_port
     return Proc("smtp", [sys.executable, "-m", "control.console.smtp_capture", "--port", str(port),
                          "--dir", str(state / "mail")], ready=lambda: port_open(port))

@@ -10,15 +10,15 @@ import smtplib
 import ssl
 from email.message import EmailMessage
 
-from extproc.settings import Settings
 
 from .i18n import _, money
+from .settings import ConsoleSettings
 
 log = logging.getLogger("console.mail")
 
 
 class Mailer:
-    def __init__(self, s: Settings) -> None:
+    def __init__(self, s: ConsoleSettings) -> None:
         self.capture = s.dev and not s.smtp_host
         self.host = s.smtp_host or "127.0.0.1"
         self.port = s.smtp_port or (s.smtp_capture_port if self.capture else (465 if s.smtp_tls == "tls" else 587))

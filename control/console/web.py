@@ -12,7 +12,6 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from control.admin import Admin
-from extproc.settings import Settings
 
 from . import i18n
 from .background import Background
@@ -20,6 +19,7 @@ from .i18n import N_
 from .mail import Mailer
 from .payments import Provider
 from .security import csrf_token
+from .settings import ConsoleSettings
 from .store import Store, Viewer
 
 HERE = Path(__file__).resolve().parent
@@ -59,7 +59,7 @@ def term(word: str) -> str:
 
 @dataclass
 class Console:
-    settings: Settings
+    settings: ConsoleSettings
     pool: asyncpg.Pool
     redis: aioredis.Redis
     admin: Admin

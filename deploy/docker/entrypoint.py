@@ -7,7 +7,7 @@
     anything else          exec'd as given: ``python -m extproc``, ``python -m extproc.usage_writer``,
                            ``python -m sim ...``, ``gateway ...``
 
-All settings come from the environment variables of extproc/settings.py.
+All settings come from the environment variables of control/settings.py.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from extproc.settings import Settings
+from control.settings import Settings
 
 
 def render_envoy(s: Settings) -> Path:

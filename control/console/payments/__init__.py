@@ -2,12 +2,12 @@
 buyer somewhere to pay and later notifies us; only a verified notification credits the balance."""
 from __future__ import annotations
 
-from extproc.settings import Settings
+from ..settings import ConsoleSettings
 
 from .base import BadNotification, Notification, Payment, PaymentError, Provider
 
 
-def make_provider(s: Settings, secret: bytes) -> Provider:
+def make_provider(s: ConsoleSettings, secret: bytes) -> Provider:
     """Przelewy24, or the sandbox provider in development mode only (``launch.refusal`` keeps the
     console from starting otherwise; this refuses too, should anything call it directly)."""
     from ..launch import ConfigError, payment_provider, refusal

@@ -23,7 +23,7 @@ from typing import Any
 
 import aiohttp
 
-from extproc.settings import Settings
+from ..settings import ConsoleSettings
 
 from .base import BadNotification, Notification, Payment, PaymentError
 
@@ -67,7 +67,7 @@ class Przelewy24:
     name: str = "p24"
 
     @classmethod
-    def from_settings(cls, s: Settings) -> "Przelewy24":
+    def from_settings(cls, s: ConsoleSettings) -> "Przelewy24":
         if not (s.p24_merchant_id and s.p24_crc and s.p24_api_key):
             raise ValueError("GATEWAY_P24_MERCHANT_ID, GATEWAY_P24_CRC and GATEWAY_P24_API_KEY are required for p24")
         base = s.p24_api_url or (SANDBOX if s.p24_sandbox else LIVE)

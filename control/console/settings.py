@@ -1,0 +1,44 @@
+"""The console's settings: its address and secret, mail, payments, the seller on invoices, the low-balance
+check and the trial credit (the launcher composes them with the other processes' in ``control.settings``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from extproc.settings_base import SharedSettings, env
+
+
+@dataclass(frozen=True)
+class ConsoleSettings(SharedSettings):
+    console_port: int = env("GATEWAY_CONSOLE_PORT", 0)        # console web app; 0 = gateway_port + 1 (8081)
+    console_url: str = env("GATEWAY_CONSOLE_URL", "")         # public address of the console (links, payments)
+    console_secret: str = env("GATEWAY_CONSOLE_SECRET", "")   # CSRF/signing secret; empty = generated in state dir
+    trial_balance_pln: str = env("GATEWAY_TRIAL_BALANCE_PLN", "5")  # demo organisation's first credit
+    low_balance_check_s: float = env("GATEWAY_LOW_BALANCE_CHECK_S", 60.0)  # how often the console looks for balances under their owners' threshold
+    seller_name: str = env("GATEWAY_SELLER_NAME", "")         # the seller on VAT invoices (company name)
+    seller_nip: str = env("GATEWAY_SELLER_NIP", "")           # the seller's NIP
+    seller_address: str = env("GATEWAY_SELLER_ADDRESS", "")   # the seller's address
+    smtp_host: str = env("GATEWAY_SMTP_HOST", "")             # mail server; empty = the local capture server (development mode only)
+    smtp_port: int = env("GATEWAY_SMTP_PORT", 0)              # 0 = 587 (or the capture server: gateway_port + 18)
+    smtp_user: str = env("GATEWAY_SMTP_USER", "")
+    smtp_password: str = env("GATEWAY_SMTP_PASSWORD", "")
+    smtp_tls: str = env("GATEWAY_SMTP_TLS", "starttls")       # starttls | tls | none
+    mail_from: str = env("GATEWAY_MAIL_FROM", "console@localhost")  # sender of the console's e-mails
+    payment_provider: str = env("GATEWAY_PAYMENT_PROVIDER", "")  # p24 | sandbox (development mode only); empty = sandbox in development mode
+    p24_merchant_id: int = env("GATEWAY_P24_MERCHANT_ID", 0)
+    p24_pos_id: int = env("GATEWAY_P24_POS_ID", 0)            # 0 = the merchant id
+    p24_crc: str = env("GATEWAY_P24_CRC", "")                 # CRC key (signatures)
+    p24_api_key: str = env("GATEWAY_P24_API_KEY", "")         # REST API key (HTTP basic password)
+    p24_sandbox: bool = env("GATEWAY_P24_SANDBOX", True)      # sandbox.przelewy24.pl instead of secure.
+    p24_api_url: str = env("GATEWAY_P24_API_URL", "")         # override of the P24 base address
+
+    @property
+    def console_http_port(self) -> int:
+        return self.console_port or self.gateway_port + 1
+
+    @property
+    def smtp_capture_port(self) -> int:
+        return self.gateway_port + 18
+
+    @property
+    def console_base_url(self) -> str:
+        return (self.console_url or f"http://{self.gateway_host}:{self.console_http_port}").rstrip("/")

@@ -1,0 +1,22 @@
+"""The launcher's settings: every process's (the ext_proc's and Envoy's, the usage writer's, the console's),
+composed, and the launcher's own (embedded servers' ports, simulator, ext_proc workers).  ``gateway up``, the
+CLI and ``Stack`` hold one of these and pass it whole to each process's environment (``as_env``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from extproc.settings_base import env
+from extproc.usage_writer_settings import WriterSettings
+
+from .console.settings import ConsoleSettings
+
+
+@dataclass(frozen=True)
+class Settings(WriterSettings, ConsoleSettings):
+    extproc_workers: int = env("GATEWAY_EXTPROC_WORKERS", 1)  # ext_proc processes the launcher starts (Envoy balances across them)
+    run_sim: bool = env("GATEWAY_RUN_SIM", True)              # start the simulator for loopback deployments
+    pg_port: int = env("GATEWAY_PG_PORT", 0)                  # embedded PostgreSQL port; 0 = gateway_port + 12
+    redis_port: int = env("GATEWAY_REDIS_PORT", 0)            # embedded Redis port; 0 = gateway_port + 13
+
+
+ENV_VARS = Settings.env_vars()

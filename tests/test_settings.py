@@ -1,0 +1,75 @@
+"""Settings split per process (issue 21, part 5): each process reads its own settings class, the launcher's
+composed ``control.settings.Settings`` hands each of them every value it holds, every environment variable
+belongs to one setting, and the README's configuration table names exactly the variables the code reads."""
+from __future__ import annotations
+
+import re
+from dataclasses import fields, replace
+from pathlib import Path
+
+import pytest
+
+from control.console.settings import ConsoleSettings
+from control.settings import ENV_VARS, Settings
+from extproc.settings import GatewaySettings
+from extproc.settings_base import SharedSettings
+from extproc.usage_writer_settings import WriterSettings
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+# read outside the settings classes: the log level, by extproc.process before any settings are read
+OUTSIDE = {"GATEWAY_LOG_LEVEL"}
+
+
+def _readme_variables() -> set[str]:
+    text = README.read_text(encoding="utf-8")
+    table = text.split("## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `")]
+    return {name for cell in rows for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", cell)}
+
+
+def test_the_readme_table_names_exactly_the_variables_read() -> None:
+    assert _readme_variables() == set(ENV_VARS.values()) | OUTSIDE
+
+
+def test_each_variable_is_one_setting() -> None:
+    names = [f.metadata["env"] for f in fields(Settings)]
+    assert len(names) == len(set(names)) == len(ENV_VARS) == 54
+
+
+def test_each_process_reads_only_its_own_and_the_shared_settings() -> None:
+    shared = set(SharedSettings.env_vars().values())
+    console = set(ConsoleSettings.env_vars().values()) - shared
+    gateway = set(GatewaySettings.env_vars().values()) - shared
+    writer = set(WriterSettings.env_vars().values()) - shared - gateway
+    assert {"GATEWAY_SMTP_HOST", "GATEWAY_P24_CRC", "GATEWAY_SELLER_NIP", "GATEWAY_CONSOLE_SECRET"} <= console
+    assert console.isdisjoint(gateway | writer)
+    assert writer == {"GATEWAY_WRITER_METRICS_PORT"}
+    assert {"GATEWAY_PG_PORT", "GATEWAY_REDIS_PORT", "GATEWAY_RUN_SIM", "GATEWAY_EXTPROC_WORKERS"}.isdisjoint(
+        console | gateway | writer | shared)
+    assert {"DATABASE_URL", "REDIS_URL", "GATEWAY_STATE_DIR", "GATEWAY_DEV"} <= shared
+
+
+def test_from_env_parses_each_type_and_overrides_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {"GATEWAY_PORT": "9100", "GATEWAY_DEV": "yes", "GATEWAY_P24_SANDBOX": "0",
+                        "GATEWAY_TOTAL_TIMEOUT_S": "12.5", "GATEWAY_MAIL_FROM": "m@example.com",
+                        "GATEWAY_TRIAL_BALANCE_PLN": "7"}.items():
+        monkeypatch.setenv(name, value)
+    s = Settings.from_env(smtp_port=2525)
+    assert (s.gateway_port, s.dev, s.p24_sandbox, s.total_timeout_s) == (9100, True, False, 12.5)
+    assert (s.mail_from, s.trial_balance_pln, s.smtp_port) == ("m@example.com", "7", 2525)
+    assert (s.grpc_port, s.envoy_admin_port, s.console_http_port, s.writer_metrics_http_port,
+            s.metrics_http_port, s.smtp_capture_port) == (9110, 9111, 9101, 9114, 10484, 9118)
+    assert Settings.from_env() == replace(s, smtp_port=0)
+
+
+def test_each_process_reads_back_what_the_launcher_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Stack.child_env`` is ``Settings.as_env``: each process's class, read from it, holds the same values."""
+    composed = Settings(gateway_port=9200, dev=True, smtp_host="mail.example", p24_merchant_id=42, p24_sandbox=False,
+                        max_connections=77, writer_metrics_port=9999, low_balance_check_s=1.5, run_sim=False)
+    for name, value in composed.as_env().items():
+        monkeypatch.setenv(name, value)
+    assert Settings.from_env() == composed
+    for cls in (GatewaySettings, WriterSettings, ConsoleSettings):
+        read = cls.from_env()
+        assert {f.name: getattr(read, f.name) for f in fields(cls)} == {
+            f.name: getattr(composed, f.name) for f in fields(cls)}, cls.__name__
