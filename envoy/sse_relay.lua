@@ -179,10 +179,14 @@ function Relay:feed(chunk)
   end
   local data = self.buf == "" and chunk or self.buf .. chunk
   local cut, s = nil, 1
-  while true do
-    local i = find(data, "\n\n", s, true)
-    if i == nil then break end
-    cut, s = i, i + 1
+  if sub(data, -2) == "\n\n" then
+    cut = #data - 1  -- the common case: a model server writes whole events
+  else
+    while true do
+      local i = find(data, "\n\n", s, true)
+      if i == nil then break end
+      cut, s = i, i + 1
+    end
   end
   if cut == nil then
     self.buf = data
@@ -194,8 +198,14 @@ end
 
 local USAGE = '"usage"%s*:%s*{'
 
+-- the first usage object at or after i (a plain search first: most blocks have none)
+local function find_usage(block, i)
+  if not find(block, '"usage"', i, true) then return nil end
+  return (find(block, USAGE, i))
+end
+
 function Relay:events(block)
-  local at = find(block, USAGE)
+  local at = find_usage(block, 1)
   if at ~= nil or self.held ~= nil then block = self:take_usage(block, at) end
   return (gsub(block, self.model, self.alias))
 end
@@ -216,7 +226,7 @@ function Relay:take_usage(block, at)
     out[#out + 1] = sub(block, pos, start - 1)
     out[#out + 1] = self:usage_event(sub(block, start, stop))
     pos = stop + 1
-    at = find(block, USAGE, pos)
+    at = find_usage(block, pos)
   end
   if self.held ~= nil then
     local d = pos

@@ -86,6 +86,9 @@ class Gateway:
     auth_cache: "AuthCache" = field(default_factory=lambda: AuthCache())
     _models: tuple[int, Catalog, bytes] | None = None
     owner: str = field(default_factory=lambda: uuid.uuid4().hex)  # this process, in the in-flight journal
+    # streams this process handed over whose stream watch runs in this process too (``observer``): their
+    # hand-over needs no finish of its own (``Exchange._handed_over_end``)
+    watched: set[str] = field(default_factory=set)
     _retrying: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, refused: bool = False) -> None:
@@ -98,9 +101,13 @@ class Gateway:
                         f"usage record of request {request_id}")
 
     def finish_later(self, org_id: str, request_id: str, record: UsageRecord) -> None:
-        """``finish`` after ``HAND_OVER_GRACE_S``: a record that counts only if no other came first."""
+        """``finish`` after ``HAND_OVER_GRACE_S``, unless this process's stream watch took the request
+        meanwhile: a record that counts only if no other came first."""
         async def later() -> None:
             await asyncio.sleep(HAND_OVER_GRACE_S)
+            if request_id in self.watched:
+                self.watched.discard(request_id)
+                return
             await self.finish(org_id, request_id, record)
         task = asyncio.create_task(later())
         self._retrying.add(task)
@@ -142,13 +149,14 @@ class Gateway:
 
 
 def stream_context(p: Prepared, request_id: str, org_id: str, key_id: str, started: float,
-                   ttfb_ms: int | None) -> str:
+                   ttfb_ms: int | None, owner: str) -> str:
     """What Envoy's relay (envoy/sse_relay.lua: "a", "u", "w") and the stream watch (``observer``) need to
-    know of a streamed reply, as one JSON object (ASCII: a header value)."""
+    know of a streamed reply, as one JSON object (ASCII: a header value).  ``owner``: the process that
+    handed it over."""
     prices = p.alias.prices_at(started)
     return json.dumps({"a": p.alias.id, "u": p.upstream_model, "w": int(p.client_wants_usage), "r": request_id,
                        "o": org_id, "k": key_id, "s": started, "t": ttfb_ms, "i": prices.input,
-                       "x": prices.output, "p": p.estimated_prompt_tokens}, separators=(",", ":"))
+                       "x": prices.output, "p": p.estimated_prompt_tokens, "n": owner}, separators=(",", ":"))
 
 
 def count(alias: str, endpoint: str, status: int, code: str) -> None:
@@ -449,7 +457,7 @@ class Exchange:
             adm = self.admission
             assert adm is not None and adm.identity is not None
             ctx = stream_context(p, self.request_id, adm.identity.org_id, adm.identity.key_id, self.started,
-                                 self._ttfb_ms())
+                                 self._ttfb_ms(), self.gw.owner)
             # the relay changes the length of what passes: a model server's length no longer holds
             return Answer(hand_over=True, set_headers={STREAM_HEADER: ctx}, remove_headers=["content-length"])
         return Answer()
@@ -529,6 +537,9 @@ class Exchange:
         if self.finished or p is None or adm is None or adm.identity is None:
             return
         self.finished = True
+        if self.request_id in self.gw.watched:  # this process's stream watch has it
+            self.gw.watched.discard(self.request_id)
+            return
         tokens = (p.estimated_prompt_tokens, 0)
         if self.cut == "response_headers":
             self.status, self.error_code, tokens = 502, "upstream_unavailable", (0, 0)

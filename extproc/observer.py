@@ -89,8 +89,10 @@ class StreamWatch:
     def response_headers(self, headers: dict[str, str]) -> None:
         raw = headers.get(STREAM_HEADER)
         if raw is not None:
-            self.ctx = json.loads(raw)
+            self.ctx = ctx = json.loads(raw)
             self.last_bytes = self.gw.clock()
+            if ctx["n"] == self.gw.owner:  # handed over by this process: it needs no finish of its own
+                self.gw.watched.add(ctx["r"])
 
     def response_body(self, body: bytes, end_of_stream: bool) -> None:
         if self.ctx is None:

@@ -145,6 +145,8 @@ def test_a_hand_over_cut_off_at_once_is_logged_as_envoys_502_unless_the_watch_bi
         if watched:
             [rec] = store(gw).records
             assert (rec.status, rec.prompt_tokens, rec.completion_tokens) == (200, 9, 1)
+            # the watch ran in this process: no finish of the ext_proc's own, no Redis call for it
+            assert len(store(gw).finishes) == 1 and gw.watched == set()
         else:
             assert logged_free(store(gw)) == (502, "upstream_unavailable")
         assert store(gw).held() == 0
