@@ -215,7 +215,10 @@ class Processor:
                     b = req.response_body
                     w.response_body(b.body, b.end_of_stream)
                     if b.end_of_stream:
-                        await w.close()  # billed now; Envoy ends the call when it is done with it
+                        # Envoy passed the stream's end on before it sent this copy: billed now, and the
+                        # call ends here rather than when Envoy's deferred close (1 s) would end it
+                        await w.close()
+                        break
                 elif phase == "response_headers":
                     w.response_headers(_headers(req.response_headers.headers))
         finally:
