@@ -164,9 +164,29 @@ Relay.__index = Relay
 function Relay.new(upstream_model, alias, show_usage)
   return setmetatable({
     buf = "", cr = false, show = show_usage, held = nil,
+    compact = '"model":' .. upstream_model, renamed = '"model":' .. alias,
     model = '"model"%s*:%s*' .. escape_pattern(upstream_model),
     alias = gsub('"model":' .. alias, "%%", "%%%%"),
   }, Relay)
+end
+
+-- The alias in place of the upstream model: plain searches for compact JSON (vLLM's; a pattern tried at
+-- every byte costs several times more), the pattern only where a "model" member has spaces around its colon.
+function Relay:rename(block)
+  if find(block, '"model" ', 1, true) or find(block, '"model": ', 1, true) then
+    return (gsub(block, self.model, self.alias))
+  end
+  local out, pos, compact = {}, 1, self.compact
+  while true do
+    local i, j = find(block, compact, pos, true)
+    if i == nil then break end
+    out[#out + 1] = sub(block, pos, i - 1)
+    out[#out + 1] = self.renamed
+    pos = j + 1
+  end
+  if pos == 1 then return block end
+  out[#out + 1] = sub(block, pos)
+  return table.concat(out)
 end
 
 -- The bytes to pass on for the next chunk of the reply (cut anywhere).
@@ -196,18 +216,23 @@ function Relay:feed(chunk)
   return self:events(sub(data, 1, cut + 1))
 end
 
-local USAGE = '"usage"%s*:%s*{'
+local USAGE = '^"usage"%s*:%s*{'
 
--- the first usage object at or after i (a plain search first: most blocks have none)
+-- the first usage object at or after i (plain searches, the pattern only where one hits: a pattern tried
+-- at every byte of a block costs several times more)
 local function find_usage(block, i)
-  if not find(block, '"usage"', i, true) then return nil end
-  return (find(block, USAGE, i))
+  while true do
+    local j = find(block, '"usage"', i, true)
+    if j == nil then return nil end
+    if find(block, USAGE, j) == j then return j end
+    i = j + 7
+  end
 end
 
 function Relay:events(block)
   local at = find_usage(block, 1)
   if at ~= nil or self.held ~= nil then block = self:take_usage(block, at) end
-  return (gsub(block, self.model, self.alias))
+  return self:rename(block)
 end
 
 -- Each event of the block that carries a usage object: the usage moved where SPEC streaming rule 3 wants
