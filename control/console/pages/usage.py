@@ -100,9 +100,10 @@ def _date(v: Any, problem: str, problems: list[str]) -> dt.date | None:
         return None
 
 
-async def _rows(request: web.Request, org_id: str, f: Filters, limit: int) -> list[Any]:
+async def _rows(db: Any, org_id: str, f: Filters, limit: int) -> list[Any]:
+    """``db``: the pool, or a connection (``_live`` reads everything in one snapshot)."""
     where, args = f.where(org_id)
-    return list(await console(request).pool.fetch(
+    return list(await db.fetch(
         "SELECT u.request_id, u.started_at, u.alias, u.key_id, k.name AS key_name, k.prefix, u.status, u.endpoint,"
         " u.error_code, (extract(epoch FROM u.ended_at - u.started_at) * 1000)::int AS latency_ms,"
         " u.prompt_tokens, u.completion_tokens, u.cost_micro_pln, u.estimated"
@@ -126,16 +127,22 @@ def chart(days: list[dict[str, Any]], width: int = 640, height: int = 160) -> di
 
 
 async def _live(request: web.Request, org_id: str, f: Filters) -> dict[str, Any]:
-    c = console(request)
+    # one snapshot: the totals add up to the rows listed, even while the usage writer adds records
+    async with console(request).pool.acquire() as conn, conn.transaction(isolation="repeatable_read",
+                                                                            readonly=True):
+        return await _live_in(conn, org_id, f)
+
+
+async def _live_in(conn: Any, org_id: str, f: Filters) -> dict[str, Any]:
     where, args = f.where(org_id)
-    per_day = [dict(r) for r in await c.pool.fetch(
+    per_day = [dict(r) for r in await conn.fetch(
         "SELECT (u.started_at AT TIME ZONE 'Europe/Warsaw')::date AS day, count(*) AS requests, sum(u.prompt_tokens)::bigint AS prompt,"
         f" sum(u.completion_tokens)::bigint AS completion, sum(u.cost_micro_pln)::bigint AS cost FROM usage_records u WHERE {where}"
         " GROUP BY 1 ORDER BY 1 DESC", *args)]
-    per_alias = [dict(r) for r in await c.pool.fetch(
+    per_alias = [dict(r) for r in await conn.fetch(
         "SELECT u.alias, count(*) AS requests, sum(u.prompt_tokens)::bigint AS prompt, sum(u.completion_tokens)::bigint AS completion,"
         f" sum(u.cost_micro_pln)::bigint AS cost FROM usage_records u WHERE {where} GROUP BY 1 ORDER BY 1", *args)]
-    rows = await _rows(request, org_id, f, PAGE_ROWS)
+    rows = await _rows(conn, org_id, f, PAGE_ROWS)
     total = sum(d["cost"] for d in per_day)
     return {"rows": rows, "per_day": per_day, "per_alias": per_alias, "chart": chart(per_day), "total": total,
             "count": sum(d["requests"] for d in per_day)}
@@ -187,7 +194,7 @@ async def usage_csv(request: web.Request) -> web.Response:
     f = Filters.of(request.query)
     if f.problems:
         raise web.HTTPBadRequest(text=" ".join(f.problems))
-    rows = await _rows(request, v.org_id, f, CSV_ROWS)
+    rows = await _rows(console(request).pool, v.org_id, f, CSV_ROWS)
     out = io.StringIO()
     w = csv.writer(out)
     w.writerow(["started_at", "request_id", "key_id", "key_name", "alias", "endpoint", "status", "error_code",
