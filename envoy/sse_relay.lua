@@ -58,46 +58,31 @@ local function skip_value(s, i)
   return find(s, "[,}%]%s]", i) or #s + 1
 end
 
--- The members of the JSON object at i: a list of {key, member start, value start, value end (exclusive)},
--- or nil when it is not an object.
-local function members(s, i)
+-- The items of the JSON object (``keyed``) or array at i: a list of {key (nil in an array), item start,
+-- value start, value end (exclusive)}, or nil when it is not one.
+local function items(s, i, keyed)
+  local open, close = keyed and 123 or 91, keyed and 125 or 93
   i = skip_ws(s, i)
-  if byte(s, i) ~= 123 then return nil end
+  if byte(s, i) ~= open then return nil end
   local out = {}
   i = skip_ws(s, i + 1)
-  if byte(s, i) == 125 then return out end
+  if byte(s, i) == close then return out end
   while true do
-    if byte(s, i) ~= 34 then return nil end
-    local kend = skip_string(s, i)
-    if kend == nil then return nil end
-    local j = skip_ws(s, kend)
-    if byte(s, j) ~= 58 then return nil end
-    local vs = skip_ws(s, j + 1)
+    local key, vs = nil, i
+    if keyed then
+      if byte(s, i) ~= 34 then return nil end
+      local kend = skip_string(s, i)
+      if kend == nil then return nil end
+      local j = skip_ws(s, kend)
+      if byte(s, j) ~= 58 then return nil end
+      key, vs = sub(s, i + 1, kend - 2), skip_ws(s, j + 1)
+    end
     local ve = skip_value(s, vs)
     if ve == nil then return nil end
-    out[#out + 1] = {sub(s, i + 1, kend - 2), i, vs, ve}
+    out[#out + 1] = {key, i, vs, ve}
     i = skip_ws(s, ve)
     local c = byte(s, i)
-    if c == 125 then return out end
-    if c ~= 44 then return nil end
-    i = skip_ws(s, i + 1)
-  end
-end
-
--- The elements of the JSON array at i (their texts), or nil when it is not an array.
-local function elements(s, i)
-  i = skip_ws(s, i)
-  if byte(s, i) ~= 91 then return nil end
-  local out = {}
-  i = skip_ws(s, i + 1)
-  if byte(s, i) == 93 then return out end
-  while true do
-    local e = skip_value(s, i)
-    if e == nil then return nil end
-    out[#out + 1] = sub(s, i, e - 1)
-    i = skip_ws(s, e)
-    local c = byte(s, i)
-    if c == 93 then return out end
+    if c == close then return out end
     if c ~= 44 then return nil end
     i = skip_ws(s, i + 1)
   end
@@ -117,7 +102,7 @@ end
 -- A usage object as billing reads it (extproc/cost.py usage_json_tokens): a whole prompt_tokens, and a
 -- whole completion_tokens or none.
 local function valid_usage(u)
-  local m = members(u, 1)
+  local m = items(u, 1, true)
   if m == nil then return false end
   local prompt, completion = nil, "0"
   for _, x in ipairs(m) do
@@ -129,7 +114,7 @@ local function valid_usage(u)
 end
 
 local function says_nothing(choice)
-  local m = members(choice, 1)
+  local m = items(choice, 1, true)
   if m == nil then return false end
   for _, x in ipairs(m) do
     if x[1] ~= "index" and not falsy(value(choice, x)) then return false end
@@ -273,7 +258,7 @@ end
 
 function Relay:usage_event(event)
   local data = event_data(event)
-  local m = data and members(data, 1)
+  local m = data and items(data, 1, true)
   if m == nil then return event end
   local k, f = nil, {}
   for i, x in ipairs(m) do
@@ -281,7 +266,7 @@ function Relay:usage_event(event)
     if x[1] == "usage" then k = i end
   end
   if k == nil or not valid_usage(f.usage) then return event end
-  local choices = f.choices and elements(f.choices, 1)
+  local choices = f.choices and items(f.choices, 1, false)
   if f.choices == nil or falsy(f.choices) then
     -- vLLM's and SGLang's own usage chunk, choices: []: the final report (any earlier one is stale)
     self.held = nil
@@ -303,7 +288,7 @@ function Relay:usage_event(event)
   if choices ~= nil then
     local nothing = true
     for _, c in ipairs(choices) do
-      if not says_nothing(c) then nothing = false break end
+      if not says_nothing(value(f.choices, c)) then nothing = false break end
     end
     if nothing then return "" end
   end

@@ -8,10 +8,14 @@ Only the request id of an entry is read; nothing of it is kept or logged.
 """
 from __future__ import annotations
 
+import logging
+
 from envoy.service.accesslog.v3 import als_pb2
 
 from .grpc_server import EOF, Call
 from .store import Store
+
+log = logging.getLogger("extproc")
 
 ALS_PATH = b"/envoy.service.accesslog.v3.AccessLogService/StreamAccessLogs"
 parse = als_pb2.StreamAccessLogsMessage.FromString
@@ -31,7 +35,11 @@ class ClientsLeft:
                 flags = entry.common_properties.response_flags
                 if (flags.downstream_connection_termination or flags.downstream_remote_reset) \
                         and entry.request.request_id:
-                    await self.store.mark_left(entry.request.request_id)
+                    try:
+                        await self.store.mark_left(entry.request.request_id)
+                    except Exception as e:  # noqa: BLE001 - Redis down or hung: that stream is taken for a break
+                        log.warning("request %s: could not mark its client gone: %s", entry.request.request_id,
+                                    type(e).__name__)
 
 
 __all__ = ["ALS_PATH", "ClientsLeft", "parse"]

@@ -284,22 +284,26 @@ def test_upstream_error_bills_nothing() -> None:
     assert logged_free(store(gw)) == (502, "upstream_unavailable") and store(gw).held() == 0
 
 
+def _error_reply(gw: Any, status: int, details: str, body: bytes) -> Answer:
+    """A forwarded request whose reply is an error ``body``; ``details``: Envoy's response.code_details."""
+    async def go() -> Answer:
+        ex = Exchange(gw)
+        await _forwarded(ex)
+        await ex.response_headers({":status": str(status), "content-type": "application/json"},
+                                  {"response.code_details": details})
+        a = await ex.response_body(body, True)
+        await ex.close()
+        return a
+    return run(go())
+
+
 def test_envoys_own_error_reply_passes_unchanged_and_bills_nothing() -> None:
     """Envoy's local replies (no capacity, upstream timeout or reset; envoy/envoy.yaml) already have
     SPEC's shape and the request id: they go to the client as they are."""
     gw = gateway()
     local = (b'{"error":{"message":"The model server timed out; retry with backoff.","type":"upstream_error",'
              b'"code":"upstream_timeout","param":null,"request_id":"rid-1"}}')
-
-    async def go() -> Answer:
-        ex = Exchange(gw)
-        await _forwarded(ex)
-        await ex.response_headers({":status": "504", "content-type": "application/json"},
-                                  {"response.code_details": "upstream_response_timeout"})
-        a = await ex.response_body(local, True)
-        await ex.close()
-        return a
-    a = run(go())
+    a = _error_reply(gw, 504, "upstream_response_timeout", local)
     assert a.reply is None and a.body is None and a.set_headers == {}
     assert logged_free(store(gw)) == (504, "upstream_timeout") and store(gw).held() == 0
 
@@ -310,16 +314,7 @@ def test_a_model_servers_reply_shaped_like_envoys_own_is_still_the_model_servers
     gw = gateway()
     lookalike = (b'{"error":{"message":"No capacity.","type":"server_error","code":"no_capacity","param":null,'
                  b'"request_id":"rid-1"}}')
-
-    async def go() -> Answer:
-        ex = Exchange(gw)
-        await _forwarded(ex)
-        await ex.response_headers({":status": "503", "content-type": "application/json"},
-                                  {"response.code_details": "via_upstream"})
-        a = await ex.response_body(lookalike, True)
-        await ex.close()
-        return a
-    error_of(run(go()), 502, "upstream_unavailable")
+    error_of(_error_reply(gw, 503, "via_upstream", lookalike), 502, "upstream_unavailable")
     assert logged_free(store(gw)) == (502, "upstream_unavailable")
 
 

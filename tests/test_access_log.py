@@ -1,0 +1,37 @@
+"""extproc/access_log.py alone: Envoy's access-log entries of requests whose client went away mark them;
+other entries do not; a Redis that fails one mark (down, or hung past its timeout) loses that mark only."""
+from __future__ import annotations
+
+import asyncio
+
+from envoy.data.accesslog.v3 import accesslog_pb2 as al
+from envoy.service.accesslog.v3 import als_pb2
+
+from extproc.access_log import ClientsLeft
+from extproc_fakes import FakeCall
+
+
+def _entry(request_id: str, *, left: bool) -> al.HTTPAccessLogEntry:
+    e = al.HTTPAccessLogEntry()
+    e.request.request_id = request_id
+    e.common_properties.response_flags.downstream_connection_termination = left
+    return e
+
+
+class Marks:
+    def __init__(self, failing: set[str]) -> None:
+        self.failing, self.marked = failing, []  # type: tuple[set[str], list[str]]
+
+    async def mark_left(self, request_id: str) -> None:
+        if request_id in self.failing:
+            raise TimeoutError
+        self.marked.append(request_id)
+
+
+def test_only_clients_that_left_are_marked_and_a_failed_mark_loses_only_itself() -> None:
+    msg = als_pb2.StreamAccessLogsMessage()
+    msg.http_logs.log_entry.extend([_entry("a", left=True), _entry("b", left=False), _entry("c", left=True),
+                                    _entry("d", left=True)])
+    marks = Marks(failing={"c"})
+    asyncio.run(ClientsLeft(marks).stream(FakeCall(msg)))  # type: ignore[arg-type]
+    assert marks.marked == ["a", "d"]
