@@ -183,12 +183,18 @@ class Peer:
             n = int.from_bytes(buf[pos:pos + 3], "big")
             if len(buf) - pos < 9 + n:
                 break
-            self.frames += frames(buf[pos:pos + 9 + n])
+            frame = buf[pos:pos + 9 + n]
+            self.frames += frames(frame)
             pos += 9 + n
+            # one frame a call: the library applies a SETTINGS change (its largest frame) only from
+            # its next call on, so an ACK and a frame it allows must not come in the same call
+            self._follow(frame)
         self._buf = buf[pos:]
+
+    def _follow(self, frame: bytes) -> None:
         if self.following:
             try:
-                self.events += self.h2.receive_data(data)
+                self.events += self.h2.receive_data(frame)
             except Exception as e:  # noqa: BLE001 - a test broke the protocol on purpose: frames still count
                 self.following, self.broken = False, e
 
