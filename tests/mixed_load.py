@@ -1,7 +1,7 @@
 """A mixed load through the gateway (the suite's catalog, conftest.make_catalog): chat, streaming chat and
 embeddings that succeed, an unknown model (404), model-server errors (sim 500), a dead deployment and an
 alias without deployments (5xx), a key over its rate limit (429) and an organisation without balance
-(402).  Used to fill the dashboard's panels (tests/test_prometheus_e2e.py, deploy/grafana/preview.py)."""
+(402).  Used to fill the dashboard's panels (tests/test_prometheus_e2e.py)."""
 from __future__ import annotations
 
 import random

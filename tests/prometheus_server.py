@@ -65,10 +65,6 @@ class Prometheus:
         assert data["resultType"] == "vector", data["resultType"]
         return list(data["result"])
 
-    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
-        """[{"metric": {...}, "values": [[t, "v"], ...]}, ...]."""
-        return list(self._get("/query_range", query=expr, start=start, end=end, step=step)["result"])
-
     def rules(self) -> list[dict[str, Any]]:
         return [r for g in self._get("/rules")["groups"] for r in g["rules"]]
 
