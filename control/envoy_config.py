@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from extproc.catalog import Catalog, CatalogError, Deployment
+from extproc.catalog import Catalog, CatalogError, Deployment, load
 
 from .settings import Settings
 
@@ -55,17 +55,21 @@ def _extproc_endpoints(s: Settings) -> str:
 
 def render_bootstrap(s: Settings) -> str:
     text = _substitute(s)
+    if s.extproc_workers == 1 and not s.otlp_endpoint:
+        return text
+    doc = yaml.safe_load(text)
     if s.extproc_workers > 1:
-        text = with_extproc_failover(text)
-    return with_tracing(text, s.otlp_endpoint) if s.otlp_endpoint else text
+        with_extproc_failover(doc)
+    if s.otlp_endpoint:
+        with_tracing(doc, s.otlp_endpoint)
+    return yaml.safe_dump(doc, sort_keys=False)
 
 
-def with_extproc_failover(text: str) -> str:
+def with_extproc_failover(doc: dict[str, Any]) -> None:
     """With several ext_proc processes: a request whose gRPC stream could not be opened on one (refused
     connection or stream: a process that has just died, before the health check and the outlier
     detector take it out) opens it on another.  Nothing has been processed then, so it is safe; a
     stream broken after it started is not retried (that request fails with 500 ``internal_error``)."""
-    doc = yaml.safe_load(text)
     for listener in doc["static_resources"]["listeners"]:
         for chain in listener.get("filter_chains", []):
             for f in chain.get("filters", []):
@@ -80,13 +84,11 @@ def with_extproc_failover(text: str) -> str:
                                 "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host."
                                                           "previous_hosts.v3.PreviousHostsPredicate"}}],
                             "host_selection_retry_max_attempts": 3}
-    return yaml.safe_dump(doc, sort_keys=False)
 
 
-def with_tracing(text: str, endpoint: str) -> str:
+def with_tracing(doc: dict[str, Any], endpoint: str) -> None:
     """OpenTelemetry traces (off unless an OTLP/gRPC collector is configured): a span per request and
     one per upstream try, W3C ``traceparent`` propagated upstream, attributes from metadata only."""
-    doc = yaml.safe_load(text)
     host, _, port = endpoint.rpartition(":")
     hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     hcm["tracing"] = {
@@ -107,7 +109,6 @@ def with_tracing(text: str, endpoint: str) -> str:
             {"endpoint": {"address": {"socket_address": {"address": host, "port_value": int(port)}}}}]}]}})
     static = doc.setdefault("layered_runtime", {"layers": [{"name": "static", "static_layer": {}}]})["layers"][0]
     static["static_layer"]["tracing.opentelemetry.flush_interval_ms"] = 1000
-    return yaml.safe_dump(doc, sort_keys=False)
 
 
 def _substitute(s: Settings) -> str:
@@ -251,6 +252,12 @@ def write_cds(cat: Catalog, s: Settings) -> Path:
                                    "resources": clusters(cat, s)}, sort_keys=False))
     os.replace(tmp, path)
     return path
+
+
+def write_config(s: Settings) -> Path:
+    """The clusters of the catalog and the bootstrap, written into the state directory; the bootstrap's path."""
+    write_cds(load(s.catalog), s)
+    return write_bootstrap(s)
 
 
 def write_bootstrap(s: Settings) -> Path:
