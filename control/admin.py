@@ -151,13 +151,8 @@ class Admin:
             " ended_at, (extract(epoch FROM ended_at - started_at) * 1000)::int AS latency_ms"
             f" FROM usage_records WHERE {' AND '.join(where)} ORDER BY started_at DESC, request_id LIMIT ${len(args)}",
             *args)
-        out = []
-        for r in rows:
-            d = dict(r)
-            for k in ("started_at", "ended_at"):
-                d[k] = d[k].isoformat()
-            out.append(d)
-        return out
+        return [{**r, "started_at": r["started_at"].isoformat(), "ended_at": r["ended_at"].isoformat()}
+                for r in rows]
 
 
 def status_condition(status: str) -> tuple[str, int | None] | None:

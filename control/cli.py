@@ -59,7 +59,7 @@ def db_problem(url: str, e: BaseException) -> str:
 def redis_problem(url: str, e: BaseException) -> str:
     """What went wrong reaching Redis, and what to do, in one line (the password masked)."""
     import redis.exceptions as rx
-    from extproc.urls import RedisUrlError, mask
+    from extproc.urls import mask
     m = mask(url)
     if isinstance(e, RedisUrlError):
         return str(e)
@@ -79,7 +79,6 @@ async def _with_admin(s: Settings, fn: Callable[[Admin], Awaitable[Any]]) -> Any
     import asyncpg
     import redis.exceptions as rx
     from extproc.store import redis_client
-    from extproc.urls import RedisUrlError
     db, rd = _urls(s)
     try:
         pool = await asyncpg.create_pool(db, min_size=1, max_size=2, timeout=5)
@@ -307,11 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     us = sub.add_parser("usage"); us.add_argument("org"); us.add_argument("--limit", type=int, default=50)
     us.add_argument("--status", default="", help="ok, errors, or a status code (e.g. 429)")
     us.add_argument("--request-id", default="", help="the request id of a reply or an error")
-    for sp in list(sub.choices.values()):
+    for sp in [*sub.choices.values(), *org.choices.values(), *key.choices.values(), *bal.choices.values()]:
         sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
-    for grp in (org, key, bal):
-        for sp in grp.choices.values():
-            sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["sim"]:  # every option after "sim" is the simulator's own (python -m sim --help)
         args = argparse.Namespace(cmd="sim", rest=argv[1:])
