@@ -73,11 +73,9 @@ class Credentials:
     @classmethod
     def load(cls, state: Path) -> "Credentials":
         f = state / CREDENTIALS
-        try:
+        if f.exists():
             doc = json.loads(f.read_text())
             return cls(str(doc["postgres"]), str(doc["redis"]))
-        except FileNotFoundError:
-            pass
         creds = cls(secrets.token_urlsafe(24), secrets.token_urlsafe(24), fresh=True)
         write_private(f, json.dumps({"postgres": creds.postgres, "redis": creds.redis}))
         return creds

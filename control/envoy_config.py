@@ -9,18 +9,12 @@ from typing import Any
 
 import yaml
 
-from extproc.catalog import Catalog, CatalogError, Deployment, load
+from extproc.catalog import Catalog, CatalogError, load
 
 from .settings import Settings
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "envoy" / "envoy.yaml"
 SSE_RELAY = TEMPLATE.parent / "sse_relay.lua"  # Envoy's relay of a streamed reply (Lua)
-
-
-def idle_budget(s: Settings) -> float:
-    """Envoy's idle timer (a backstop: the ext_proc keeps the real one from the start of the reply) runs
-    from the start of the upstream request: it may not fire before both tries had their first-byte budget."""
-    return max(s.idle_timeout_s, 2 * s.first_byte_timeout_s + 1)
 
 
 MAX_EXTPROC_WORKERS = 64
@@ -54,7 +48,16 @@ def _extproc_endpoints(s: Settings) -> str:
 
 
 def render_bootstrap(s: Settings) -> str:
-    text = _substitute(s)
+    text = Template(TEMPLATE.read_text()).substitute(
+        STATE=str(s.state), HOST=s.gateway_host, PORT=s.gateway_port, ADMIN_PORT=s.envoy_admin_port,
+        EXTPROC_PORT=s.grpc_port, EXTPROC_ENDPOINTS=_extproc_endpoints(s), REPLY_LIMIT=s.max_reply_bytes,
+        # Envoy's idle timer (a backstop: the ext_proc keeps the real one from the start of the reply) runs
+        # from the start of the upstream request: it may not fire before both tries had their first-byte budget
+        TOTAL_TIMEOUT=s.total_timeout_s, IDLE_TIMEOUT=max(s.idle_timeout_s, 2 * s.first_byte_timeout_s + 1),
+        FIRST_BYTE_TIMEOUT=s.first_byte_timeout_s, HEADERS_TIMEOUT=s.request_headers_timeout_s,
+        CONNECTION_IDLE_TIMEOUT=s.connection_idle_timeout_s, MAX_CONNECTIONS=s.max_connections,
+        MAX_STREAMS=s.max_streams_per_connection, TRUSTED_HOPS=trusted_hops(s), SSE_RELAY=str(SSE_RELAY),
+        EXTPROC_LIMIT=2 * s.max_connections)
     if s.extproc_workers == 1 and not s.otlp_endpoint:
         return text
     doc = yaml.safe_load(text)
@@ -111,17 +114,6 @@ def with_tracing(doc: dict[str, Any], endpoint: str) -> None:
     static["static_layer"]["tracing.opentelemetry.flush_interval_ms"] = 1000
 
 
-def _substitute(s: Settings) -> str:
-    return Template(TEMPLATE.read_text()).substitute(
-        STATE=str(s.state), HOST=s.gateway_host, PORT=s.gateway_port, ADMIN_PORT=s.envoy_admin_port,
-        EXTPROC_PORT=s.grpc_port, EXTPROC_ENDPOINTS=_extproc_endpoints(s), REPLY_LIMIT=s.max_reply_bytes,
-        TOTAL_TIMEOUT=s.total_timeout_s, IDLE_TIMEOUT=idle_budget(s),
-        FIRST_BYTE_TIMEOUT=s.first_byte_timeout_s, HEADERS_TIMEOUT=s.request_headers_timeout_s,
-        CONNECTION_IDLE_TIMEOUT=s.connection_idle_timeout_s, MAX_CONNECTIONS=s.max_connections,
-        MAX_STREAMS=s.max_streams_per_connection, TRUSTED_HOPS=trusted_hops(s), SSE_RELAY=str(SSE_RELAY),
-        EXTPROC_LIMIT=2 * s.max_connections)
-
-
 def trusted_hops(s: Settings) -> int:
     """How many proxies in front of the gateway append to X-Forwarded-For (GATEWAY_TRUSTED_HOPS): the
     client's address is the one the outermost of them appended; 0: the socket's peer, whatever a
@@ -155,11 +147,6 @@ def system_ca_file() -> str:
         pass
     raise CatalogError("no system CA bundle found (looked in " + ", ".join(SYSTEM_CA_FILES) +
                      "): give the TLS deployment a ca_file")
-
-
-def _tls_profile(d: Deployment) -> tuple[str | None, str | None]:
-    """(CA file, server name): ``sni`` defaults to the host unless the host is an address."""
-    return d.ca_file, d.sni or (None if _is_ip(d.host) else d.host)
 
 
 def _tls_socket(ca_file: str | None, sni: str | None) -> dict[str, Any]:
@@ -210,7 +197,8 @@ def clusters(cat: Catalog, s: Settings) -> list[dict[str, Any]]:
                 # behind a shared address routes by it), the TLS server name where there is one
                 "hostname": d.sni or d.host}}
             if d.tls:
-                k = profiles.setdefault(_tls_profile(d), len(profiles))
+                # (CA file, server name): the name defaults to the host unless the host is an address
+                k = profiles.setdefault((d.ca_file, d.sni or (None if _is_ip(d.host) else d.host)), len(profiles))
                 ep["metadata"] = {"filter_metadata": {"envoy.transport_socket_match": {"gateway_tls": str(k)}}}
             endpoints.append(ep)
         cluster: dict[str, Any] = {

@@ -213,8 +213,16 @@ class Stack:
     # ---- lifecycle --------------------------------------------------------------------------
     def start_proc(self, *ps: Proc, timeout: float = 30.0) -> None:
         """Start the processes at once, then wait until each is ready."""
+        self.logs.mkdir(parents=True, exist_ok=True, mode=embedded.PRIVATE_DIR)
         for p in ps:
-            self._spawn(p)
+            fd = os.open(self.logs / f"{p.name.replace(':', '-')}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                         embedded.PRIVATE_FILE)
+            # umask 077: whatever the process creates (Redis's append-only file, PostgreSQL's files, mail)
+            # is the account's own
+            p.popen = subprocess.Popen(p.argv, env=p.env or None, stdout=fd, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, start_new_session=True, umask=0o077)
+            os.close(fd)
+            self.procs[p.name] = p
         for p in ps:
             assert p.popen is not None
             deadline = time.monotonic() + timeout
@@ -224,18 +232,6 @@ class Stack:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{p.name} not ready after {timeout}s; see {self.logs}")
                 time.sleep(0.05)
-
-    def _spawn(self, p: Proc) -> None:
-        self.logs.mkdir(parents=True, exist_ok=True, mode=embedded.PRIVATE_DIR)
-        fd = os.open(self.logs / f"{p.name.replace(':', '-')}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                     embedded.PRIVATE_FILE)
-        # umask 077: whatever the process creates (Redis's append-only file, PostgreSQL's files, mail)
-        # is the account's own
-        p.popen = subprocess.Popen(p.argv, env=p.env or None, stdout=fd,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True, umask=0o077)
-        os.close(fd)
-        self.procs[p.name] = p
 
     @functools.cached_property
     def credentials(self) -> embedded.Credentials:
@@ -310,9 +306,8 @@ class Stack:
             try:
                 with urllib.request.urlopen(admin + "/stats?filter=http.gateway.downstream_rq_active",
                                             timeout=2) as r:
-                    line = next(ln for ln in r.read().decode().splitlines()
-                                if ln.startswith("http.gateway.downstream_rq_active:"))
-                    active = int(line.split(":")[1])
+                    active = next(int(ln.split(":")[1]) for ln in r.read().decode().splitlines()
+                                  if ln.startswith("http.gateway.downstream_rq_active:"))
             except (OSError, ValueError, StopIteration):
                 return
             if active == 0:
