@@ -102,12 +102,9 @@ def _print(args: argparse.Namespace, data: Any, text: str) -> None:
     print(json.dumps(data, default=str) if args.json else text)
 
 
-DEMO_FILE = "demo.json"
-
-
 async def ensure_demo(admin: Admin, s: Settings) -> dict[str, str]:
     """First start: a demo organisation with the trial balance and a key, remembered in the state dir."""
-    f = s.state / DEMO_FILE
+    f = s.state / "demo.json"
     if f.exists():
         return dict(json.loads(f.read_text()))
     org = await admin.create_org("demo", pln_to_micro(s.trial_balance_pln))
@@ -315,12 +312,9 @@ def main(argv: list[str] | None = None) -> int:
         args = p.parse_args(argv)
     s = Settings.from_env()
     try:
-        if args.cmd == "up":
-            return cmd_up(args, s)
-        if args.cmd == "sim":
-            return cmd_sim(args, s)
-        if args.cmd == "status":
-            return cmd_status(args, s)
+        cmd = {"up": cmd_up, "sim": cmd_sim, "status": cmd_status}.get(args.cmd)
+        if cmd is not None:
+            return cmd(args, s)
         return int(asyncio.run(_with_admin(s, lambda a: _admin_cmd(args, a))))
     except (AdminError, CatalogError, RedisUrlError, ConfigError) as e:
         print(f"gateway: {e}", file=sys.stderr)

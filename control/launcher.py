@@ -172,30 +172,27 @@ class Stack:
 
     def child_env(self) -> dict[str, str]:
         """Every setting in force, as the environment of the processes the stack starts."""
-        env = {**os.environ, **self.s.as_env()}
-        env.update({"DATABASE_URL": self.database_url, "REDIS_URL": self.redis_url,
-                    "GATEWAY_STATE_DIR": str(self.state), "GATEWAY_CATALOG": str(Path(self.s.catalog).resolve()),
-                    "GATEWAY_EXTPROC_PORT": str(self.s.grpc_port)})
-        return env
+        return {**os.environ, **self.s.as_env(), "DATABASE_URL": self.database_url, "REDIS_URL": self.redis_url,
+                "GATEWAY_STATE_DIR": str(self.state), "GATEWAY_CATALOG": str(Path(self.s.catalog).resolve()),
+                "GATEWAY_EXTPROC_PORT": str(self.s.grpc_port)}
 
     def _extproc_procs(self) -> list[Proc]:
         """One process per GATEWAY_EXTPROC_WORKERS: "extproc", "extproc-2", ..., each on its own gRPC and
         metrics port (envoy_config.extproc_workers); Envoy balances the requests' streams across them."""
         procs: list[Proc] = []
         for name, grpc_port, metrics_port in envoy_config.extproc_workers(self.s):
-            env = self.child_env()
-            env.update({"GATEWAY_EXTPROC_PORT": str(grpc_port), "GATEWAY_METRICS_PORT": str(metrics_port),
-                        # Envoy's statistics are served beside the first worker's metrics only
-                        "GATEWAY_METRICS_ENVOY": "1" if not procs else "0"})
+            env = {**self.child_env(), "GATEWAY_EXTPROC_PORT": str(grpc_port),
+                   "GATEWAY_METRICS_PORT": str(metrics_port),
+                   # Envoy's statistics are served beside the first worker's metrics only
+                   "GATEWAY_METRICS_ENVOY": "1" if not procs else "0"}
             procs.append(Proc(name, [sys.executable, "-m", "extproc"],
                               ready=functools.partial(port_open, grpc_port), env=env))
         return procs
 
     def _writer_proc(self) -> Proc:
         """The usage writer: Redis usage stream -> PostgreSQL, and billing what a dead ext_proc left."""
-        port = self.s.writer_metrics_http_port
         return Proc("usage-writer", [sys.executable, "-m", "extproc.usage_writer"],
-                    ready=functools.partial(port_open, port), env=self.child_env())
+                    ready=functools.partial(port_open, self.s.writer_metrics_http_port), env=self.child_env())
 
     def _envoy_proc(self) -> Proc:
         envoy = shutil.which("envoy", path=str(Path(sys.executable).parent)) or shutil.which("envoy")
@@ -350,9 +347,8 @@ class Stack:
     def reload_catalog(self) -> None:
         """Render the catalog's clusters for the running Envoy (it swaps them in without a restart);
         the ext_proc notices the catalog file itself.  A catalog that does not load changes nothing."""
-        cat = catalog_mod.load(self.s.catalog)
         with embedded.private_umask():
-            envoy_config.write_cds(cat, self.s)
+            envoy_config.write_cds(catalog_mod.load(self.s.catalog), self.s)
 
     def supervise(self, should_stop: Callable[[], bool], restarts: Restarts | None = None) -> None:
         """Foreground loop of ``gateway up``: restart a component that died (with a growing delay,
