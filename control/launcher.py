@@ -328,18 +328,14 @@ class Stack:
                 os.killpg(p.popen.pid, signal.SIGKILL)
                 p.popen.wait()
 
-    @staticmethod
-    def is_extproc(name: str) -> bool:
-        return name == "extproc" or name.startswith("extproc-")
-
     def stop(self) -> None:
         """Drain: Envoy first (no new connections; requests in flight finish), then the ext_proc
         processes, all at once (they drain in parallel), then the usage writer (it writes every record
         queued), then the rest."""
         names, timeout = list(reversed(self.procs)), self.s.drain_grace_s + 10
-        workers = [n for n in names if self.is_extproc(n)]
+        workers = [n for n in names if n == "extproc" or n.startswith("extproc-")]
         for name in names:
-            if not self.is_extproc(name):
+            if name not in workers:
                 self.stop_proc(name, timeout=timeout)
             elif name == workers[0]:
                 self.stop_proc(*workers, timeout=timeout)
