@@ -37,9 +37,8 @@ def pln_to_micro(pln: str | int | Decimal) -> int:
 
 
 def micro_to_pln(micro: int) -> str:
-    sign = "-" if micro < 0 else ""
-    micro = abs(micro)
-    return f"{sign}{micro // 1_000_000}.{micro % 1_000_000:06d}"
+    whole, fraction = divmod(abs(micro), 1_000_000)
+    return f"{'-' if micro < 0 else ''}{whole}.{fraction:06d}"
 
 
 class Admin:

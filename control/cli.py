@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -80,22 +81,19 @@ async def _with_admin(s: Settings, fn: Callable[[Admin], Awaitable[Any]]) -> Any
     import redis.exceptions as rx
     from extproc.store import redis_client
     db, rd = _urls(s)
-    try:
-        pool = await asyncpg.create_pool(db, min_size=1, max_size=2, timeout=5)
-    except (OSError, asyncio.TimeoutError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-        raise AdminError(db_problem(db, e)) from None
-    try:
+    async with contextlib.AsyncExitStack() as opened:
+        try:
+            pool = await asyncpg.create_pool(db, min_size=1, max_size=2, timeout=5)
+        except (OSError, asyncio.TimeoutError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+            raise AdminError(db_problem(db, e)) from None
+        opened.push_async_callback(pool.close)
         try:
             r = redis_client(rd, 2)
             await r.ping()
         except (OSError, asyncio.TimeoutError, RedisUrlError, rx.RedisError) as e:
             raise AdminError(redis_problem(rd, e)) from None
-        try:
-            return await fn(Admin(pool, r))
-        finally:
-            await r.aclose()
-    finally:
-        await pool.close()
+        opened.push_async_callback(r.aclose)
+        return await fn(Admin(pool, r))
 
 
 def _print(args: argparse.Namespace, data: Any, text: str) -> None:
