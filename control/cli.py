@@ -206,12 +206,10 @@ async def status(s: Settings) -> dict[str, dict[str, Any]]:
     import dataclasses
     from .envoy_config import extproc_workers
     n = s.extproc_workers  # the running stack's count when it recorded one (stack.json), else the setting
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         rec = json.loads((s.state / "stack.json").read_text())
         if rec.get("gateway_port") == s.gateway_port:
             n = int(rec.get("extproc_workers", n))
-    except (OSError, ValueError, AttributeError):
-        pass
     workers = extproc_workers(dataclasses.replace(s, extproc_workers=n))  # "extproc", "extproc-2", ...
     for name, grpc_port, _ in workers:
         try:

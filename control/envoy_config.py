@@ -1,6 +1,7 @@
 """Renders Envoy's bootstrap (envoy/envoy.yaml, a template) and the model-server clusters (from the catalog)."""
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 from pathlib import Path
@@ -140,11 +141,9 @@ def system_ca_file() -> str:
     for path in SYSTEM_CA_FILES:
         if os.path.isfile(path):
             return path
-    try:  # Mozilla's bundle, where pip installed it (it comes with requests and httpx)
+    with contextlib.suppress(ImportError):  # Mozilla's bundle, where pip put it (requests and httpx bring it)
         import certifi  # type: ignore[import-not-found,unused-ignore]
         return str(certifi.where())
-    except ImportError:
-        pass
     raise CatalogError("no system CA bundle found (looked in " + ", ".join(SYSTEM_CA_FILES) +
                      "): give the TLS deployment a ca_file")
 

@@ -36,7 +36,7 @@ def main(argv: list[str]) -> None:
         url = Settings.from_env().database_url
         if not url:
             sys.exit("entrypoint: DATABASE_URL is not set")
-        try:  # waiting up to a minute for PostgreSQL (compose starts it beside this job)
+        try:  # PostgreSQL may still be starting: waiting up to a minute for it
             print(f"schema at version {asyncio.run(migrate(url, timeout=60))}", flush=True)
         except StartError as e:
             sys.exit(f"entrypoint: {e}")
