@@ -181,10 +181,10 @@ class Stack:
         metrics port (envoy_config.extproc_workers); Envoy balances the requests' streams across them."""
         procs: list[Proc] = []
         for name, grpc_port, metrics_port in envoy_config.extproc_workers(self.s):
-            env = {**self.child_env(), "GATEWAY_EXTPROC_PORT": str(grpc_port),
-                   "GATEWAY_METRICS_PORT": str(metrics_port),
-                   # Envoy's statistics are served beside the first worker's metrics only
-                   "GATEWAY_METRICS_ENVOY": "1" if not procs else "0"}
+            env = self.child_env()
+            env.update({"GATEWAY_EXTPROC_PORT": str(grpc_port), "GATEWAY_METRICS_PORT": str(metrics_port),
+                        # Envoy's statistics are served beside the first worker's metrics only
+                        "GATEWAY_METRICS_ENVOY": "1" if not procs else "0"})
             procs.append(Proc(name, [sys.executable, "-m", "extproc"],
                               ready=functools.partial(port_open, grpc_port), env=env))
         return procs
@@ -266,8 +266,7 @@ class Stack:
             client = RespClient.from_url(self.redis_url)
         except RedisUrlError as e:
             raise embedded.StartError(str(e)) from None
-        try:
-            # any other error: down, slow, or not Redis
+        try:  # any error but a refusal at login: down, slow, or not Redis
             await _reach(lambda: client.call("PING"), f"Redis at {mask(self.redis_url)} is not reachable",
                          "REDIS_URL", timeout, retry=(Exception,), fatal=(RespSetupError,))
         except RespSetupError as e:
