@@ -264,15 +264,13 @@ class Stack:
         from extproc.urls import RedisUrlError, mask
         try:
             client = RespClient.from_url(self.redis_url)
-        except RedisUrlError as e:
+            try:  # any error but a refusal at login: down, slow, or not Redis
+                await _reach(lambda: client.call("PING"), f"Redis at {mask(self.redis_url)} is not reachable",
+                             "REDIS_URL", timeout, retry=(Exception,), fatal=(RespSetupError,))
+            finally:
+                await client.close()
+        except (RedisUrlError, RespSetupError) as e:
             raise embedded.StartError(str(e)) from None
-        try:  # any error but a refusal at login: down, slow, or not Redis
-            await _reach(lambda: client.call("PING"), f"Redis at {mask(self.redis_url)} is not reachable",
-                         "REDIS_URL", timeout, retry=(Exception,), fatal=(RespSetupError,))
-        except RespSetupError as e:
-            raise embedded.StartError(str(e)) from None
-        finally:
-            await client.close()
 
     def restart(self, name: str) -> None:
         p = self.procs[name]
