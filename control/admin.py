@@ -46,8 +46,8 @@ class Admin:
         self.pool = pool
         self.r = r
 
-    async def create_org(self, name: str, balance_micro: int = 0, *, org_id: str | None = None) -> str:
-        oid = org_id or "org_" + secrets.token_hex(8)
+    async def create_org(self, name: str, balance_micro: int = 0) -> str:
+        oid = "org_" + secrets.token_hex(8)
         async with self.pool.acquire() as c, c.transaction():
             await c.execute("INSERT INTO orgs (id, name) VALUES ($1, $2)", oid, name)
             if balance_micro:
