@@ -37,9 +37,8 @@ def pln_to_micro(pln: str | int | Decimal) -> int:
 
 
 def micro_to_pln(micro: int) -> str:
-    sign = "-" if micro < 0 else ""
-    micro = abs(micro)
-    return f"{sign}{micro // 1_000_000}.{micro % 1_000_000:06d}"
+    whole, fraction = divmod(abs(micro), 1_000_000)
+    return f"{'-' if micro < 0 else ''}{whole}.{fraction:06d}"
 
 
 class Admin:
@@ -47,8 +46,8 @@ class Admin:
         self.pool = pool
         self.r = r
 
-    async def create_org(self, name: str, balance_micro: int = 0, *, org_id: str | None = None) -> str:
-        oid = org_id or "org_" + secrets.token_hex(8)
+    async def create_org(self, name: str, balance_micro: int = 0) -> str:
+        oid = "org_" + secrets.token_hex(8)
         async with self.pool.acquire() as c, c.transaction():
             await c.execute("INSERT INTO orgs (id, name) VALUES ($1, $2)", oid, name)
             if balance_micro:
@@ -151,13 +150,8 @@ class Admin:
             " ended_at, (extract(epoch FROM ended_at - started_at) * 1000)::int AS latency_ms"
             f" FROM usage_records WHERE {' AND '.join(where)} ORDER BY started_at DESC, request_id LIMIT ${len(args)}",
             *args)
-        out = []
-        for r in rows:
-            d = dict(r)
-            for k in ("started_at", "ended_at"):
-                d[k] = d[k].isoformat()
-            out.append(d)
-        return out
+        return [{**r, "started_at": r["started_at"].isoformat(), "ended_at": r["ended_at"].isoformat()}
+                for r in rows]
 
 
 def status_condition(status: str) -> tuple[str, int | None] | None:

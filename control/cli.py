@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -59,7 +60,7 @@ def db_problem(url: str, e: BaseException) -> str:
 def redis_problem(url: str, e: BaseException) -> str:
     """What went wrong reaching Redis, and what to do, in one line (the password masked)."""
     import redis.exceptions as rx
-    from extproc.urls import RedisUrlError, mask
+    from extproc.urls import mask
     m = mask(url)
     if isinstance(e, RedisUrlError):
         return str(e)
@@ -79,36 +80,29 @@ async def _with_admin(s: Settings, fn: Callable[[Admin], Awaitable[Any]]) -> Any
     import asyncpg
     import redis.exceptions as rx
     from extproc.store import redis_client
-    from extproc.urls import RedisUrlError
     db, rd = _urls(s)
-    try:
-        pool = await asyncpg.create_pool(db, min_size=1, max_size=2, timeout=5)
-    except (OSError, asyncio.TimeoutError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
-        raise AdminError(db_problem(db, e)) from None
-    try:
+    async with contextlib.AsyncExitStack() as opened:
+        try:
+            pool = await asyncpg.create_pool(db, min_size=1, max_size=2, timeout=5)
+        except (OSError, asyncio.TimeoutError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as e:
+            raise AdminError(db_problem(db, e)) from None
+        opened.push_async_callback(pool.close)
         try:
             r = redis_client(rd, 2)
             await r.ping()
         except (OSError, asyncio.TimeoutError, RedisUrlError, rx.RedisError) as e:
             raise AdminError(redis_problem(rd, e)) from None
-        try:
-            return await fn(Admin(pool, r))
-        finally:
-            await r.aclose()
-    finally:
-        await pool.close()
+        opened.push_async_callback(r.aclose)
+        return await fn(Admin(pool, r))
 
 
 def _print(args: argparse.Namespace, data: Any, text: str) -> None:
     print(json.dumps(data, default=str) if args.json else text)
 
 
-DEMO_FILE = "demo.json"
-
-
 async def ensure_demo(admin: Admin, s: Settings) -> dict[str, str]:
     """First start: a demo organisation with the trial balance and a key, remembered in the state dir."""
-    f = s.state / DEMO_FILE
+    f = s.state / "demo.json"
     if f.exists():
         return dict(json.loads(f.read_text()))
     org = await admin.create_org("demo", pln_to_micro(s.trial_balance_pln))
@@ -212,12 +206,10 @@ async def status(s: Settings) -> dict[str, dict[str, Any]]:
     import dataclasses
     from .envoy_config import extproc_workers
     n = s.extproc_workers  # the running stack's count when it recorded one (stack.json), else the setting
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         rec = json.loads((s.state / "stack.json").read_text())
         if rec.get("gateway_port") == s.gateway_port:
             n = int(rec.get("extproc_workers", n))
-    except (OSError, ValueError, AttributeError):
-        pass
     workers = extproc_workers(dataclasses.replace(s, extproc_workers=n))  # "extproc", "extproc-2", ...
     for name, grpc_port, _ in workers:
         try:
@@ -307,11 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     us = sub.add_parser("usage"); us.add_argument("org"); us.add_argument("--limit", type=int, default=50)
     us.add_argument("--status", default="", help="ok, errors, or a status code (e.g. 429)")
     us.add_argument("--request-id", default="", help="the request id of a reply or an error")
-    for sp in list(sub.choices.values()):
+    for sp in [*sub.choices.values(), *org.choices.values(), *key.choices.values(), *bal.choices.values()]:
         sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
-    for grp in (org, key, bal):
-        for sp in grp.choices.values():
-            sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["sim"]:  # every option after "sim" is the simulator's own (python -m sim --help)
         args = argparse.Namespace(cmd="sim", rest=argv[1:])
@@ -319,12 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         args = p.parse_args(argv)
     s = Settings.from_env()
     try:
-        if args.cmd == "up":
-            return cmd_up(args, s)
-        if args.cmd == "sim":
-            return cmd_sim(args, s)
-        if args.cmd == "status":
-            return cmd_status(args, s)
+        cmd = {"up": cmd_up, "sim": cmd_sim, "status": cmd_status}.get(args.cmd)
+        if cmd is not None:
+            return cmd(args, s)
         return int(asyncio.run(_with_admin(s, lambda a: _admin_cmd(args, a))))
     except (AdminError, CatalogError, RedisUrlError, ConfigError) as e:
         print(f"gateway: {e}", file=sys.stderr)

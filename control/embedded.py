@@ -57,15 +57,10 @@ def make_private(state: Path) -> None:
     older version, or copied in, is brought into line); symbolic links and sockets are left alone."""
     state.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
     state.chmod(PRIVATE_DIR)
-    for root, dirs, files in os.walk(state):
-        for d in dirs:
-            p = os.path.join(root, d)
-            if not os.path.islink(p):
-                os.chmod(p, PRIVATE_DIR)
-        for f in files:
-            p = os.path.join(root, f)
-            if stat.S_ISREG(os.lstat(p).st_mode):
-                os.chmod(p, PRIVATE_FILE)
+    for p in state.rglob("*"):  # not into linked directories
+        mode = p.lstat().st_mode
+        if stat.S_ISDIR(mode) or stat.S_ISREG(mode):
+            p.chmod(PRIVATE_DIR if stat.S_ISDIR(mode) else PRIVATE_FILE)
 
 
 @dataclass(frozen=True)
@@ -78,11 +73,9 @@ class Credentials:
     @classmethod
     def load(cls, state: Path) -> "Credentials":
         f = state / CREDENTIALS
-        try:
+        if f.exists():
             doc = json.loads(f.read_text())
             return cls(str(doc["postgres"]), str(doc["redis"]))
-        except FileNotFoundError:
-            pass
         creds = cls(secrets.token_urlsafe(24), secrets.token_urlsafe(24), fresh=True)
         write_private(f, json.dumps({"postgres": creds.postgres, "redis": creds.redis}))
         return creds

@@ -1,6 +1,7 @@
 """Renders Envoy's bootstrap (envoy/envoy.yaml, a template) and the model-server clusters (from the catalog)."""
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 from pathlib import Path
@@ -9,18 +10,12 @@ from typing import Any
 
 import yaml
 
-from extproc.catalog import Catalog, CatalogError, Deployment
+from extproc.catalog import Catalog, CatalogError, load
 
 from .settings import Settings
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "envoy" / "envoy.yaml"
 SSE_RELAY = TEMPLATE.parent / "sse_relay.lua"  # Envoy's relay of a streamed reply (Lua)
-
-
-def idle_budget(s: Settings) -> float:
-    """Envoy's idle timer (a backstop: the ext_proc keeps the real one from the start of the reply) runs
-    from the start of the upstream request: it may not fire before both tries had their first-byte budget."""
-    return max(s.idle_timeout_s, 2 * s.first_byte_timeout_s + 1)
 
 
 MAX_EXTPROC_WORKERS = 64
@@ -54,18 +49,31 @@ def _extproc_endpoints(s: Settings) -> str:
 
 
 def render_bootstrap(s: Settings) -> str:
-    text = _substitute(s)
+    text = Template(TEMPLATE.read_text()).substitute(
+        STATE=str(s.state), HOST=s.gateway_host, PORT=s.gateway_port, ADMIN_PORT=s.envoy_admin_port,
+        EXTPROC_PORT=s.grpc_port, EXTPROC_ENDPOINTS=_extproc_endpoints(s), REPLY_LIMIT=s.max_reply_bytes,
+        # Envoy's idle timer (a backstop: the ext_proc keeps the real one from the start of the reply) runs
+        # from the start of the upstream request: it may not fire before both tries had their first-byte budget
+        TOTAL_TIMEOUT=s.total_timeout_s, IDLE_TIMEOUT=max(s.idle_timeout_s, 2 * s.first_byte_timeout_s + 1),
+        FIRST_BYTE_TIMEOUT=s.first_byte_timeout_s, HEADERS_TIMEOUT=s.request_headers_timeout_s,
+        CONNECTION_IDLE_TIMEOUT=s.connection_idle_timeout_s, MAX_CONNECTIONS=s.max_connections,
+        MAX_STREAMS=s.max_streams_per_connection, TRUSTED_HOPS=trusted_hops(s), SSE_RELAY=str(SSE_RELAY),
+        EXTPROC_LIMIT=2 * s.max_connections)
+    if s.extproc_workers == 1 and not s.otlp_endpoint:
+        return text
+    doc = yaml.safe_load(text)
     if s.extproc_workers > 1:
-        text = with_extproc_failover(text)
-    return with_tracing(text, s.otlp_endpoint) if s.otlp_endpoint else text
+        with_extproc_failover(doc)
+    if s.otlp_endpoint:
+        with_tracing(doc, s.otlp_endpoint)
+    return yaml.safe_dump(doc, sort_keys=False)
 
 
-def with_extproc_failover(text: str) -> str:
+def with_extproc_failover(doc: dict[str, Any]) -> None:
     """With several ext_proc processes: a request whose gRPC stream could not be opened on one (refused
     connection or stream: a process that has just died, before the health check and the outlier
     detector take it out) opens it on another.  Nothing has been processed then, so it is safe; a
     stream broken after it started is not retried (that request fails with 500 ``internal_error``)."""
-    doc = yaml.safe_load(text)
     for listener in doc["static_resources"]["listeners"]:
         for chain in listener.get("filter_chains", []):
             for f in chain.get("filters", []):
@@ -80,13 +88,11 @@ def with_extproc_failover(text: str) -> str:
                                 "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host."
                                                           "previous_hosts.v3.PreviousHostsPredicate"}}],
                             "host_selection_retry_max_attempts": 3}
-    return yaml.safe_dump(doc, sort_keys=False)
 
 
-def with_tracing(text: str, endpoint: str) -> str:
+def with_tracing(doc: dict[str, Any], endpoint: str) -> None:
     """OpenTelemetry traces (off unless an OTLP/gRPC collector is configured): a span per request and
     one per upstream try, W3C ``traceparent`` propagated upstream, attributes from metadata only."""
-    doc = yaml.safe_load(text)
     host, _, port = endpoint.rpartition(":")
     hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
     hcm["tracing"] = {
@@ -107,18 +113,6 @@ def with_tracing(text: str, endpoint: str) -> str:
             {"endpoint": {"address": {"socket_address": {"address": host, "port_value": int(port)}}}}]}]}})
     static = doc.setdefault("layered_runtime", {"layers": [{"name": "static", "static_layer": {}}]})["layers"][0]
     static["static_layer"]["tracing.opentelemetry.flush_interval_ms"] = 1000
-    return yaml.safe_dump(doc, sort_keys=False)
-
-
-def _substitute(s: Settings) -> str:
-    return Template(TEMPLATE.read_text()).substitute(
-        STATE=str(s.state), HOST=s.gateway_host, PORT=s.gateway_port, ADMIN_PORT=s.envoy_admin_port,
-        EXTPROC_PORT=s.grpc_port, EXTPROC_ENDPOINTS=_extproc_endpoints(s), REPLY_LIMIT=s.max_reply_bytes,
-        TOTAL_TIMEOUT=s.total_timeout_s, IDLE_TIMEOUT=idle_budget(s),
-        FIRST_BYTE_TIMEOUT=s.first_byte_timeout_s, HEADERS_TIMEOUT=s.request_headers_timeout_s,
-        CONNECTION_IDLE_TIMEOUT=s.connection_idle_timeout_s, MAX_CONNECTIONS=s.max_connections,
-        MAX_STREAMS=s.max_streams_per_connection, TRUSTED_HOPS=trusted_hops(s), SSE_RELAY=str(SSE_RELAY),
-        EXTPROC_LIMIT=2 * s.max_connections)
 
 
 def trusted_hops(s: Settings) -> int:
@@ -147,18 +141,11 @@ def system_ca_file() -> str:
     for path in SYSTEM_CA_FILES:
         if os.path.isfile(path):
             return path
-    try:  # Mozilla's bundle, where pip installed it (it comes with requests and httpx)
+    with contextlib.suppress(ImportError):  # Mozilla's bundle, where pip put it (requests and httpx bring it)
         import certifi  # type: ignore[import-not-found,unused-ignore]
         return str(certifi.where())
-    except ImportError:
-        pass
     raise CatalogError("no system CA bundle found (looked in " + ", ".join(SYSTEM_CA_FILES) +
                      "): give the TLS deployment a ca_file")
-
-
-def _tls_profile(d: Deployment) -> tuple[str | None, str | None]:
-    """(CA file, server name): ``sni`` defaults to the host unless the host is an address."""
-    return d.ca_file, d.sni or (None if _is_ip(d.host) else d.host)
 
 
 def _tls_socket(ca_file: str | None, sni: str | None) -> dict[str, Any]:
@@ -209,7 +196,8 @@ def clusters(cat: Catalog, s: Settings) -> list[dict[str, Any]]:
                 # behind a shared address routes by it), the TLS server name where there is one
                 "hostname": d.sni or d.host}}
             if d.tls:
-                k = profiles.setdefault(_tls_profile(d), len(profiles))
+                # (CA file, server name): the name defaults to the host unless the host is an address
+                k = profiles.setdefault((d.ca_file, d.sni or (None if _is_ip(d.host) else d.host)), len(profiles))
                 ep["metadata"] = {"filter_metadata": {"envoy.transport_socket_match": {"gateway_tls": str(k)}}}
             endpoints.append(ep)
         cluster: dict[str, Any] = {
@@ -251,6 +239,12 @@ def write_cds(cat: Catalog, s: Settings) -> Path:
                                    "resources": clusters(cat, s)}, sort_keys=False))
     os.replace(tmp, path)
     return path
+
+
+def write_config(s: Settings) -> Path:
+    """The clusters of the catalog and the bootstrap, written into the state directory; the bootstrap's path."""
+    write_cds(load(s.catalog), s)
+    return write_bootstrap(s)
 
 
 def write_bootstrap(s: Settings) -> Path:

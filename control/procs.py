@@ -35,5 +35,4 @@ class Proc:
         return self.popen is not None and self.popen.poll() is None
 
 
-
 __all__ = ["Proc", "http_ok", "port_open"]

