@@ -16,7 +16,7 @@ from control.admin import micro_to_pln, status_condition
 from extproc.catalog import WARSAW
 
 from ..i18n import DATE_HINT, _, day, day_short, money_exact, ngettext, parse_day
-from ..web import console, need_viewer, render
+from ..web import console, load_catalog, need_viewer, render
 
 routes = web.RouteTableDef()
 PAGE_ROWS = 500
@@ -154,7 +154,7 @@ async def usage_page(request: web.Request) -> web.Response:
     c = console(request)
     f = Filters.of(request.query)
     keys = await c.pool.fetch("SELECT id, name, prefix FROM api_keys WHERE org_id = $1 ORDER BY created_at", v.org_id)
-    aliases = sorted(c_alias for c_alias in await _aliases(request, v.org_id))
+    aliases = sorted(await _aliases(request, v.org_id))
     resp = render(request, "usage.html", f=f, q=f.query(), keys=keys, aliases=aliases, statuses=STATUSES,
                   **await _live(request, v.org_id, f))
     if f.problems:
@@ -163,13 +163,9 @@ async def usage_page(request: web.Request) -> web.Response:
 
 
 async def _aliases(request: web.Request, org_id: str) -> set[str]:
-    from extproc import catalog
-    try:
-        names = set(catalog.load(console(request).settings.catalog).aliases)
-    except (OSError, ValueError):
-        names = set()
+    cat = load_catalog(request)
     used = await console(request).pool.fetch("SELECT DISTINCT alias FROM usage_records WHERE org_id = $1", org_id)
-    return names | {r["alias"] for r in used}
+    return set(cat.aliases if cat is not None else ()) | {r["alias"] for r in used}
 
 
 @routes.get("/usage/live")
