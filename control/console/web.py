@@ -77,10 +77,6 @@ class Console:
     def base_url(self) -> str:
         return self.settings.console_base_url
 
-    @property
-    def dev_mail(self) -> bool:
-        return self.mailer.capture
-
 
 CONSOLE: web.AppKey[Console] = web.AppKey("console", Console)
 
@@ -157,7 +153,7 @@ def render(request: web.Request, name: str, status: int = 200, **ctx: Any) -> we
     msg = MESSAGES.get(request.query.get("msg", ""))
     html = c.templates.get_template(name).render(
         viewer=viewer(request), csrf=csrf_for(request), message=i18n._(msg) if msg else None,
-        dev_mail=c.dev_mail and dev_local(request), orgs=request.get("orgs", []), path=request.path,
+        dev_mail=c.mailer.capture and dev_local(request), orgs=request.get("orgs", []), path=request.path,
         lang=i18n.lang(), **ctx)
     return web.Response(text=html, status=status, content_type="text/html")
 
