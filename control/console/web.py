@@ -134,9 +134,7 @@ def safe_next(value: str | None) -> str:
     if "\\" in value or any(ord(ch) < 0x20 or 0x7f <= ord(ch) <= 0x9f for ch in value):
         return "/"
     parts = urlsplit(value)
-    if parts.scheme or parts.netloc:
-        return "/"
-    return value
+    return "/" if parts.scheme or parts.netloc else value
 
 
 def csrf_for(request: web.Request) -> str:
@@ -191,8 +189,7 @@ def client_ip(request: web.Request) -> str:
     hops = console(request).settings.trusted_hops
     if hops <= 0:
         return peer
-    entries = [e.strip() for h in request.headers.getall("X-Forwarded-For", []) for e in h.split(",")]
-    entries = [e for e in entries if e]
+    entries = [e.strip() for h in request.headers.getall("X-Forwarded-For", []) for e in h.split(",") if e.strip()]
     if len(entries) < hops:
         return peer
     try:

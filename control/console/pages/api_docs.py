@@ -96,7 +96,6 @@ def _blocks(text: str) -> list[str]:
             parts.append('<table class="compact"><thead>' + _row("th", rows[0]) + "</thead><tbody>"
                          + "".join(_row("td", r) for r in rows[1:]) + "</tbody></table>")
         elif _ITEM.match(lines[0]):
-            ordered = lines[0].lstrip()[0].isdigit()
             items: list[str] = []
             for ln in lines:
                 m = _ITEM.match(ln)
@@ -104,7 +103,7 @@ def _blocks(text: str) -> list[str]:
                     items.append(m.group(2).strip())
                 elif items:
                     items[-1] += " " + ln.strip()
-            tag = "ol" if ordered else "ul"
+            tag = "ol" if lines[0].lstrip()[0].isdigit() else "ul"
             parts.append(f"<{tag}>" + "".join(f"<li>{_inline(i)}</li>" for i in items) + f"</{tag}>")
         else:
             parts.append("<p>" + _inline(" ".join(ln.strip() for ln in lines)) + "</p>")
@@ -166,7 +165,7 @@ def constraints(schema: Any) -> list[str]:
     return out
 
 
-def properties(doc: dict[str, Any], schema: Any, depth: int = 0) -> list[dict[str, Any]]:
+def properties(schema: Any, depth: int = 0) -> list[dict[str, Any]]:
     """The schema's properties (inline nested objects and array items expanded one level per depth)."""
     schema = schema if isinstance(schema, dict) else {}
     required = set(schema.get("required", []))
@@ -178,7 +177,7 @@ def properties(doc: dict[str, Any], schema: Any, depth: int = 0) -> list[dict[st
         if isinstance(sub, dict) and "$ref" not in sub and depth < 3:
             inner = sub.get("items") if sub.get("type") == "array" else sub
             if isinstance(inner, dict) and "$ref" not in inner and inner.get("properties"):
-                out.extend(properties(doc, inner, depth + 1))
+                out.extend(properties(inner, depth + 1))
     return out
 
 
@@ -220,10 +219,10 @@ def _schema(doc: dict[str, Any], name: str, s: dict[str, Any]) -> dict[str, Any]
         extras = "further members allowed"
     elif s.get("additionalProperties") is False:
         extras = "no other members"
-    props = properties(doc, s)
+    props = properties(s)
     for branch in s.get("allOf", []):
         if isinstance(branch, dict) and "$ref" not in branch:
-            props.extend(properties(doc, branch))
+            props.extend(properties(branch))
     return {"name": name, "type": Markup("object") if "properties" in s else type_of(s),
             "description": markdown(s.get("description")), "props": props, "constraints": constraints(s),
             "extras": extras}

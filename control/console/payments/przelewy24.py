@@ -38,9 +38,7 @@ _NOTIFICATION_FIELDS: tuple[tuple[str, type], ...] = (
 
 def checksum(fields: dict[str, Any], crc: str) -> str:
     """SHA-384 hex of the JSON of ``fields`` (in the given order) followed by ``crc``."""
-    doc = dict(fields)
-    doc["crc"] = crc
-    text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps({**fields, "crc": crc}, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha384(text.encode("utf-8")).hexdigest()
 
 
