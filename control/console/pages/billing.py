@@ -59,13 +59,12 @@ async def billing_page(request: web.Request) -> web.Response:
         outcome = {"paid": "paid", "pending": "pending"}.get(watched["status"], "unpaid")
         if outcome == "pending" and request.query.get("cancelled"):
             outcome = "unpaid"  # the buyer cancelled at the provider; its notice may still be on its way
+    org = await c.pool.fetchrow("SELECT low_balance_micro_pln, billing_name, billing_nip, billing_address,"
+                                " billing_person FROM orgs WHERE id = $1", v.org_id)
     return render(request, "billing.html", balance=bal["balance_micro_pln"], ledger=await _ledger(request, v.org_id),
                   prices=_prices(request), payments=await billing.recent_payments(c.pool, v.org_id),
                   amounts=AMOUNTS, watched=watched, outcome=outcome, provider=c.provider.name, error=None,
-                  low_balance_text=threshold_text(
-                      await c.pool.fetchval("SELECT low_balance_micro_pln FROM orgs WHERE id = $1", v.org_id)),
-                  details=await c.pool.fetchrow("SELECT billing_name, billing_nip, billing_address, billing_person"
-                                                " FROM orgs WHERE id = $1", v.org_id),
+                  low_balance_text=threshold_text(org["low_balance_micro_pln"]), details=org,
                   invoices=await c.pool.fetch("SELECT id, number, issued_at, gross_grosze FROM invoices"
                                               " WHERE org_id = $1 ORDER BY issued_at DESC LIMIT 50", v.org_id),
                   min_pln=billing.MIN_TOPUP_PLN, max_pln=billing.MAX_TOPUP_PLN)
