@@ -91,8 +91,7 @@ async def signup(request: web.Request) -> web.Response:
 
 @routes.get("/confirm/{token}")
 async def confirm_form(request: web.Request) -> web.Response:
-    ok = await console(request).store.peek_email_token(request.match_info["token"], "confirm")
-    if ok is None:
+    if await console(request).store.peek_email_token(request.match_info["token"], "confirm") is None:
         raise_page(request, 400, _("That confirmation link is invalid, used or expired. Log in to get a new one."))
     return render(request, "confirm.html", token=request.match_info["token"])
 
