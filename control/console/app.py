@@ -155,5 +155,3 @@ def run(settings: ConsoleSettings) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.INFO)
     web.run_app(make_app(settings), host=settings.gateway_host, port=settings.console_http_port,
                 access_log_class=SafeAccessLogger, print=None, shutdown_timeout=2)
-
-

@@ -27,7 +27,7 @@ _NIP_WEIGHTS = (6, 5, 7, 2, 3, 4, 5, 6, 7)
 def nip_valid(nip: str) -> bool:
     """A Polish tax number: 10 digits (dashes and spaces allowed) whose last is the checksum: the
     weighted sum of the first nine modulo 11 (never 10)."""
-    digits = nip.replace("-", "").replace(" ", "")
+    digits = normal_nip(nip)
     if len(digits) != 10 or not digits.isdigit():
         return False
     check = sum(int(d) * w for d, w in zip(digits, _NIP_WEIGHTS)) % 11
@@ -109,37 +109,29 @@ def render_pdf(inv: Any, seller: Seller) -> bytes:
     pdf.add_font("SSP", "", os.path.join(fonts, "SourceSansPro-Regular.ttf"))
     pdf.add_font("SSP", "B", os.path.join(fonts, "SourceSansPro-Bold.ttf"))
     pdf.add_page()
-    pdf.set_font("SSP", "B", 16)
-    pdf.cell(0, 10, f"Faktura VAT nr {inv['number']}", new_x="LMARGIN", new_y="NEXT")
-    pdf.set_font("SSP", "", 10)
-    issued = inv["issued_at"].astimezone(WARSAW)
-    pdf.cell(0, 6, f"Data wystawienia i sprzedaży: {issued:%Y-%m-%d}", new_x="LMARGIN", new_y="NEXT")
+
+    def line(h: float, text: str, style: str = "", size: int = 10) -> None:
+        pdf.set_font("SSP", style, size)
+        pdf.cell(0, h, text, new_x="LMARGIN", new_y="NEXT")
+
+    line(10, f"Faktura VAT nr {inv['number']}", "B", 16)
+    line(6, f"Data wystawienia i sprzedaży: {inv['issued_at'].astimezone(WARSAW):%Y-%m-%d}")
     pdf.ln(4)
     buyer_id = "osoba prywatna" if inv["buyer_person"] else f"NIP: {inv['buyer_nip'] or '-'}"
     for title, lines in (("Sprzedawca", [seller.name, seller.address, f"NIP: {seller.nip}"]),
                          ("Nabywca", [inv["buyer_name"], inv["buyer_address"] or "", buyer_id])):
-        pdf.set_font("SSP", "B", 11)
-        pdf.cell(0, 6, title, new_x="LMARGIN", new_y="NEXT")
+        line(6, title, "B", 11)
         pdf.set_font("SSP", "", 10)
-        for line in lines:
-            pdf.multi_cell(0, 5, line, new_x="LMARGIN", new_y="NEXT")
+        for text in lines:
+            pdf.multi_cell(0, 5, text, new_x="LMARGIN", new_y="NEXT")
         pdf.ln(3)
-    pdf.set_font("SSP", "B", 10)
-    widths = (80, 30, 20, 30, 30)
-    for w, h in zip(widths, ("Nazwa", "Netto", "VAT %", "VAT", "Brutto")):
-        pdf.cell(w, 7, h, border=1)
-    pdf.ln()
-    pdf.set_font("SSP", "", 10)
     row = ("Doładowanie salda usługi (przedpłata)", pln_text(inv["net_grosze"]), f"{inv['vat_pct']}%",
            pln_text(inv["vat_grosze"]), pln_text(inv["gross_grosze"]))
-    for w, v in zip(widths, row):
-        pdf.cell(w, 7, v, border=1)
-    pdf.ln(10)
-    pdf.set_font("SSP", "B", 11)
-    pdf.cell(0, 7, f"Do zapłaty: {pln_text(inv['gross_grosze'])} (zapłacono)", new_x="LMARGIN", new_y="NEXT")
-    pdf.set_font("SSP", "", 9)
-    pdf.cell(0, 6, f"Płatność: {inv['payment_id']}", new_x="LMARGIN", new_y="NEXT")
+    for style, cells, gap in (("B", ("Nazwa", "Netto", "VAT %", "VAT", "Brutto"), 7), ("", row, 10)):
+        pdf.set_font("SSP", style, 10)
+        for w, text in zip((80, 30, 20, 30, 30), cells):
+            pdf.cell(w, 7, text, border=1)
+        pdf.ln(gap)
+    line(7, f"Do zapłaty: {pln_text(inv['gross_grosze'])} (zapłacono)", "B", 11)
+    line(6, f"Płatność: {inv['payment_id']}", "", 9)
     return bytes(pdf.output())
-
-
-__all__ = ["Seller", "issue_for_payment", "nip_valid", "normal_nip", "pln_text", "render_pdf", "split_gross"]

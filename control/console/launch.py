@@ -34,10 +34,9 @@ def refusal(s: ConsoleSettings) -> str | None:
     missing = [what for what, absent in (
         ("an SMTP server (GATEWAY_SMTP_HOST)", not s.smtp_host),
         ("a payment provider (GATEWAY_PAYMENT_PROVIDER=p24 and GATEWAY_P24_*)", provider != "p24")) if absent]
-    if not missing:
-        return None
     return ("the console needs " + " and ".join(missing)
-            + "; the local mail capture and the sandbox payments exist only in development mode (GATEWAY_DEV=1)")
+            + "; the local mail capture and the sandbox payments exist only in development mode (GATEWAY_DEV=1)"
+            if missing else None)
 
 
 def check(s: ConsoleSettings) -> None:

@@ -42,8 +42,7 @@ async def hit(r: aioredis.Redis, *checks: tuple[Limit, str]) -> bool:
             p.set(key, 0, ex=limit.window_s, nx=True)
             p.incr(key)
         res = await p.execute()
-    counts = res[1::2]
-    return all(int(n) <= limit.max for n, (limit, _) in zip(counts, checks))
+    return all(int(n) <= limit.max for n, (limit, _) in zip(res[1::2], checks))
 
 
 async def forget(r: aioredis.Redis, limit: Limit, subject: str) -> None:

@@ -10,7 +10,6 @@ import smtplib
 import ssl
 from email.message import EmailMessage
 
-
 from .i18n import _, money
 from .settings import ConsoleSettings
 

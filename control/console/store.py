@@ -166,9 +166,7 @@ class Store:
             " JOIN users u ON u.id = s.user_id JOIN orgs o ON o.id = s.org_id"
             " JOIN memberships m ON m.user_id = s.user_id AND m.org_id = s.org_id"
             " WHERE s.token_hash = $1 AND s.expires_at > now()", token_hash(token))
-        if r is None:
-            return None
-        return Viewer(r["user_id"], r["email"], r["org_id"], r["org_name"], r["role"], token)
+        return None if r is None else Viewer(r["user_id"], r["email"], r["org_id"], r["org_name"], r["role"], token)
 
     async def switch_org(self, token: str, user_id: str, org_id: str) -> bool:
         r = await self.pool.execute(

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import hmac
+import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import quote, urlsplit
 
 import asyncpg
 import jinja2
@@ -12,6 +14,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from control.admin import Admin
+from extproc import catalog
 
 from . import i18n
 from .background import Background
@@ -74,10 +77,6 @@ class Console:
     def base_url(self) -> str:
         return self.settings.console_base_url
 
-    @property
-    def dev_mail(self) -> bool:
-        return self.mailer.capture
-
 
 CONSOLE: web.AppKey[Console] = web.AppKey("console", Console)
 
@@ -95,6 +94,14 @@ def templates() -> jinja2.Environment:
     return env
 
 
+def load_catalog(request: web.Request) -> catalog.Catalog | None:
+    """The catalog in force, or None when it cannot be read now."""
+    try:
+        return catalog.load(console(request).settings.catalog)
+    except (OSError, ValueError):
+        return None
+
+
 def cookie(resp: web.StreamResponse, name: str, value: str, max_age: int | None) -> None:
     resp.set_cookie(name, value, max_age=max_age, path="/", secure=True, httponly=True, samesite="Lax")
 
@@ -107,7 +114,7 @@ def need_viewer(request: web.Request) -> Viewer:
     v = viewer(request)
     if v is None:
         nxt = request.path_qs if request.method == "GET" else "/"
-        raise web.HTTPSeeOther("/login?next=" + _quote(nxt))
+        raise web.HTTPSeeOther("/login?next=" + quote(nxt, safe="/"))
     return v
 
 
@@ -118,11 +125,6 @@ def need_owner(request: web.Request) -> Viewer:
     return v
 
 
-def _quote(s: str) -> str:
-    from urllib.parse import quote
-    return quote(s, safe="/")
-
-
 def safe_next(value: str | None) -> str:
     r"""A path on this site to go to after logging in, else "/".  Browsers drop tab, CR and LF from a
     URL and read a backslash as a slash, so "/\t/evil", "/\\evil" and "\\\\evil" all mean //evil: any
@@ -131,22 +133,13 @@ def safe_next(value: str | None) -> str:
         return "/"
     if "\\" in value or any(ord(ch) < 0x20 or 0x7f <= ord(ch) <= 0x9f for ch in value):
         return "/"
-    from urllib.parse import urlsplit
     parts = urlsplit(value)
-    if parts.scheme or parts.netloc:
-        return "/"
-    return value
-
-
-def csrf_basis(request: web.Request) -> str:
-    v = viewer(request)
-    if v is not None:
-        return "s:" + v.session_token
-    return "a:" + str(request["anon"])
+    return "/" if parts.scheme or parts.netloc else value
 
 
 def csrf_for(request: web.Request) -> str:
-    return csrf_token(console(request).secret, csrf_basis(request))
+    v = viewer(request)
+    return csrf_token(console(request).secret, "s:" + v.session_token if v is not None else "a:" + str(request["anon"]))
 
 
 def csrf_ok(request: web.Request, sent: str) -> bool:
@@ -158,7 +151,7 @@ def render(request: web.Request, name: str, status: int = 200, **ctx: Any) -> we
     msg = MESSAGES.get(request.query.get("msg", ""))
     html = c.templates.get_template(name).render(
         viewer=viewer(request), csrf=csrf_for(request), message=i18n._(msg) if msg else None,
-        dev_mail=c.dev_mail and dev_local(request), orgs=request.get("orgs", []), path=request.path,
+        dev_mail=c.mailer.capture and dev_local(request), orgs=request.get("orgs", []), path=request.path,
         lang=i18n.lang(), **ctx)
     return web.Response(text=html, status=status, content_type="text/html")
 
@@ -192,13 +185,11 @@ def client_ip(request: web.Request) -> str:
     the request from to X-Forwarded-For, so the Nth entry from the right is the one the outermost
     trusted proxy saw; what is left of it, the client may have written.  Too few entries (a request
     that did not come through the proxies) or a malformed one: the socket's peer."""
-    import ipaddress
     peer = peer_ip(request)
     hops = console(request).settings.trusted_hops
     if hops <= 0:
         return peer
-    entries = [e.strip() for h in request.headers.getall("X-Forwarded-For", []) for e in h.split(",")]
-    entries = [e for e in entries if e]
+    entries = [e.strip() for h in request.headers.getall("X-Forwarded-For", []) for e in h.split(",") if e.strip()]
     if len(entries) < hops:
         return peer
     try:
@@ -209,7 +200,6 @@ def client_ip(request: web.Request) -> str:
 
 def dev_local(request: web.Request) -> bool:
     """Development mode, and a loopback peer that no proxy forwarded."""
-    import ipaddress
     if not console(request).settings.dev:
         return False
     try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import html
 import json
 import re
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -81,6 +80,10 @@ def markdown(text: str | None) -> Markup:
     return Markup("".join(parts))
 
 
+def _row(tag: str, cells: list[str]) -> str:
+    return "<tr>" + "".join(f"<{tag}>{_inline(c)}</{tag}>" for c in cells) + "</tr>"
+
+
 def _blocks(text: str) -> list[str]:
     parts: list[str] = []
     for block in re.split(r"\n\s*\n", text.strip()):
@@ -90,13 +93,9 @@ def _blocks(text: str) -> list[str]:
         if all(ln.strip().startswith("|") for ln in lines):
             rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines
                     if not re.fullmatch(r"\s*\|[\s|:-]+\|\s*", ln)]
-            head, body = rows[0], rows[1:]
-            parts.append("<table class=\"compact\"><thead><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head)
-                         + "</tr></thead><tbody>"
-                         + "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in body)
-                         + "</tbody></table>")
+            parts.append('<table class="compact"><thead>' + _row("th", rows[0]) + "</thead><tbody>"
+                         + "".join(_row("td", r) for r in rows[1:]) + "</tbody></table>")
         elif _ITEM.match(lines[0]):
-            ordered = lines[0].lstrip()[0].isdigit()
             items: list[str] = []
             for ln in lines:
                 m = _ITEM.match(ln)
@@ -104,15 +103,11 @@ def _blocks(text: str) -> list[str]:
                     items.append(m.group(2).strip())
                 elif items:
                     items[-1] += " " + ln.strip()
-            tag = "ol" if ordered else "ul"
+            tag = "ol" if lines[0].lstrip()[0].isdigit() else "ul"
             parts.append(f"<{tag}>" + "".join(f"<li>{_inline(i)}</li>" for i in items) + f"</{tag}>")
         else:
             parts.append("<p>" + _inline(" ".join(ln.strip() for ln in lines)) + "</p>")
     return parts
-
-
-def _ref_name(ref: str) -> str:
-    return ref.rsplit("/", 1)[-1]
 
 
 def _resolve(doc: dict[str, Any], obj: Any) -> Any:
@@ -130,8 +125,8 @@ def type_of(schema: Any) -> Markup:
     if not isinstance(schema, dict):
         return Markup("any")
     if "$ref" in schema:
-        name = _ref_name(schema["$ref"])
-        return Markup(f'<a href="#schema-{html.escape(name)}">{html.escape(name)}</a>')
+        name = html.escape(schema["$ref"].rsplit("/", 1)[-1])
+        return Markup(f'<a href="#schema-{name}">{name}</a>')
     for key, sep in (("anyOf", " or "), ("oneOf", " or "), ("allOf", " and ")):
         if key in schema:
             return Markup(sep).join(type_of(s) for s in schema[key])
@@ -170,136 +165,86 @@ def constraints(schema: Any) -> list[str]:
     return out
 
 
-@dataclass
-class Prop:
-    name: str
-    type: Markup
-    required: bool
-    constraints: list[str]
-    description: Markup
-    depth: int = 0
-
-
-def properties(doc: dict[str, Any], schema: Any, depth: int = 0) -> list[Prop]:
+def properties(schema: Any, depth: int = 0) -> list[dict[str, Any]]:
     """The schema's properties (inline nested objects and array items expanded one level per depth)."""
     schema = schema if isinstance(schema, dict) else {}
     required = set(schema.get("required", []))
-    out: list[Prop] = []
+    out: list[dict[str, Any]] = []
     for name, sub in (schema.get("properties") or {}).items():
-        out.append(Prop(name, type_of(sub), name in required, constraints(sub),
-                        markdown(sub.get("description") if isinstance(sub, dict) else None), depth))
+        out.append({"name": name, "type": type_of(sub), "required": name in required, "constraints": constraints(sub),
+                    "description": markdown(sub.get("description") if isinstance(sub, dict) else None),
+                    "depth": depth})
         if isinstance(sub, dict) and "$ref" not in sub and depth < 3:
             inner = sub.get("items") if sub.get("type") == "array" else sub
             if isinstance(inner, dict) and "$ref" not in inner and inner.get("properties"):
-                out.extend(properties(doc, inner, depth + 1))
+                out.extend(properties(inner, depth + 1))
     return out
 
 
-@dataclass
-class Response:
-    status: str
-    description: Markup
-    headers: list[tuple[str, Markup, bool, Markup]]
-    content: list[tuple[str, Markup]]
+def _items(doc: dict[str, Any], mapping: Any) -> list[tuple[str, Any]]:
+    """A mapping's members, each resolved if it is a ``$ref``."""
+    return [(str(k), _resolve(doc, v)) for k, v in (mapping or {}).items()]
 
 
-@dataclass
-class Operation:
-    method: str
-    path: str
-    op_id: str
-    summary: str
-    description: Markup
-    security: list[str]
-    parameters: list[tuple[str, str, bool, Markup, Markup]]
-    body: list[tuple[str, Markup]]
-    body_required: bool
-    responses: list[Response]
-    examples: list[tuple[str, str]] = field(default_factory=list)
+def _media(obj: dict[str, Any]) -> list[tuple[str, Markup]]:
+    """(media type, its schema's type) of a request body's or a response's content."""
+    return [(mt, type_of(m.get("schema"))) for mt, m in (obj.get("content") or {}).items()]
 
 
-@dataclass
-class Schema:
-    name: str
-    type: Markup
-    description: Markup
-    props: list[Prop]
-    constraints: list[str]
-    extras: str
+def _operation(doc: dict[str, Any], path: str, method: str, item: dict[str, Any],
+               default_security: list[str]) -> dict[str, Any]:
+    op = item[method]
+    params = [_resolve(doc, p) for p in [*item.get("parameters", []), *op.get("parameters", [])]]
+    body = _resolve(doc, op.get("requestBody") or {})
+    responses = [{"status": status, "description": markdown(resp.get("description")), "content": _media(resp),
+                  "headers": [(name, type_of(h.get("schema")), bool(h.get("required")), markdown(h.get("description")))
+                              for name, h in _items(doc, resp.get("headers"))]}
+                 for status, resp in _items(doc, op.get("responses"))]
+    sec = op.get("security")
+    return {
+        "method": method.upper(), "path": path, "op_id": op.get("operationId", ""), "summary": op.get("summary", ""),
+        "description": markdown(op.get("description")),
+        "security": [n for req in sec for n in req] if sec is not None else default_security,
+        "parameters": [(p["name"], p["in"], bool(p.get("required")), type_of(p.get("schema")),
+                        markdown(p.get("description"))) for p in params],
+        "body": _media(body), "body_required": bool(body.get("required")), "responses": responses,
+        "examples": [(ex.get("summary") or name, json.dumps(ex.get("value"), ensure_ascii=False, indent=2))
+                     for media in (body.get("content") or {}).values()
+                     for name, ex in _items(doc, media.get("examples"))]}
 
 
-@dataclass
-class Reference:
-    title: str
-    version: str
-    description: Markup
-    servers: list[tuple[str, str]]
-    security: list[tuple[str, str, Markup]]
-    operations: list[Operation]
-    schemas: list[Schema]
-    statuses: list[tuple[str, list[str]]]
+def _schema(doc: dict[str, Any], name: str, s: dict[str, Any]) -> dict[str, Any]:
+    extras = ""
+    if s.get("additionalProperties") is True:
+        extras = "further members allowed"
+    elif s.get("additionalProperties") is False:
+        extras = "no other members"
+    props = properties(s)
+    for branch in s.get("allOf", []):
+        if isinstance(branch, dict) and "$ref" not in branch:
+            props.extend(properties(branch))
+    return {"name": name, "type": Markup("object") if "properties" in s else type_of(s),
+            "description": markdown(s.get("description")), "props": props, "constraints": constraints(s),
+            "extras": extras}
 
 
-def reference(doc: dict[str, Any]) -> Reference:
+def reference(doc: dict[str, Any]) -> dict[str, Any]:
+    """The page's view model, plain dicts and lists (the template's ``op.path`` reads ``op["path"]``)."""
     info = doc.get("info", {})
     default_security = [n for req in doc.get("security", []) for n in req]
-    ops: list[Operation] = []
+    ops = [_operation(doc, path, method, item, default_security)
+           for path, item in (doc.get("paths") or {}).items() for method in METHODS
+           if isinstance(item.get(method), dict)]
     statuses: dict[str, set[str]] = {}
-    for path, item in (doc.get("paths") or {}).items():
-        shared = item.get("parameters", [])
-        for method in METHODS:
-            op = item.get(method)
-            if not isinstance(op, dict):
-                continue
-            params = []
-            for p in [*shared, *op.get("parameters", [])]:
-                p = _resolve(doc, p)
-                params.append((p["name"], p["in"], bool(p.get("required")), type_of(p.get("schema")),
-                               markdown(p.get("description"))))
-            body = _resolve(doc, op.get("requestBody") or {})
-            examples = []
-            for media in (body.get("content") or {}).values():
-                for name, ex in (media.get("examples") or {}).items():
-                    ex = _resolve(doc, ex)
-                    examples.append((ex.get("summary") or name,
-                                     json.dumps(ex.get("value"), ensure_ascii=False, indent=2)))
-            responses = []
-            for status, resp in (op.get("responses") or {}).items():
-                resp = _resolve(doc, resp)
-                headers = []
-                for hname, h in (resp.get("headers") or {}).items():
-                    h = _resolve(doc, h)
-                    headers.append((hname, type_of(h.get("schema")), bool(h.get("required")),
-                                    markdown(h.get("description"))))
-                content = [(mt, type_of(m.get("schema"))) for mt, m in (resp.get("content") or {}).items()]
-                responses.append(Response(str(status), markdown(resp.get("description")), headers, content))
-                statuses.setdefault(str(status), set()).add(f"{method.upper()} {path}")
-            sec = op.get("security")
-            ops.append(Operation(
-                method.upper(), path, op.get("operationId", ""), op.get("summary", ""),
-                markdown(op.get("description")),
-                [n for req in sec for n in req] if sec is not None else default_security,
-                params,
-                [(mt, type_of(m.get("schema"))) for mt, m in (body.get("content") or {}).items()],
-                bool(body.get("required")), responses, examples))
+    for op in ops:
+        for r in op["responses"]:
+            statuses.setdefault(r["status"], set()).add(f"{op['method']} {op['path']}")
     comps = doc.get("components", {})
-    schemas = []
-    for name, s in (comps.get("schemas") or {}).items():
-        extras = []
-        if s.get("additionalProperties") is True:
-            extras.append("further members allowed")
-        elif s.get("additionalProperties") is False:
-            extras.append("no other members")
-        props = properties(doc, s)
-        for branch in s.get("allOf", []):
-            if isinstance(branch, dict) and "$ref" not in branch:
-                props.extend(properties(doc, branch))
-        schemas.append(Schema(name, type_of({k: v for k, v in s.items() if k != "properties"}) if "properties" not in s
-                              else Markup("object"), markdown(s.get("description")), props,
-                              constraints(s), "; ".join(extras)))
-    security = [(name, f"{s.get('type', '')} {s.get('scheme', '')}".strip(), markdown(s.get("description")))
-                for name, s in (comps.get("securitySchemes") or {}).items()]
-    servers = [(s.get("url", ""), s.get("description", "")) for s in doc.get("servers", [])]
-    return Reference(info.get("title", "API"), str(info.get("version", "")), markdown(info.get("description")),
-                     servers, security, ops, schemas,
-                     sorted((k, sorted(v)) for k, v in statuses.items()))
+    return {
+        "title": info.get("title", "API"), "version": str(info.get("version", "")),
+        "description": markdown(info.get("description")),
+        "servers": [(s.get("url", ""), s.get("description", "")) for s in doc.get("servers", [])],
+        "security": [(name, f"{s.get('type', '')} {s.get('scheme', '')}".strip(), markdown(s.get("description")))
+                     for name, s in (comps.get("securitySchemes") or {}).items()],
+        "operations": ops, "schemas": [_schema(doc, name, s) for name, s in (comps.get("schemas") or {}).items()],
+        "statuses": sorted((k, sorted(v)) for k, v in statuses.items())}

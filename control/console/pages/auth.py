@@ -69,11 +69,8 @@ async def signup(request: web.Request) -> web.Response:
     f = await request.post()
     email, password, org = normal_email(str(f.get("email", ""))), str(f.get("password", "")), str(f.get("org", "")).strip(" ")
     # Everything is checked before anything is written (or counted).
-    error = None
-    if not valid_email(email):
-        error = _("Enter a valid e-mail address (one address, nothing else).")
-    else:
-        error = name_problem(org, _("organisation's name")) or password_problem(password)
+    error = (_("Enter a valid e-mail address (one address, nothing else).") if not valid_email(email)
+             else name_problem(org, _("organisation's name")) or password_problem(password))
     if error:
         return render(request, "signup.html", status=400, error=error, email=email, org=org)
     if not await limits.hit(c.redis, (limits.SIGNUP_EMAIL, email), (limits.SIGNUP_IP, client_ip(request))):
@@ -94,8 +91,7 @@ async def signup(request: web.Request) -> web.Response:
 
 @routes.get("/confirm/{token}")
 async def confirm_form(request: web.Request) -> web.Response:
-    ok = await console(request).store.peek_email_token(request.match_info["token"], "confirm")
-    if ok is None:
+    if await console(request).store.peek_email_token(request.match_info["token"], "confirm") is None:
         raise_page(request, 400, _("That confirmation link is invalid, used or expired. Log in to get a new one."))
     return render(request, "confirm.html", token=request.match_info["token"])
 

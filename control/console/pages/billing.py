@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import aiohttp
+import asyncpg
 from aiohttp import web
 from babel.numbers import format_decimal
 
@@ -17,7 +18,7 @@ from .. import billing, invoices
 from ..i18n import _, lang, money
 from ..payments import BadNotification, PaymentError
 from ..store import Viewer, name_problem
-from ..web import console, dev_only, need_owner, need_viewer, raise_page, render, see_other
+from ..web import console, dev_only, load_catalog, need_owner, need_viewer, raise_page, render, see_other
 
 routes = web.RouteTableDef()
 log = logging.getLogger("console.billing")
@@ -37,10 +38,8 @@ async def _ledger(request: web.Request, org_id: str) -> list[dict[str, object]]:
 
 def _prices(request: web.Request) -> list[dict[str, object]]:
     """Each alias's prices in force and its scheduled changes (``scheduled``: effective time, prices)."""
-    from extproc import catalog
-    try:
-        cat = catalog.load(console(request).settings.catalog)
-    except (OSError, ValueError):
+    cat = load_catalog(request)
+    if cat is None:
         return []
     now = time.time()
     return [{**a.model_object(now), "scheduled": a.scheduled(now)}
@@ -60,13 +59,12 @@ async def billing_page(request: web.Request) -> web.Response:
         outcome = {"paid": "paid", "pending": "pending"}.get(watched["status"], "unpaid")
         if outcome == "pending" and request.query.get("cancelled"):
             outcome = "unpaid"  # the buyer cancelled at the provider; its notice may still be on its way
+    org = await c.pool.fetchrow("SELECT low_balance_micro_pln, billing_name, billing_nip, billing_address,"
+                                " billing_person FROM orgs WHERE id = $1", v.org_id)
     return render(request, "billing.html", balance=bal["balance_micro_pln"], ledger=await _ledger(request, v.org_id),
                   prices=_prices(request), payments=await billing.recent_payments(c.pool, v.org_id),
                   amounts=AMOUNTS, watched=watched, outcome=outcome, provider=c.provider.name, error=None,
-                  low_balance_text=threshold_text(
-                      await c.pool.fetchval("SELECT low_balance_micro_pln FROM orgs WHERE id = $1", v.org_id)),
-                  details=await c.pool.fetchrow("SELECT billing_name, billing_nip, billing_address, billing_person"
-                                                " FROM orgs WHERE id = $1", v.org_id),
+                  low_balance_text=threshold_text(org["low_balance_micro_pln"]), details=org,
                   invoices=await c.pool.fetch("SELECT id, number, issued_at, gross_grosze FROM invoices"
                                               " WHERE org_id = $1 ORDER BY issued_at DESC LIMIT 50", v.org_id),
                   min_pln=billing.MIN_TOPUP_PLN, max_pln=billing.MAX_TOPUP_PLN)
@@ -94,14 +92,29 @@ async def _start_topup(request: web.Request, v: Viewer, micro: int) -> NoReturn:
     see_other(url)
 
 
+async def _form_micro(request: web.Request, name: str) -> int | None:
+    """The form's amount in PLN ("12,50" or "12.50") in micro-PLN: None when empty, 0 when not an amount."""
+    raw = str((await request.post()).get(name, "")).strip().replace(",", ".")
+    if not raw:
+        return None
+    try:
+        return pln_to_micro(raw)
+    except AdminError:
+        return 0
+
+
+async def _payment(request: web.Request, v: Viewer) -> asyncpg.Record:
+    """The organisation's payment named in the path, else the 404 page."""
+    row = await billing.payment_of(console(request).pool, v.org_id, request.match_info["payment_id"])
+    if row is None:
+        raise_page(request, 404, _("There is no such payment in this organisation."))
+    return row
+
+
 @routes.post("/billing/topup")
 async def topup(request: web.Request) -> web.Response:
     v = need_owner(request)
-    raw = str((await request.post()).get("amount", "")).strip().replace(",", ".")
-    try:
-        micro = pln_to_micro(raw)
-    except AdminError:
-        micro = 0
+    micro = await _form_micro(request, "amount") or 0
     if not billing.MIN_TOPUP_PLN * 1_000_000 <= micro <= billing.MAX_TOPUP_PLN * 1_000_000 or micro % 10_000:
         raise_page(request, 400, _("Choose an amount from {min} to {max} (at most 2 decimal places).")
                    .format(min=money(billing.MIN_TOPUP_PLN * 1_000_000), max=money(billing.MAX_TOPUP_PLN * 1_000_000)))
@@ -153,17 +166,11 @@ async def set_low_balance(request: web.Request) -> web.Response:
     """The owner's threshold for the low-balance e-mail (PLN; empty: no e-mail)."""
     v = need_owner(request)
     c = console(request)
-    raw = str((await request.post()).get("threshold", "")).strip().replace(",", ".")
-    micro: int | None = None
-    if raw:
-        try:
-            micro = pln_to_micro(raw)
-        except AdminError:
-            micro = 0
-        if not 0 < micro <= LOW_BALANCE_MAX_PLN * 1_000_000 or micro % 10_000:
-            raise_page(request, 400, _("Enter a threshold from {min} to {max} (at most 2 decimal places), or nothing"
-                                       " to turn the e-mail off.").format(min=money(10_000),
-                                                                          max=money(LOW_BALANCE_MAX_PLN * 1_000_000)))
+    micro = await _form_micro(request, "threshold")
+    if micro is not None and (not 0 < micro <= LOW_BALANCE_MAX_PLN * 1_000_000 or micro % 10_000):
+        raise_page(request, 400, _("Enter a threshold from {min} to {max} (at most 2 decimal places), or nothing"
+                                   " to turn the e-mail off.").format(min=money(10_000),
+                                                                      max=money(LOW_BALANCE_MAX_PLN * 1_000_000)))
     await c.pool.execute("UPDATE orgs SET low_balance_micro_pln = $2, low_balance_mailed_at = NULL WHERE id = $1",
                          v.org_id, micro)
     see_other("/billing?msg=" + ("low_balance_set" if micro else "low_balance_off"))
@@ -173,11 +180,8 @@ async def set_low_balance(request: web.Request) -> web.Response:
 async def cancel_payment(request: web.Request) -> web.Response:
     """Give up on a pending top-up (the buyer left the provider's page).  Should the provider still
     report it paid, it is credited all the same: money received is never lost."""
-    v = need_owner(request)
     c = console(request)
-    pid = request.match_info["payment_id"]
-    if await billing.payment_of(c.pool, v.org_id, pid) is None:
-        raise_page(request, 404, _("There is no such payment in this organisation."))
+    pid = (await _payment(request, need_owner(request)))["id"]
     await c.pool.execute("UPDATE payments SET status = 'cancelled' WHERE id = $1 AND status = 'pending'", pid)
     see_other(f"/billing?payment={pid}")
 
@@ -186,10 +190,7 @@ async def cancel_payment(request: web.Request) -> web.Response:
 async def retry_payment(request: web.Request) -> web.Response:
     """A new top-up of the same amount as one that was cancelled or failed."""
     v = need_owner(request)
-    c = console(request)
-    row = await billing.payment_of(c.pool, v.org_id, request.match_info["payment_id"])
-    if row is None:
-        raise_page(request, 404, _("There is no such payment in this organisation."))
+    row = await _payment(request, v)
     if row["status"] not in ("failed", "cancelled"):
         see_other(f"/billing?payment={row['id']}")
     await _start_topup(request, v, row["amount_micro_pln"])
@@ -198,10 +199,7 @@ async def retry_payment(request: web.Request) -> web.Response:
 @routes.get("/billing/return/{payment_id}")
 async def payment_return(request: web.Request) -> web.Response:
     """The buyer's browser comes back: this credits nothing, it only shows the payment's state."""
-    v = need_viewer(request)
-    pid = request.match_info["payment_id"]
-    if await billing.payment_of(console(request).pool, v.org_id, pid) is None:
-        raise_page(request, 404, _("There is no such payment in this organisation."))
+    pid = (await _payment(request, need_viewer(request)))["id"]
     if request.query.get("cancelled"):
         see_other(f"/billing?payment={pid}&cancelled=1")
     see_other(f"/billing?payment={pid}")
@@ -209,10 +207,7 @@ async def payment_return(request: web.Request) -> web.Response:
 
 @routes.get("/billing/payment/{payment_id}")
 async def payment_status(request: web.Request) -> web.Response:
-    v = need_viewer(request)
-    row = await billing.payment_of(console(request).pool, v.org_id, request.match_info["payment_id"])
-    if row is None:
-        raise_page(request, 404, _("There is no such payment in this organisation."))
+    row = await _payment(request, need_viewer(request))
     return web.json_response({"id": row["id"], "status": row["status"], "amount_micro_pln": row["amount_micro_pln"]})
 
 
@@ -243,27 +238,22 @@ async def notify(request: web.Request) -> web.Response:
 
 # ---- the sandbox provider's payment page ------------------------------------------------------
 
-async def _sandbox_payment(request: web.Request) -> tuple[object, Any]:
-    c = console(request)
+async def _sandbox_payment(request: web.Request) -> asyncpg.Record:
     dev_only(request)  # free money: development mode, loopback only
-    if c.provider.name != "sandbox":
+    if console(request).provider.name != "sandbox":
         raise web.HTTPNotFound()
-    v = need_viewer(request)
-    row = await billing.payment_of(c.pool, v.org_id, request.match_info["payment_id"])
-    if row is None:
-        raise_page(request, 404, _("There is no such payment in this organisation."))
-    return v, row
+    return await _payment(request, need_viewer(request))
 
 
 @routes.get("/sandbox/pay/{payment_id}")
 async def sandbox_page(request: web.Request) -> web.Response:
-    _, row = await _sandbox_payment(request)
+    row = await _sandbox_payment(request)
     return render(request, "sandbox_pay.html", payment=row)
 
 
 @routes.post("/sandbox/pay/{payment_id}")
 async def sandbox_pay(request: web.Request) -> web.Response:
-    _, row = await _sandbox_payment(request)
+    row = await _sandbox_payment(request)
     c = console(request)
     paid = (await request.post()).get("action") == "pay"
     doc = c.provider.notification(row["id"], row["amount_micro_pln"], paid)  # type: ignore[attr-defined]

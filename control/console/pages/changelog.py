@@ -11,7 +11,7 @@ from aiohttp import web
 from extproc import catalog
 
 from ..i18n import _
-from ..web import console, render
+from ..web import load_catalog, render
 
 routes = web.RouteTableDef()
 
@@ -41,8 +41,7 @@ def entries(cat: catalog.Catalog, now: float) -> list[Entry]:
 
 @routes.get("/changelog")
 async def changelog_page(request: web.Request) -> web.Response:
-    try:
-        cat = catalog.load(console(request).settings.catalog)
-    except (OSError, ValueError):
+    cat = load_catalog(request)
+    if cat is None:
         return render(request, "changelog.html", status=503, entries=[], error=_("The catalog cannot be read now."))
     return render(request, "changelog.html", entries=entries(cat, time.time()), error=None)

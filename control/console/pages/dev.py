@@ -13,7 +13,7 @@ routes = web.RouteTableDef()
 def _messages(request: web.Request) -> list[dict[str, object]]:
     c = console(request)
     dev_only(request)
-    if not c.dev_mail:
+    if not c.mailer.capture:
         raise web.HTTPNotFound()
     return read_messages(c.settings.state / "mail", request.query.get("to") or None)
 

@@ -8,7 +8,7 @@ from aiohttp import web
 
 from ..i18n import _
 from ..store import Viewer, name_problem
-from ..web import console, need_viewer, raise_page, render, see_other
+from ..web import console, load_catalog, need_viewer, raise_page, render, see_other
 
 routes = web.RouteTableDef()
 
@@ -30,12 +30,8 @@ FORM_TTL_S = 24 * 3600  # a key form left open this long can still be sent once
 
 def _example_alias(request: web.Request) -> str:
     """A chat alias of the catalog in force, for the first-call snippets."""
-    from extproc import catalog
-    try:
-        aliases = catalog.load(console(request).settings.catalog).aliases
-    except (OSError, ValueError):
-        return "polish-pro"
-    chat = sorted(a for a, v in aliases.items() if "chat" in v.capabilities)
+    cat = load_catalog(request)
+    chat = sorted(a for a, v in cat.aliases.items() if "chat" in v.capabilities) if cat is not None else []
     return "polish-pro" if "polish-pro" in chat else (chat[0] if chat else "polish-pro")
 
 

@@ -110,8 +110,7 @@ async def accept(request: web.Request) -> web.Response:
     if problem:
         return render(request, "invite.html", status=400, invite=inv, token=token, has_account=False, error=problem)
     pw = await asyncio.to_thread(hash_password, password)
-    async with c.pool.acquire() as conn, conn.transaction():
-        uid = await c.store.create_user(inv["email"], pw, lang(), verified=True, conn=conn)
+    uid = await c.store.create_user(inv["email"], pw, lang(), verified=True)
     org = await c.store.accept_invite(token, uid, inv["email"])
     if org is None:
         raise_page(request, 400, _("That invitation is invalid, used or expired."))

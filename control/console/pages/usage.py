@@ -16,7 +16,7 @@ from control.admin import micro_to_pln, status_condition
 from extproc.catalog import WARSAW
 
 from ..i18n import DATE_HINT, _, day, day_short, money_exact, ngettext, parse_day
-from ..web import console, need_viewer, render
+from ..web import console, load_catalog, need_viewer, render
 
 routes = web.RouteTableDef()
 PAGE_ROWS = 500
@@ -61,30 +61,29 @@ class Filters:
 
     def where(self, org_id: str) -> tuple[str, list[Any]]:
         """A WHERE clause on usage_records ``u``; always the viewer's organisation first."""
-        sql: list[str] = ["u.org_id = $1"]
-        args: list[Any] = [org_id]
-        if self.start:
-            args.append(dt.datetime.combine(self.start, dt.time(), WARSAW))
-            sql.append(f"u.started_at >= ${len(args)}")
-        if self.end:
-            args.append(dt.datetime.combine(self.end + dt.timedelta(days=1), dt.time(), WARSAW))
-            sql.append(f"u.started_at < ${len(args)}")
-        if self.key:
-            args.append(self.key)
-            sql.append(f"u.key_id = ${len(args)}")
-        if self.alias:
-            args.append(self.alias)
-            sql.append(f"u.alias = ${len(args)}")
-        cond = status_condition(self.status)
-        if cond is not None:
-            text, arg = cond
+        sql: list[str] = []
+        args: list[Any] = []
+
+        def add(condition: str, arg: Any = None) -> None:
+            """A condition on ``u``; ``{}`` in it stands for ``arg``'s parameter number."""
             if arg is not None:
                 args.append(arg)
-                text = text.format(len(args))
-            sql.append("u." + text)
+            sql.append("u." + condition.format(len(args)))
+
+        add("org_id = ${}", org_id)
+        if self.start:
+            add("started_at >= ${}", dt.datetime.combine(self.start, dt.time(), WARSAW))
+        if self.end:
+            add("started_at < ${}", dt.datetime.combine(self.end + dt.timedelta(days=1), dt.time(), WARSAW))
+        if self.key:
+            add("key_id = ${}", self.key)
+        if self.alias:
+            add("alias = ${}", self.alias)
+        cond = status_condition(self.status)
+        if cond is not None:
+            add(*cond)
         if self.request_id:
-            args.append(self.request_id)
-            sql.append(f"u.request_id = ${len(args)}")
+            add("request_id = ${}", self.request_id)
         if self.problems:
             sql.append("false")  # a filter that could not be read lists nothing rather than everything
         return " AND ".join(sql), args
@@ -127,25 +126,18 @@ def chart(days: list[dict[str, Any]], width: int = 640, height: int = 160) -> di
 
 
 async def _live(request: web.Request, org_id: str, f: Filters) -> dict[str, Any]:
+    where, args = f.where(org_id)
+    sums = ("count(*) AS requests, sum(u.prompt_tokens)::bigint AS prompt, sum(u.completion_tokens)::bigint AS"
+            f" completion, sum(u.cost_micro_pln)::bigint AS cost FROM usage_records u WHERE {where} GROUP BY 1")
     # one snapshot: the totals add up to the rows listed, even while the usage writer adds records
     async with console(request).pool.acquire() as conn, conn.transaction(isolation="repeatable_read",
                                                                             readonly=True):
-        return await _live_in(conn, org_id, f)
-
-
-async def _live_in(conn: Any, org_id: str, f: Filters) -> dict[str, Any]:
-    where, args = f.where(org_id)
-    per_day = [dict(r) for r in await conn.fetch(
-        "SELECT (u.started_at AT TIME ZONE 'Europe/Warsaw')::date AS day, count(*) AS requests, sum(u.prompt_tokens)::bigint AS prompt,"
-        f" sum(u.completion_tokens)::bigint AS completion, sum(u.cost_micro_pln)::bigint AS cost FROM usage_records u WHERE {where}"
-        " GROUP BY 1 ORDER BY 1 DESC", *args)]
-    per_alias = [dict(r) for r in await conn.fetch(
-        "SELECT u.alias, count(*) AS requests, sum(u.prompt_tokens)::bigint AS prompt, sum(u.completion_tokens)::bigint AS completion,"
-        f" sum(u.cost_micro_pln)::bigint AS cost FROM usage_records u WHERE {where} GROUP BY 1 ORDER BY 1", *args)]
-    rows = await _rows(conn, org_id, f, PAGE_ROWS)
-    total = sum(d["cost"] for d in per_day)
-    return {"rows": rows, "per_day": per_day, "per_alias": per_alias, "chart": chart(per_day), "total": total,
-            "count": sum(d["requests"] for d in per_day)}
+        per_day = [dict(r) for r in await conn.fetch(
+            f"SELECT (u.started_at AT TIME ZONE 'Europe/Warsaw')::date AS day, {sums} ORDER BY 1 DESC", *args)]
+        per_alias = [dict(r) for r in await conn.fetch(f"SELECT u.alias, {sums} ORDER BY 1", *args)]
+        rows = await _rows(conn, org_id, f, PAGE_ROWS)
+    return {"rows": rows, "per_day": per_day, "per_alias": per_alias, "chart": chart(per_day),
+            "total": sum(d["cost"] for d in per_day), "count": sum(d["requests"] for d in per_day)}
 
 
 @routes.get("/usage")
@@ -154,22 +146,15 @@ async def usage_page(request: web.Request) -> web.Response:
     c = console(request)
     f = Filters.of(request.query)
     keys = await c.pool.fetch("SELECT id, name, prefix FROM api_keys WHERE org_id = $1 ORDER BY created_at", v.org_id)
-    aliases = sorted(c_alias for c_alias in await _aliases(request, v.org_id))
-    resp = render(request, "usage.html", f=f, q=f.query(), keys=keys, aliases=aliases, statuses=STATUSES,
-                  **await _live(request, v.org_id, f))
-    if f.problems:
-        resp.set_status(400)
-    return resp
+    aliases = sorted(await _aliases(request, v.org_id))
+    return render(request, "usage.html", status=400 if f.problems else 200, f=f, q=f.query(), keys=keys,
+                  aliases=aliases, statuses=STATUSES, **await _live(request, v.org_id, f))
 
 
 async def _aliases(request: web.Request, org_id: str) -> set[str]:
-    from extproc import catalog
-    try:
-        names = set(catalog.load(console(request).settings.catalog).aliases)
-    except (OSError, ValueError):
-        names = set()
+    cat = load_catalog(request)
     used = await console(request).pool.fetch("SELECT DISTINCT alias FROM usage_records WHERE org_id = $1", org_id)
-    return names | {r["alias"] for r in used}
+    return set(cat.aliases if cat is not None else ()) | {r["alias"] for r in used}
 
 
 @routes.get("/usage/live")

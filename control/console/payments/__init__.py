@@ -10,10 +10,8 @@ from .base import BadNotification, Notification, Payment, PaymentError, Provider
 def make_provider(s: ConsoleSettings, secret: bytes) -> Provider:
     """Przelewy24, or the sandbox provider in development mode only (``launch.refusal`` keeps the
     console from starting otherwise; this refuses too, should anything call it directly)."""
-    from ..launch import ConfigError, payment_provider, refusal
-    why = refusal(s)
-    if why:
-        raise ConfigError(why)
+    from ..launch import check, payment_provider
+    check(s)
     if payment_provider(s) == "p24":
         from .przelewy24 import Przelewy24
         return Przelewy24.from_settings(s)

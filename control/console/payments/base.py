@@ -42,6 +42,3 @@ class Provider(Protocol):
 
     async def confirm(self, n: Notification) -> None:
         """The provider's own confirmation step (P24: the verify call); PaymentError on refusal."""
-
-
-__all__ = ["BadNotification", "Notification", "Payment", "PaymentError", "Provider"]

@@ -38,9 +38,7 @@ _NOTIFICATION_FIELDS: tuple[tuple[str, type], ...] = (
 
 def checksum(fields: dict[str, Any], crc: str) -> str:
     """SHA-384 hex of the JSON of ``fields`` (in the given order) followed by ``crc``."""
-    doc = dict(fields)
-    doc["crc"] = crc
-    text = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps({**fields, "crc": crc}, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha384(text.encode("utf-8")).hexdigest()
 
 
@@ -74,13 +72,11 @@ class Przelewy24:
         return cls(s.p24_merchant_id, s.p24_pos_id or s.p24_merchant_id, s.p24_crc, s.p24_api_key,
                    base.rstrip("/"))
 
-    def _auth(self) -> aiohttp.BasicAuth:
-        return aiohttp.BasicAuth(str(self.pos_id), self.api_key)
-
     async def _call(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        auth = aiohttp.BasicAuth(str(self.pos_id), self.api_key)
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
-                async with http.request(method, self.base_url + path, json=body, auth=self._auth()) as r:
+                async with http.request(method, self.base_url + path, json=body, auth=auth) as r:
                     doc = await r.json(content_type=None)
                     if r.status != 200 or not isinstance(doc, dict):
                         raise PaymentError(f"Przelewy24 {path}: HTTP {r.status}")

@@ -20,13 +20,9 @@ class Sandbox:
     console_url: str
     name: str = "sandbox"
 
-    @property
-    def _key(self) -> bytes:
-        return sub_key(self.secret, "sandbox-payment-provider")
-
     def sign(self, doc: dict[str, Any]) -> str:
         text = json.dumps({k: doc[k] for k in sorted(doc) if k != "sign"}, separators=(",", ":"))
-        return hmac.new(self._key, text.encode(), hashlib.sha256).hexdigest()
+        return hmac.new(sub_key(self.secret, "sandbox-payment-provider"), text.encode(), hashlib.sha256).hexdigest()
 
     async def start(self, p: Payment, return_url: str, notify_url: str) -> str:
         return f"{self.console_url}/sandbox/pay/{p.id}"
