@@ -1,10 +1,13 @@
-"""Secrets, password hashing, single-use tokens and CSRF tokens. Pure apart from the secret file."""
+"""Secrets, password hashing, single-use tokens and CSRF tokens. Pure apart from the secret file and
+the hashing threads."""
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import os
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from argon2 import PasswordHasher
@@ -28,6 +31,20 @@ def check_password(stored: str | None, password: str) -> bool:
         return _HASHER.verify(stored or _DUMMY, password) and stored is not None
     except (VerifyMismatchError, VerificationError, InvalidHashError):
         return False
+
+
+# Argon2 runs outside the event loop, at most one hash per core at a time: a burst of log-ins (100 at
+# once in tests/test_console_security.py) queues here instead of starving the loop, whose Redis and
+# PostgreSQL calls would otherwise wait past their pools' timeouts and fail (seen as 500s under load).
+_HASHING = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="argon2")
+
+
+async def hashed(password: str) -> str:
+    return await asyncio.get_running_loop().run_in_executor(_HASHING, hash_password, password)
+
+
+async def password_matches(stored: str | None, password: str) -> bool:
+    return await asyncio.get_running_loop().run_in_executor(_HASHING, check_password, stored, password)
 
 
 def password_problem(password: str) -> str | None:

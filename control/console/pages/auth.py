@@ -2,15 +2,13 @@
 switching organisation, and the overview page."""
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
 
 from control.admin import pln_to_micro
 
 from .. import limits, mail
 from ..i18n import LANG_COOKIE, YEAR_S, _, lang
-from ..security import check_password, hash_password, new_token, password_problem
+from ..security import hashed, new_token, password_matches, password_problem
 from ..store import SESSION_DAYS, name_problem, normal_email, valid_email
 from ..web import SESSION_COOKIE, Console, client_ip, console, cookie, need_viewer, raise_page, render, safe_next, see_other, viewer
 
@@ -76,7 +74,7 @@ async def signup(request: web.Request) -> web.Response:
     if not await limits.hit(c.redis, (limits.SIGNUP_EMAIL, email), (limits.SIGNUP_IP, client_ip(request))):
         return render(request, "signup.html", status=429, error=_("Too many sign-ups; try again later."),
                       email=email, org=org)
-    pw_hash = await asyncio.to_thread(hash_password, password)
+    pw_hash = await hashed(password)
     existing = await c.store.user_by_email(email)
     if existing is not None:  # same answer as a new sign-up: the page does not tell who has an account
         c.background.run(c.mailer.send(email, *mail.already_registered(f"{c.base_url}/login")), "sign-up mail")
@@ -135,7 +133,7 @@ async def login(request: web.Request) -> web.Response:
                       error=_("Too many failed attempts; try again in {minutes} minutes.")
                       .format(minutes=limits.LOGIN_EMAIL.window_s // 60))
     user = await c.store.user_by_email(email)
-    ok = await asyncio.to_thread(check_password, user["password_hash"] if user else None, password)
+    ok = await password_matches(user["password_hash"] if user else None, password)
     if user is None or not ok:
         return render(request, "login.html", status=401, email=email, next=nxt,
                       error=_("Wrong e-mail address or password."))
@@ -200,7 +198,7 @@ async def new_password(request: web.Request) -> web.Response:
     uid = await c.store.use_email_token(token, "reset")
     if uid is None:
         raise_page(request, 400, _("That reset link is invalid, used or expired."))
-    await c.store.set_password(uid, await asyncio.to_thread(hash_password, password))  # and ends every session of the account
+    await c.store.set_password(uid, await hashed(password))  # and ends every session of the account
     if await c.store.mark_verified(uid):  # the link proved the address
         await grant_trial(request, uid)
     see_other("/login?msg=reset_done")

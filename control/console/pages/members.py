@@ -1,13 +1,11 @@
 """Members: invite by e-mail, accept, roles (owner: billing and members; member: keys and usage), remove."""
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
 
 from .. import limits, mail
 from ..i18n import _, lang
-from ..security import hash_password, new_token, password_problem
+from ..security import hashed, new_token, password_problem
 from ..store import normal_email, valid_email
 from ..web import console, need_owner, raise_page, render, see_other, viewer
 from .auth import start_session
@@ -109,7 +107,7 @@ async def accept(request: web.Request) -> web.Response:
     problem = password_problem(password)
     if problem:
         return render(request, "invite.html", status=400, invite=inv, token=token, has_account=False, error=problem)
-    pw = await asyncio.to_thread(hash_password, password)
+    pw = await hashed(password)
     uid = await c.store.create_user(inv["email"], pw, lang(), verified=True)
     org = await c.store.accept_invite(token, uid, inv["email"])
     if org is None:
