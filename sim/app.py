@@ -14,15 +14,14 @@ import math
 import re
 import time
 import uuid
-from dataclasses import dataclass, field
+from http import HTTPStatus
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from .errors import SimError, error_body
 from .guided import generate
-from .knobs import Knobs, parse_knobs
-from .records import Record, RecordStore
+from .knobs import is_int, is_number, Knobs, parse_knobs, SimError
 from .tokens import (
     apply_stop,
     chat_prompt_tokens,
@@ -37,6 +36,7 @@ from .tokens import (
 MULTIMODAL_PART_TYPES = frozenset({"image_url", "input_audio", "audio_url", "video_url", "image", "image_embeds"})
 TOOL_CALL_TOKENS = 5
 CLIENT_MAX_SIZE = 1 << 30  # accept very large prompts (context-length tests)
+MAX_RECORDS = 100_000
 
 
 def _dumps(obj: Any) -> bytes:
@@ -47,12 +47,23 @@ def _hex() -> str:
     return uuid.uuid4().hex
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def error_type(status: int) -> str:
+    """vLLM's ``error.type`` for an HTTP status."""
+    if status == 413:  # these two by the phrases newer Pythons renamed
+        return "RequestEntityTooLargeError"
+    if status == 422:
+        return "UnprocessableEntity"
+    if status >= 500:
+        return "InternalServerError"
+    try:
+        return HTTPStatus(status).phrase.replace(" ", "").replace("-", "") + "Error"
+    except ValueError:
+        return "BadRequestError"
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+def error_body(status: int, message: str) -> bytes:
+    """``{"error": {"message", "type", "param": null, "code": status}}`` as bytes."""
+    return _dumps({"error": {"message": message, "type": error_type(status), "param": None, "code": status}})
 
 
 _TEXT_PIECES = re.compile(r"\s*(?:\w+|[^\w\s])")
@@ -185,6 +196,28 @@ def frame_event(data: bytes, knobs: Knobs) -> bytes:
 
 
 @dataclass
+class Record:
+    """What the simulator saw of one request (counts only, never any text); served at ``/sim/requests``."""
+
+    request_id: str
+    deployment: str
+    model: str
+    endpoint: str  # "chat" | "embeddings"
+    stream: bool = False
+    status: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    events_sent: int = 0  # stream: events written whole (before a fail_after_chunks drop)
+    usage_reported: bool = False
+    completed: bool = False
+    # how the request came (headers only, never a value that could be a key or text)
+    content_type: str = ""
+    content_length: str | None = None
+    transfer_encoding: str | None = None
+    body_bytes: int = 0
+
+
+@dataclass
 class StreamEvent:
     data: bytes
     tokens: int = 0
@@ -198,7 +231,7 @@ class Simulator:
         self.name = name
         self.chat_models = dict(chat_models)
         self.embed_models = dict(embed_models)
-        self.records = RecordStore()
+        self.records: dict[str, Record] = {}  # the last MAX_RECORDS, oldest first
         self.created = int(time.time())
 
     # ------------------------------------------------------------------ helpers
@@ -209,7 +242,10 @@ class Simulator:
         rec = Record(request_id=rid, deployment=self.name, model="", endpoint=endpoint,
                      content_type=h.get("Content-Type", ""), content_length=h.get("Content-Length"),
                      transfer_encoding=h.get("Transfer-Encoding"))
-        self.records.add(rec)
+        self.records.pop(rid, None)
+        self.records[rid] = rec
+        if len(self.records) > MAX_RECORDS:
+            del self.records[next(iter(self.records))]
         return rec
 
     async def _error(self, rec: Record, err: SimError, knobs: Knobs, quote: str | None) -> web.Response:
@@ -343,11 +379,11 @@ class Simulator:
         rec = self.records.get(request.match_info["request_id"])
         if rec is None:
             return web.Response(status=404, body=error_body(404, "Unknown request id."), content_type="application/json")
-        return web.Response(body=_dumps(rec.to_json()), content_type="application/json")
+        return web.Response(body=_dumps(asdict(rec)), content_type="application/json")
 
     async def list_records(self, request: web.Request) -> web.Response:
         return web.Response(
-            body=_dumps({"data": [r.to_json() for r in self.records.all()]}), content_type="application/json"
+            body=_dumps({"data": [asdict(r) for r in self.records.values()]}), content_type="application/json"
         )
 
     async def clear_records(self, request: web.Request) -> web.Response:
@@ -405,7 +441,7 @@ class Simulator:
         if max_tokens is None:
             max_tokens, mt_name = body.get("max_tokens"), "max_tokens"
         if max_tokens is not None:
-            if not _is_int(max_tokens):
+            if not is_int(max_tokens):
                 raise SimError(400, f"{mt_name} must be an integer, got {max_tokens!r}.")
             if max_tokens < 1:
                 raise SimError(400, f"max_tokens must be at least 1, got {max_tokens}.")
@@ -413,21 +449,21 @@ class Simulator:
         n = body.get("n")
         if n is None:
             n = 1
-        if not _is_int(n):
+        if not is_int(n):
             raise SimError(400, f"n must be an integer, got {n!r}.")
         if n < 1:
             raise SimError(400, f"n must be at least 1, got {n}.")
 
         temperature = body.get("temperature")
         if temperature is not None:
-            if not _is_number(temperature):
+            if not is_number(temperature):
                 raise SimError(400, f"temperature must be a number, got {temperature!r}.")
             if temperature < 0:
                 raise SimError(400, f"temperature must be non-negative, got {float(temperature)}.")
 
         top_p = body.get("top_p")
         if top_p is not None:
-            if not _is_number(top_p):
+            if not is_number(top_p):
                 raise SimError(400, f"top_p must be a number, got {top_p!r}.")
             if not 0 < top_p <= 1:
                 raise SimError(400, f"top_p must be in (0, 1], got {float(top_p)}.")
@@ -698,9 +734,9 @@ class Simulator:
                 raise SimError(400, "Input cannot be empty.")
             if all(isinstance(x, str) for x in inp):
                 return list(inp)
-            if all(_is_int(x) for x in inp):
+            if all(is_int(x) for x in inp):
                 return [list(inp)]
-            if all(isinstance(x, list) and x and all(_is_int(y) for y in x) for x in inp):
+            if all(isinstance(x, list) and x and all(is_int(y) for y in x) for x in inp):
                 return [list(x) for x in inp]
         raise SimError(400, "input must be a string, an array of strings, an array of integers "
                             "or an array of non-empty arrays of integers.")
@@ -729,7 +765,7 @@ class Simulator:
             if fmt not in ("float", "base64"):
                 raise SimError(400, f"encoding_format must be 'float' or 'base64', got {fmt!r}.")
             dims = body.get("dimensions")
-            if dims is not None and (not _is_int(dims) or not 1 <= dims <= EMBEDDING_DIM):
+            if dims is not None and (not is_int(dims) or not 1 <= dims <= EMBEDDING_DIM):
                 raise SimError(400, f"dimensions must be an integer between 1 and {EMBEDDING_DIM}, got {dims!r}.")
             ctx = self.embed_models[model]
             counts = [count_tokens(x) if isinstance(x, str) else len(x) for x in items]
@@ -761,9 +797,6 @@ class Simulator:
         return await self._send_json(request, rec, doc, knobs, usage=not knobs.no_usage)
 
 
-SIMULATOR_KEY: web.AppKey[Simulator] = web.AppKey("simulator", Simulator)
-
-
 def _require_key(api_key: str) -> Any:
     """vLLM's ``--api-key``: every ``/v1`` request needs ``Authorization: Bearer <key>``, else 401."""
     expected = f"Bearer {api_key}".encode()
@@ -784,7 +817,6 @@ def make_app(name: str, chat_models: dict[str, int], embed_models: dict[str, int
     sim = Simulator(name, chat_models, embed_models)
     app = web.Application(client_max_size=CLIENT_MAX_SIZE,
                           middlewares=[_require_key(api_key)] if api_key else [])
-    app[SIMULATOR_KEY] = sim
     app.router.add_get("/health", sim.health)
     app.router.add_get("/v1/models", sim.models)
     app.router.add_post("/v1/chat/completions", sim.chat)
