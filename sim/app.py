@@ -8,6 +8,8 @@ and for every ``data:`` event of a stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import hmac
 import json
 import math
@@ -101,6 +103,19 @@ def _schema_in_prompt(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
                 return value
             pos = text.find("{", pos + 1)
     return None
+
+
+def _quote(body: dict[str, Any], endpoint: str) -> str:
+    """The prompt the quote_prompt knob appends to errors: the first user message or input string."""
+    if endpoint == "chat":
+        messages = body.get("messages")
+        for m in messages if isinstance(messages, list) else []:
+            if isinstance(m, dict) and m.get("role") == "user":
+                return content_text(m.get("content"))
+        return ""
+    inp = body.get("input")
+    first = inp[0] if isinstance(inp, list) and inp else inp
+    return first if isinstance(first, str) else ""
 
 
 def _response_schema(rf: Any) -> dict[str, Any] | None:
@@ -248,18 +263,6 @@ class Simulator:
             del self.records[next(iter(self.records))]
         return rec
 
-    async def _error(self, rec: Record, err: SimError, knobs: Knobs, quote: str | None) -> web.Response:
-        if knobs.ttft_ms:
-            await asyncio.sleep(knobs.ttft_ms / 1000)
-        message = err.message
-        if quote is not None:
-            message = f"{message} Prompt: {quote}"
-        rec.status = err.status
-        rec.completion_tokens = 0
-        rec.usage_reported = False
-        rec.completed = True
-        return web.Response(status=err.status, body=error_body(err.status, message), content_type="application/json")
-
     def _resolve_model(self, body: dict[str, Any], endpoint: str) -> str:
         model = body.get("model")
         own = self.chat_models if endpoint == "chat" else self.embed_models
@@ -293,11 +296,6 @@ class Simulator:
         return body
 
     @staticmethod
-    def _wants_quote(body: dict[str, Any]) -> bool:
-        sim = body.get("sim")
-        return isinstance(sim, dict) and sim.get("quote_prompt") is True
-
-    @staticmethod
     async def _drop(request: web.Request) -> None:
         """Abort the TCP connection once what was written has left the process."""
         transport = request.transport
@@ -309,19 +307,13 @@ class Simulator:
             await asyncio.sleep(0.005)
         transport.abort()
 
-    async def _send_json(
-        self, request: web.Request, rec: Record, doc: dict[str, Any], knobs: Knobs, usage: bool
-    ) -> web.StreamResponse:
-        """Send a 200 JSON body honouring ttft/reply_bytes/stall/fail knobs."""
-        data = _dumps(doc)
-        if knobs.reply_bytes > len(data):
-            data = data + b" " * (knobs.reply_bytes - len(data))
-        if knobs.ttft_ms:
-            await asyncio.sleep(knobs.ttft_ms / 1000)
+    async def _send_json(self, request: web.Request, rec: Record, doc: dict[str, Any], knobs: Knobs
+                         ) -> web.StreamResponse:
+        """Send a 200 JSON body honouring the reply_bytes/stall/fail knobs."""
+        data = _dumps(doc).ljust(knobs.reply_bytes)
         resp = web.StreamResponse(status=200)
         resp.content_type = "application/json"
         resp.content_length = len(data)
-        rec.status = 200
         try:
             await resp.prepare(request)
             if knobs.fail_after_chunks is not None or knobs.stall_ms:
@@ -337,7 +329,7 @@ class Simulator:
                 await resp.write(data)
             await resp.write_eof()
             rec.completed = True
-            rec.usage_reported = usage
+            rec.usage_reported = not knobs.no_usage
         except ConnectionError:
             pass
         return resp
@@ -390,16 +382,49 @@ class Simulator:
         self.records.clear()
         return web.Response(status=200, body=b"{}", content_type="application/json")
 
-    # ------------------------------------------------------------------- chat
+    async def serve(self, endpoint: str, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/chat/completions`` (``endpoint`` "chat") or ``/v1/embeddings`` ("embeddings")."""
+        rec = self._begin(request, endpoint)
+        knobs = Knobs()
+        quote: str | None = None
+        reply: dict[str, Any] | list[StreamEvent] | SimError
+        try:
+            body = await self._read_json(request, rec)
+            if isinstance(body.get("model"), str):
+                rec.model = body["model"]
+            rec.stream = endpoint == "chat" and body.get("stream") is True
+            sim = body.get("sim")
+            if isinstance(sim, dict) and sim.get("quote_prompt") is True:
+                quote = _quote(body, endpoint)
+            knobs = parse_knobs(sim)
+            if knobs.status is not None:
+                if endpoint == "chat":
+                    with contextlib.suppress(Exception):  # best effort only
+                        rec.prompt_tokens = chat_prompt_tokens(body["messages"])
+                raise SimError(knobs.status, knobs.message)
+            rec.model = self._resolve_model(body, endpoint)
+            if endpoint == "chat":
+                reply = self._chat(request, body, rec.model, knobs, rec)
+            else:
+                reply = self._embeddings(body, rec.model, rec)
+        except SimError as err:
+            reply = err
+        if knobs.ttft_ms:
+            await asyncio.sleep(knobs.ttft_ms / 1000)
+        if isinstance(reply, SimError):
+            message = reply.message if quote is None else f"{reply.message} Prompt: {quote}"
+            rec.status = reply.status
+            rec.completed = True
+            return web.Response(status=reply.status, body=error_body(reply.status, message),
+                                content_type="application/json")
+        rec.status = 200
+        if isinstance(reply, list):
+            return await self._send_stream(request, rec, reply, knobs)
+        if knobs.no_usage:
+            del reply["usage"]
+        return await self._send_json(request, rec, reply, knobs)
 
-    @staticmethod
-    def _chat_quote(body: dict[str, Any]) -> str:
-        messages = body.get("messages")
-        if isinstance(messages, list):
-            for m in messages:
-                if isinstance(m, dict) and m.get("role") == "user":
-                    return content_text(m.get("content"))
-        return ""
+    # ------------------------------------------------------------------- chat
 
     def _validate_messages(self, model: str, messages: Any) -> list[dict[str, Any]]:
         if not isinstance(messages, list) or not messages:
@@ -425,10 +450,10 @@ class Simulator:
                     raise SimError(400, f"Unknown part type: {ptype}")
         return messages
 
-    def _plan_chat(
+    def _chat(
         self, request: web.Request, body: dict[str, Any], model: str, knobs: Knobs, rec: Record
-    ) -> tuple[list[ChoicePlan], bool, bool]:
-        """Validate a chat request; return (choices, stream, include_usage)."""
+    ) -> dict[str, Any] | list[StreamEvent]:
+        """Validate a chat request; return its reply (a stream's events)."""
         messages = self._validate_messages(model, body.get("messages"))
 
         stream = body.get("stream")
@@ -578,31 +603,6 @@ class Simulator:
                 pieces, hit = apply_stop(generate_tokens(model, i, count), stops)
                 choices.append(ChoicePlan(pieces=pieces, weights=[1] * len(pieces),
                                           finish_reason="stop" if hit else finish))
-        return choices, stream, include_usage
-
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        rec = self._begin(request, "chat")
-        knobs = Knobs()
-        quote: str | None = None
-        try:
-            body = await self._read_json(request, rec)
-            if isinstance(body.get("model"), str):
-                rec.model = body["model"]
-            rec.stream = body.get("stream") is True
-            if self._wants_quote(body):
-                quote = self._chat_quote(body)
-            knobs = parse_knobs(body.get("sim"))
-            if knobs.status is not None:
-                try:
-                    rec.prompt_tokens = chat_prompt_tokens(body["messages"])
-                except Exception:  # best effort only
-                    rec.prompt_tokens = 0
-                raise SimError(knobs.status, knobs.message)
-            model = self._resolve_model(body, "chat")
-            rec.model = model
-            choices, stream, include_usage = self._plan_chat(request, body, model, knobs, rec)
-        except SimError as err:
-            return await self._error(rec, err, knobs, quote)
 
         completion = sum(c.tokens for c in choices)
         usage = {"prompt_tokens": rec.prompt_tokens, "total_tokens": rec.prompt_tokens + completion,
@@ -618,16 +618,11 @@ class Simulator:
                     msg = {"role": "assistant", "content": "".join(c.pieces), "tool_calls": []}
                 out.append({"index": i, "message": msg, "logprobs": None,
                             "finish_reason": c.finish_reason, "stop_reason": None})
-            doc: dict[str, Any] = {"id": cid, "object": "chat.completion", "created": created, "model": model,
-                                   "choices": out, "usage": usage, "prompt_logprobs": None}
-            if knobs.no_usage:
-                del doc["usage"]
             rec.completion_tokens = completion
-            return await self._send_json(request, rec, doc, knobs, usage=not knobs.no_usage)
-
-        events = self._stream_events(cid, created, model, choices,
-                                     usage if include_usage and not knobs.no_usage else None, knobs.usage_shape)
-        return await self._send_stream(request, rec, events, knobs)
+            return {"id": cid, "object": "chat.completion", "created": created, "model": model,
+                    "choices": out, "usage": usage, "prompt_logprobs": None}
+        return self._stream_events(cid, created, model, choices,
+                                   usage if include_usage and not knobs.no_usage else None, knobs.usage_shape)
 
     @staticmethod
     def _stream_events(
@@ -692,12 +687,8 @@ class Simulator:
     async def _send_stream(
         self, request: web.Request, rec: Record, events: list[StreamEvent], knobs: Knobs
     ) -> web.StreamResponse:
-        if knobs.ttft_ms:
-            await asyncio.sleep(knobs.ttft_ms / 1000)
         resp = web.StreamResponse(status=200, headers={
             "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"})
-        rec.status = 200
-        rec.completion_tokens = 0
         half = len(events) // 2
         try:
             await resp.prepare(request)
@@ -741,45 +732,25 @@ class Simulator:
         raise SimError(400, "input must be a string, an array of strings, an array of integers "
                             "or an array of non-empty arrays of integers.")
 
-    async def embeddings(self, request: web.Request) -> web.StreamResponse:
-        rec = self._begin(request, "embeddings")
-        knobs = Knobs()
-        quote: str | None = None
-        try:
-            body = await self._read_json(request, rec)
-            if isinstance(body.get("model"), str):
-                rec.model = body["model"]
-            if self._wants_quote(body):
-                inp = body.get("input")
-                first = inp[0] if isinstance(inp, list) and inp else inp
-                quote = first if isinstance(first, str) else ""
-            knobs = parse_knobs(body.get("sim"))
-            if knobs.status is not None:
-                raise SimError(knobs.status, knobs.message)
-            model = self._resolve_model(body, "embeddings")
-            rec.model = model
-            items = self._embed_items(body.get("input"))
-            fmt = body.get("encoding_format")
-            if fmt is None:
-                fmt = "float"
-            if fmt not in ("float", "base64"):
-                raise SimError(400, f"encoding_format must be 'float' or 'base64', got {fmt!r}.")
-            dims = body.get("dimensions")
-            if dims is not None and (not is_int(dims) or not 1 <= dims <= EMBEDDING_DIM):
-                raise SimError(400, f"dimensions must be an integer between 1 and {EMBEDDING_DIM}, got {dims!r}.")
-            ctx = self.embed_models[model]
-            counts = [count_tokens(x) if isinstance(x, str) else len(x) for x in items]
-            rec.prompt_tokens = sum(counts)
-            for c in counts:
-                if c > ctx:
-                    raise SimError(
-                        400,
-                        f"This model's maximum context length is {ctx} tokens. However, you requested "
-                        f"{c} tokens in the input for embedding generation. Please reduce the length of the input.",
-                    )
-        except SimError as err:
-            return await self._error(rec, err, knobs, quote)
-
+    def _embeddings(self, body: dict[str, Any], model: str, rec: Record) -> dict[str, Any]:
+        """Validate an embeddings request; return its reply."""
+        items = self._embed_items(body.get("input"))
+        fmt = body.get("encoding_format")  # None: float
+        if fmt not in (None, "float", "base64"):
+            raise SimError(400, f"encoding_format must be 'float' or 'base64', got {fmt!r}.")
+        dims = body.get("dimensions")
+        if dims is not None and (not is_int(dims) or not 1 <= dims <= EMBEDDING_DIM):
+            raise SimError(400, f"dimensions must be an integer between 1 and {EMBEDDING_DIM}, got {dims!r}.")
+        ctx = self.embed_models[model]
+        counts = [count_tokens(x) if isinstance(x, str) else len(x) for x in items]
+        rec.prompt_tokens = sum(counts)
+        for c in counts:
+            if c > ctx:
+                raise SimError(
+                    400,
+                    f"This model's maximum context length is {ctx} tokens. However, you requested "
+                    f"{c} tokens in the input for embedding generation. Please reduce the length of the input.",
+                )
         data = []
         for i, item in enumerate(items):
             vec = embedding_vector(item)
@@ -788,13 +759,10 @@ class Simulator:
                 vec = [v / norm for v in vec[:dims]]
             data.append({"index": i, "object": "embedding",
                          "embedding": pack_base64(vec) if fmt == "base64" else vec})
-        doc: dict[str, Any] = {
+        return {
             "id": f"embd-{_hex()}", "object": "list", "created": int(time.time()), "model": model, "data": data,
             "usage": {"prompt_tokens": rec.prompt_tokens, "total_tokens": rec.prompt_tokens, "completion_tokens": 0},
         }
-        if knobs.no_usage:
-            del doc["usage"]
-        return await self._send_json(request, rec, doc, knobs, usage=not knobs.no_usage)
 
 
 def _require_key(api_key: str) -> Any:
@@ -819,8 +787,8 @@ def make_app(name: str, chat_models: dict[str, int], embed_models: dict[str, int
                           middlewares=[_require_key(api_key)] if api_key else [])
     app.router.add_get("/health", sim.health)
     app.router.add_get("/v1/models", sim.models)
-    app.router.add_post("/v1/chat/completions", sim.chat)
-    app.router.add_post("/v1/embeddings", sim.embeddings)
+    app.router.add_post("/v1/chat/completions", functools.partial(sim.serve, "chat"))
+    app.router.add_post("/v1/embeddings", functools.partial(sim.serve, "embeddings"))
     app.router.add_get("/sim/requests", sim.list_records)
     app.router.add_delete("/sim/requests", sim.clear_records)
     app.router.add_get("/sim/requests/{request_id}", sim.get_record)
