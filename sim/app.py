@@ -11,12 +11,13 @@ import asyncio
 import contextlib
 import functools
 import hmac
+import itertools
 import json
-import math
 import re
 import time
 import uuid
 from http import HTTPStatus
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ from .tokens import (
     embedding_vector,
     generate_tokens,
     pack_base64,
+    unit,
 )
 
 MULTIMODAL_PART_TYPES = frozenset({"image_url", "input_audio", "audio_url", "video_url", "image", "image_embeds"})
@@ -90,19 +92,26 @@ def _schema_in_prompt(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
     decoder = json.JSONDecoder()
     for msg in messages:
         text = content_text(msg.get("content"))
-        pos = text.find("{")
-        tries = 0
-        while pos != -1 and tries < 50:
-            tries += 1
+        for brace in itertools.islice(re.finditer("{", text), 50):
             try:
-                value, _ = decoder.raw_decode(text, pos)
+                value, _ = decoder.raw_decode(text, brace.start())
             except ValueError:
-                pos = text.find("{", pos + 1)
                 continue
             if isinstance(value, dict) and isinstance(value.get("properties"), dict):
                 return value
-            pos = text.find("{", pos + 1)
     return None
+
+
+def _number(body: dict[str, Any], name: str, integer: bool, rule: str, ok: Callable[[Any], bool]) -> Any:
+    """``body[name]`` (``None`` when absent) if it is a number (an integer) that passes ``ok``, else SimError."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not (is_int(value) if integer else is_number(value)):
+        raise SimError(400, f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}.")
+    if not ok(value):
+        raise SimError(400, f"{rule}, got {value if integer else float(value)}.")
+    return value
 
 
 def _quote(body: dict[str, Any], endpoint: str) -> str:
@@ -461,47 +470,15 @@ class Simulator:
             raise SimError(400, "stream must be a boolean.")
         stream = bool(stream)
 
-        max_tokens = body.get("max_completion_tokens")
-        mt_name = "max_completion_tokens"
-        if max_tokens is None:
-            max_tokens, mt_name = body.get("max_tokens"), "max_tokens"
-        if max_tokens is not None:
-            if not is_int(max_tokens):
-                raise SimError(400, f"{mt_name} must be an integer, got {max_tokens!r}.")
-            if max_tokens < 1:
-                raise SimError(400, f"max_tokens must be at least 1, got {max_tokens}.")
-
-        n = body.get("n")
-        if n is None:
-            n = 1
-        if not is_int(n):
-            raise SimError(400, f"n must be an integer, got {n!r}.")
-        if n < 1:
-            raise SimError(400, f"n must be at least 1, got {n}.")
-
-        temperature = body.get("temperature")
-        if temperature is not None:
-            if not is_number(temperature):
-                raise SimError(400, f"temperature must be a number, got {temperature!r}.")
-            if temperature < 0:
-                raise SimError(400, f"temperature must be non-negative, got {float(temperature)}.")
-
-        top_p = body.get("top_p")
-        if top_p is not None:
-            if not is_number(top_p):
-                raise SimError(400, f"top_p must be a number, got {top_p!r}.")
-            if not 0 < top_p <= 1:
-                raise SimError(400, f"top_p must be in (0, 1], got {float(top_p)}.")
+        mt_name = "max_tokens" if body.get("max_completion_tokens") is None else "max_completion_tokens"
+        max_tokens = _number(body, mt_name, True, "max_tokens must be at least 1", lambda v: v >= 1)
+        n = _number(body, "n", True, "n must be at least 1", lambda v: v >= 1) or 1
+        _number(body, "temperature", False, "temperature must be non-negative", lambda v: not v < 0)
+        _number(body, "top_p", False, "top_p must be in (0, 1]", lambda v: 0 < v <= 1)
 
         stop = body.get("stop")
-        stops: list[str]
-        if stop is None:
-            stops = []
-        elif isinstance(stop, str):
-            stops = [stop]
-        elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-            stops = list(stop)
-        else:
+        stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
             raise SimError(400, "stop must be a string or an array of strings.")
 
         include_usage = False
@@ -545,18 +522,12 @@ class Simulator:
         rec.prompt_tokens = prompt_tokens
         ctx = self.chat_models[model]
         if prompt_tokens > ctx:
-            raise SimError(
-                400,
-                f"This model's maximum context length is {ctx} tokens. However, your request has "
-                f"{prompt_tokens} input tokens. Please reduce the length of the input messages.",
-            )
+            raise SimError(400, f"This model's maximum context length is {ctx} tokens. However, your request has "
+                                f"{prompt_tokens} input tokens. Please reduce the length of the input messages.")
         if max_tokens is not None and prompt_tokens + max_tokens > ctx:
-            raise SimError(
-                400,
-                f"This model's maximum context length is {ctx} tokens. However, you requested "
-                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} "
-                f"in the completion). Please reduce the length of the messages or completion.",
-            )
+            raise SimError(400, f"This model's maximum context length is {ctx} tokens. However, you requested "
+                                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} "
+                                "in the completion). Please reduce the length of the messages or completion.")
 
         guided = _response_schema(body.get("response_format"))
         if guided is _JSON_OBJECT:
@@ -658,10 +629,8 @@ class Simulator:
                     evs.append(StreamEvent(chunk([ch(i, {"content": piece})]), tokens=weight))
             evs.append(StreamEvent(chunk([ch(i, {}, c.finish_reason)])))
             per_choice.append(evs)
-        for step in range(max(len(e) for e in per_choice)):
-            for evs in per_choice:
-                if step < len(evs):
-                    events.append(evs[step])
+        for step in itertools.zip_longest(*per_choice):
+            events.extend(ev for ev in step if ev is not None)
         if usage is not None and shape in ("llamacpp", "tgi"):
             # on the last chunk that carries a finish_reason (llama.cpp adds its timings there)
             last = max(k for k, ev in enumerate(events) if b'"finish_reason":"' in ev.data)
@@ -746,17 +715,14 @@ class Simulator:
         rec.prompt_tokens = sum(counts)
         for c in counts:
             if c > ctx:
-                raise SimError(
-                    400,
-                    f"This model's maximum context length is {ctx} tokens. However, you requested "
-                    f"{c} tokens in the input for embedding generation. Please reduce the length of the input.",
-                )
+                raise SimError(400, f"This model's maximum context length is {ctx} tokens. However, you requested "
+                                    f"{c} tokens in the input for embedding generation. Please reduce the length "
+                                    "of the input.")
         data = []
         for i, item in enumerate(items):
             vec = embedding_vector(item)
             if dims is not None and dims < len(vec):  # Matryoshka-style: truncate, renormalise
-                norm = math.sqrt(sum(v * v for v in vec[:dims])) or 1.0
-                vec = [v / norm for v in vec[:dims]]
+                vec = unit(vec[:dims])
             data.append({"index": i, "object": "embedding",
                          "embedding": pack_base64(vec) if fmt == "base64" else vec})
         return {

@@ -108,11 +108,9 @@ def generate(schema: Any, seed: str = "", root: dict[str, Any] | None = None, de
             hi = schema["exclusiveMaximum"] - 1
         base = 1 + _pick(seed, 42)
         if lo is not None and base < lo:
-            base = int(lo) if typ == "integer" and lo == int(lo) else lo
-            if typ == "integer" and base < lo:
-                base = int(lo) + 1
+            base = lo
         if hi is not None and base > hi:
-            base = int(hi) if typ == "integer" else hi
+            base = hi
         return int(base) if typ == "integer" else float(base)
     if typ == "boolean":
         return _pick(seed, 2) == 1
