@@ -16,9 +16,9 @@ import json
 import re
 import time
 import uuid
-from http import HTTPStatus
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
@@ -65,9 +65,13 @@ def error_type(status: int) -> str:
         return "BadRequestError"
 
 
-def error_body(status: int, message: str) -> bytes:
-    """``{"error": {"message", "type", "param": null, "code": status}}`` as bytes."""
-    return _dumps({"error": {"message": message, "type": error_type(status), "param": None, "code": status}})
+def _json(doc: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=_dumps(doc), content_type="application/json")
+
+
+def _error(status: int, message: str) -> web.Response:
+    """A vLLM-format error reply: ``{"error": {"message", "type", "param": null, "code": status}}``."""
+    return _json({"error": {"message": message, "type": error_type(status), "param": None, "code": status}}, status)
 
 
 _TEXT_PIECES = re.compile(r"\s*(?:\w+|[^\w\s])")
@@ -147,7 +151,7 @@ def _response_schema(rf: Any) -> dict[str, Any] | None:
     raise SimError(400, f"Unknown response_format type: {kind!r}.")
 
 
-def _pick_tool(messages: list[dict[str, Any]], tools: list[str], choice: Any, chosen: str | None) -> str | None:
+def _pick_tool(messages: list[dict[str, Any]], tools: list[str], choice: Any) -> str | None:
     """Which tool to call this turn, or ``None`` for a text answer.
 
     A named tool_choice always calls that tool. ``auto`` (the default with tools) calls the first
@@ -157,7 +161,7 @@ def _pick_tool(messages: list[dict[str, Any]], tools: list[str], choice: Any, ch
     if not tools or choice == "none":
         return None
     if isinstance(choice, dict):
-        return chosen
+        return str(choice["function"]["name"])
     called: list[str] = []
     answered = False
     for msg in messages:
@@ -352,44 +356,27 @@ class Simulator:
         data = []
         for name, ctx in list(self.chat_models.items()) + list(self.embed_models.items()):
             data.append({
-                "id": name,
-                "object": "model",
-                "created": self.created,
-                "owned_by": "vllm",
-                "root": name,
-                "parent": None,
-                "max_model_len": ctx,
+                "id": name, "object": "model", "created": self.created, "owned_by": "vllm", "root": name,
+                "parent": None, "max_model_len": ctx,
                 "permission": [{
-                    "id": f"modelperm-{_hex()}",
-                    "object": "model_permission",
-                    "created": self.created,
-                    "allow_create_engine": False,
-                    "allow_sampling": True,
-                    "allow_logprobs": True,
-                    "allow_search_indices": False,
-                    "allow_view": True,
-                    "allow_fine_tuning": False,
-                    "organization": "*",
-                    "group": None,
-                    "is_blocking": False,
+                    "id": f"modelperm-{_hex()}", "object": "model_permission", "created": self.created,
+                    "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                    "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                    "organization": "*", "group": None, "is_blocking": False,
                 }],
             })
-        return web.Response(body=_dumps({"object": "list", "data": data}), content_type="application/json")
+        return _json({"object": "list", "data": data})
 
     async def get_record(self, request: web.Request) -> web.Response:
         rec = self.records.get(request.match_info["request_id"])
-        if rec is None:
-            return web.Response(status=404, body=error_body(404, "Unknown request id."), content_type="application/json")
-        return web.Response(body=_dumps(asdict(rec)), content_type="application/json")
+        return _error(404, "Unknown request id.") if rec is None else _json(asdict(rec))
 
     async def list_records(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=_dumps({"data": [asdict(r) for r in self.records.values()]}), content_type="application/json"
-        )
+        return _json({"data": [asdict(r) for r in self.records.values()]})
 
     async def clear_records(self, request: web.Request) -> web.Response:
         self.records.clear()
-        return web.Response(status=200, body=b"{}", content_type="application/json")
+        return _json({})
 
     async def serve(self, endpoint: str, request: web.Request) -> web.StreamResponse:
         """``POST /v1/chat/completions`` (``endpoint`` "chat") or ``/v1/embeddings`` ("embeddings")."""
@@ -424,8 +411,7 @@ class Simulator:
             message = reply.message if quote is None else f"{reply.message} Prompt: {quote}"
             rec.status = reply.status
             rec.completed = True
-            return web.Response(status=reply.status, body=error_body(reply.status, message),
-                                content_type="application/json")
+            return _error(reply.status, message)
         rec.status = 200
         if isinstance(reply, list):
             return await self._send_stream(request, rec, reply, knobs)
@@ -504,7 +490,6 @@ class Simulator:
                     raise SimError(400, "Each tool must be {'type': 'function', 'function': {'name': ...}}.")
                 tool_names.append(fn["name"])
         tool_choice = body.get("tool_choice")
-        chosen: str | None = tool_names[0] if tool_names else None
         if isinstance(tool_choice, dict):
             fn = tool_choice.get("function")
             name = fn.get("name") if isinstance(fn, dict) else None
@@ -512,7 +497,6 @@ class Simulator:
                 raise SimError(400, "Invalid tool_choice.")
             if name not in tool_names:
                 raise SimError(400, f"Tool '{name}' has not been passed in `tools`.")
-            chosen = name
         elif tool_choice is not None and tool_choice not in ("none", "auto", "required"):
             raise SimError(400, f"Invalid tool_choice: {tool_choice!r}.")
         elif tool_choice == "required" and not tool_names:
@@ -533,7 +517,7 @@ class Simulator:
         if guided is _JSON_OBJECT:
             guided = _schema_in_prompt(messages) or guided
         seed = json.dumps([model, messages, guided, tools], sort_keys=True, default=str)
-        call_name = _pick_tool(messages, tool_names, tool_choice, chosen)
+        call_name = _pick_tool(messages, tool_names, tool_choice)
         choices: list[ChoicePlan] = []
         if call_name is not None:
             params: Any = {}
