@@ -82,9 +82,7 @@ def _arg_pieces(args: str, tokens: int) -> list[tuple[str, int]]:
     pieces = _TEXT_PIECES.findall(args)
     if "".join(pieces) != args:
         pieces = [args]
-    out = [(p, 1) for p in pieces]
-    out[0] = (out[0][0], tokens - (len(out) - 1))
-    return out
+    return [(p, 1 if k else tokens - (len(pieces) - 1)) for k, p in enumerate(pieces)]
 
 
 _JSON_OBJECT: dict[str, Any] = {"type": "object", "properties": {"answer": {"type": "string"}},
@@ -194,6 +192,7 @@ class ChoicePlan:
 
 
 _EOL = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
+_STRING_OR_COMMA = re.compile(rb'"(?:[^"\\]|\\.)*"|,')
 
 
 def frame_event(data: bytes, knobs: Knobs) -> bytes:
@@ -205,18 +204,8 @@ def frame_event(data: bytes, knobs: Knobs) -> bytes:
     lines = [b"data: " + payload]
     if knobs.multiline and payload != b"[DONE]":
         # cut after commas outside strings: the data lines joined by LF are the same JSON document
-        pieces, start, in_str, esc = [], 0, False, False
-        for i, c in enumerate(payload):
-            if esc:
-                esc = False
-            elif c == 0x5C:
-                esc = in_str
-            elif c == 0x22:
-                in_str = not in_str
-            elif c == 0x2C and not in_str:
-                pieces.append(payload[start:i + 1])
-                start = i + 1
-        pieces.append(payload[start:])
+        cuts = [m.end() for m in _STRING_OR_COMMA.finditer(payload) if m.group() == b","]
+        pieces = [payload[a:b] for a, b in zip([0, *cuts], [*cuts, len(payload)])]
         lines = [b"data:" + (b" " if k % 2 == 0 else b"") + p for k, p in enumerate(pieces)]
     if knobs.comments:
         return b": keep-alive" + eol + eol + eol.join([b": event", *lines]) + eol + eol

@@ -94,11 +94,9 @@ def generate(schema: Any, seed: str = "", root: dict[str, Any] | None = None, de
         lo = schema.get("minItems", 1)
         hi = schema.get("maxItems", max(lo, 2))
         count = max(lo, min(hi, 2)) if isinstance(lo, int) and isinstance(hi, int) else 1
-        items = schema.get("items", {})
         if isinstance(schema.get("prefixItems"), list):
-            pre = schema["prefixItems"]
-            return [generate(s, f"{seed}[{i}]", root, depth + 1) for i, s in enumerate(pre)]
-        return [generate(items, f"{seed}[{i}]", root, depth + 1) for i in range(count)]
+            return [generate(s, f"{seed}[{i}]", root, depth + 1) for i, s in enumerate(schema["prefixItems"])]
+        return [generate(schema.get("items", {}), f"{seed}[{i}]", root, depth + 1) for i in range(count)]
     if typ in ("integer", "number"):
         lo = schema.get("minimum")
         if lo is None and schema.get("exclusiveMinimum") is not None:

@@ -66,14 +66,10 @@ def chat_prompt_tokens(messages: list[dict[str, Any]]) -> int:
     return total
 
 
-def _seed(*parts: str) -> int:
-    digest = hashlib.sha256("\x00".join(parts).encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big")
-
-
 def generate_tokens(model: str, index: int, count: int) -> list[str]:
     """``count`` deterministic tokens for choice ``index`` of ``model``."""
-    start = _seed(model, str(index)) % len(WORDS)
+    digest = hashlib.sha256(f"{model}\x00{index}".encode("utf-8")).digest()
+    start = int.from_bytes(digest[:8], "big") % len(WORDS)
     return [("" if i == 0 else " ") + WORDS[(start + i) % len(WORDS)] for i in range(count)]
 
 
