@@ -531,10 +531,7 @@ class Simulator:
                     pieces, finish = pieces[:max_tokens], "length"
                 choices.append(ChoicePlan(pieces=pieces, weights=[1] * len(pieces), finish_reason=finish))
         elif knobs.echo:
-            headers: dict[str, str] = {}
-            for k, v in request.headers.items():
-                key = k.lower()
-                headers[key] = f"{headers[key]}, {v}" if key in headers else v
+            headers = {k.lower(): ", ".join(request.headers.getall(k)) for k in request.headers}
             content = json.dumps({"body": body, "headers": headers}, ensure_ascii=False)
             for _ in range(n):
                 choices.append(ChoicePlan(pieces=[content], weights=[count_tokens(content)]))
@@ -598,8 +595,7 @@ class Simulator:
                     "index": 0, "function": {"arguments": piece}}]})]), tokens=w)
                     for piece, w in _arg_pieces(tc["function"]["arguments"], c.tokens))
             else:
-                for piece, weight in zip(c.pieces, c.weights):
-                    evs.append(StreamEvent(chunk([ch(i, {"content": piece})]), tokens=weight))
+                evs.extend(StreamEvent(chunk([ch(i, {"content": p})]), tokens=w) for p, w in zip(c.pieces, c.weights))
             evs.append(StreamEvent(chunk([ch(i, {}, c.finish_reason)])))
             per_choice.append(evs)
         for step in itertools.zip_longest(*per_choice):
