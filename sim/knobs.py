@@ -41,8 +41,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_OUTPUT_TOKENS = 16
-
 
 class SimError(Exception):
     """An error reply: HTTP ``status`` with a vLLM-format body carrying ``message``."""
@@ -65,7 +63,7 @@ def is_number(v: Any) -> bool:
 class Knobs:
     ttft_ms: float = 0.0
     itl_ms: float = 0.0
-    output_tokens: int = DEFAULT_OUTPUT_TOKENS
+    output_tokens: int = 16
     fail_after_chunks: int | None = None
     status: int | None = None
     message: str = "simulated error"
