@@ -53,7 +53,8 @@ def _hex() -> str:
 
 def error_type(status: int) -> str:
     """vLLM's ``error.type`` for an HTTP status."""
-    if status == 413:  # these two by the phrases newer Pythons renamed
+    # not from the phrase: vLLM names 422 without "Error", and Python 3.13 renamed 413's phrase
+    if status == 413:
         return "RequestEntityTooLargeError"
     if status == 422:
         return "UnprocessableEntity"

@@ -62,8 +62,6 @@ def generate(schema: Any, seed: str = "", root: dict[str, Any] | None = None, de
                 for k, v in sub.items():
                     if k == "properties" and isinstance(v, dict):
                         merged["properties"] = {**merged.get("properties", {}), **v}
-                    elif k == "required" and isinstance(v, list):
-                        merged["required"] = list(merged.get("required", [])) + v
                     else:
                         merged.setdefault(k, v)
         return generate(merged, seed, root, depth + 1)
@@ -84,12 +82,10 @@ def generate(schema: Any, seed: str = "", root: dict[str, Any] | None = None, de
         else:
             typ = "string" if schema else "object"
     if typ == "object":
-        out: dict[str, Any] = {}
         props = schema.get("properties")
-        if isinstance(props, dict):
-            for name, sub in props.items():
-                out[name] = generate(sub, f"{seed}/{name}", root, depth + 1)
-        return out
+        if not isinstance(props, dict):
+            return {}
+        return {name: generate(sub, f"{seed}/{name}", root, depth + 1) for name, sub in props.items()}
     if typ == "array":
         lo = schema.get("minItems", 1)
         hi = schema.get("maxItems", max(lo, 2))
