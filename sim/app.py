@@ -8,21 +8,23 @@ and for every ``data:`` event of a stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import hmac
+import itertools
 import json
-import math
 import re
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
 
-from .errors import SimError, error_body
 from .guided import generate
-from .knobs import Knobs, parse_knobs
-from .records import Record, RecordStore
+from .knobs import is_int, is_number, Knobs, parse_knobs, SimError
 from .tokens import (
     apply_stop,
     chat_prompt_tokens,
@@ -32,11 +34,13 @@ from .tokens import (
     embedding_vector,
     generate_tokens,
     pack_base64,
+    unit,
 )
 
 MULTIMODAL_PART_TYPES = frozenset({"image_url", "input_audio", "audio_url", "video_url", "image", "image_embeds"})
 TOOL_CALL_TOKENS = 5
 CLIENT_MAX_SIZE = 1 << 30  # accept very large prompts (context-length tests)
+MAX_RECORDS = 100_000
 
 
 def _dumps(obj: Any) -> bytes:
@@ -47,12 +51,28 @@ def _hex() -> str:
     return uuid.uuid4().hex
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def error_type(status: int) -> str:
+    """vLLM's ``error.type`` for an HTTP status."""
+    # not from the phrase: vLLM names 422 without "Error", and Python 3.13 renamed 413's phrase
+    if status == 413:
+        return "RequestEntityTooLargeError"
+    if status == 422:
+        return "UnprocessableEntity"
+    if status >= 500:
+        return "InternalServerError"
+    try:
+        return HTTPStatus(status).phrase.replace(" ", "").replace("-", "") + "Error"
+    except ValueError:
+        return "BadRequestError"
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+def _json(doc: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=_dumps(doc), content_type="application/json")
+
+
+def _error(status: int, message: str) -> web.Response:
+    """A vLLM-format error reply: ``{"error": {"message", "type", "param": null, "code": status}}``."""
+    return _json({"error": {"message": message, "type": error_type(status), "param": None, "code": status}}, status)
 
 
 _TEXT_PIECES = re.compile(r"\s*(?:\w+|[^\w\s])")
@@ -63,9 +83,7 @@ def _arg_pieces(args: str, tokens: int) -> list[tuple[str, int]]:
     pieces = _TEXT_PIECES.findall(args)
     if "".join(pieces) != args:
         pieces = [args]
-    out = [(p, 1) for p in pieces]
-    out[0] = (out[0][0], tokens - (len(out) - 1))
-    return out
+    return [(p, 1 if k else tokens - (len(pieces) - 1)) for k, p in enumerate(pieces)]
 
 
 _JSON_OBJECT: dict[str, Any] = {"type": "object", "properties": {"answer": {"type": "string"}},
@@ -77,19 +95,39 @@ def _schema_in_prompt(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
     decoder = json.JSONDecoder()
     for msg in messages:
         text = content_text(msg.get("content"))
-        pos = text.find("{")
-        tries = 0
-        while pos != -1 and tries < 50:
-            tries += 1
+        for brace in itertools.islice(re.finditer("{", text), 50):
             try:
-                value, _ = decoder.raw_decode(text, pos)
+                value, _ = decoder.raw_decode(text, brace.start())
             except ValueError:
-                pos = text.find("{", pos + 1)
                 continue
             if isinstance(value, dict) and isinstance(value.get("properties"), dict):
                 return value
-            pos = text.find("{", pos + 1)
     return None
+
+
+def _number(body: dict[str, Any], name: str, integer: bool, rule: str, ok: Callable[[Any], bool]) -> Any:
+    """``body[name]`` (``None`` when absent) if it is a number (an integer) that passes ``ok``, else SimError."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not (is_int(value) if integer else is_number(value)):
+        raise SimError(400, f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}.")
+    if not ok(value):
+        raise SimError(400, f"{rule}, got {value if integer else float(value)}.")
+    return value
+
+
+def _quote(body: dict[str, Any], endpoint: str) -> str:
+    """The prompt the quote_prompt knob appends to errors: the first user message or input string."""
+    if endpoint == "chat":
+        messages = body.get("messages")
+        for m in messages if isinstance(messages, list) else []:
+            if isinstance(m, dict) and m.get("role") == "user":
+                return content_text(m.get("content"))
+        return ""
+    inp = body.get("input")
+    first = inp[0] if isinstance(inp, list) and inp else inp
+    return first if isinstance(first, str) else ""
 
 
 def _response_schema(rf: Any) -> dict[str, Any] | None:
@@ -112,7 +150,7 @@ def _response_schema(rf: Any) -> dict[str, Any] | None:
     raise SimError(400, f"Unknown response_format type: {kind!r}.")
 
 
-def _pick_tool(messages: list[dict[str, Any]], tools: list[str], choice: Any, chosen: str | None) -> str | None:
+def _pick_tool(messages: list[dict[str, Any]], tools: list[str], choice: Any) -> str | None:
     """Which tool to call this turn, or ``None`` for a text answer.
 
     A named tool_choice always calls that tool. ``auto`` (the default with tools) calls the first
@@ -122,7 +160,7 @@ def _pick_tool(messages: list[dict[str, Any]], tools: list[str], choice: Any, ch
     if not tools or choice == "none":
         return None
     if isinstance(choice, dict):
-        return chosen
+        return str(choice["function"]["name"])
     called: list[str] = []
     answered = False
     for msg in messages:
@@ -155,6 +193,7 @@ class ChoicePlan:
 
 
 _EOL = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
+_STRING_OR_COMMA = re.compile(rb'"(?:[^"\\]|\\.)*"|,')
 
 
 def frame_event(data: bytes, knobs: Knobs) -> bytes:
@@ -166,22 +205,34 @@ def frame_event(data: bytes, knobs: Knobs) -> bytes:
     lines = [b"data: " + payload]
     if knobs.multiline and payload != b"[DONE]":
         # cut after commas outside strings: the data lines joined by LF are the same JSON document
-        pieces, start, in_str, esc = [], 0, False, False
-        for i, c in enumerate(payload):
-            if esc:
-                esc = False
-            elif c == 0x5C:
-                esc = in_str
-            elif c == 0x22:
-                in_str = not in_str
-            elif c == 0x2C and not in_str:
-                pieces.append(payload[start:i + 1])
-                start = i + 1
-        pieces.append(payload[start:])
+        cuts = [m.end() for m in _STRING_OR_COMMA.finditer(payload) if m.group() == b","]
+        pieces = [payload[a:b] for a, b in zip([0, *cuts], [*cuts, len(payload)])]
         lines = [b"data:" + (b" " if k % 2 == 0 else b"") + p for k, p in enumerate(pieces)]
     if knobs.comments:
         return b": keep-alive" + eol + eol + eol.join([b": event", *lines]) + eol + eol
     return eol.join(lines) + eol + eol
+
+
+@dataclass
+class Record:
+    """What the simulator saw of one request (counts only, never any text); served at ``/sim/requests``."""
+
+    request_id: str
+    deployment: str
+    model: str
+    endpoint: str  # "chat" | "embeddings"
+    stream: bool = False
+    status: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    events_sent: int = 0  # stream: events written whole (before a fail_after_chunks drop)
+    usage_reported: bool = False
+    completed: bool = False
+    # how the request came (headers only, never a value that could be a key or text)
+    content_type: str = ""
+    content_length: str | None = None
+    transfer_encoding: str | None = None
+    body_bytes: int = 0
 
 
 @dataclass
@@ -198,7 +249,7 @@ class Simulator:
         self.name = name
         self.chat_models = dict(chat_models)
         self.embed_models = dict(embed_models)
-        self.records = RecordStore()
+        self.records: dict[str, Record] = {}  # the last MAX_RECORDS, oldest first
         self.created = int(time.time())
 
     # ------------------------------------------------------------------ helpers
@@ -209,20 +260,11 @@ class Simulator:
         rec = Record(request_id=rid, deployment=self.name, model="", endpoint=endpoint,
                      content_type=h.get("Content-Type", ""), content_length=h.get("Content-Length"),
                      transfer_encoding=h.get("Transfer-Encoding"))
-        self.records.add(rec)
+        self.records.pop(rid, None)
+        self.records[rid] = rec
+        if len(self.records) > MAX_RECORDS:
+            del self.records[next(iter(self.records))]
         return rec
-
-    async def _error(self, rec: Record, err: SimError, knobs: Knobs, quote: str | None) -> web.Response:
-        if knobs.ttft_ms:
-            await asyncio.sleep(knobs.ttft_ms / 1000)
-        message = err.message
-        if quote is not None:
-            message = f"{message} Prompt: {quote}"
-        rec.status = err.status
-        rec.completion_tokens = 0
-        rec.usage_reported = False
-        rec.completed = True
-        return web.Response(status=err.status, body=error_body(err.status, message), content_type="application/json")
 
     def _resolve_model(self, body: dict[str, Any], endpoint: str) -> str:
         model = body.get("model")
@@ -257,11 +299,6 @@ class Simulator:
         return body
 
     @staticmethod
-    def _wants_quote(body: dict[str, Any]) -> bool:
-        sim = body.get("sim")
-        return isinstance(sim, dict) and sim.get("quote_prompt") is True
-
-    @staticmethod
     async def _drop(request: web.Request) -> None:
         """Abort the TCP connection once what was written has left the process."""
         transport = request.transport
@@ -273,19 +310,13 @@ class Simulator:
             await asyncio.sleep(0.005)
         transport.abort()
 
-    async def _send_json(
-        self, request: web.Request, rec: Record, doc: dict[str, Any], knobs: Knobs, usage: bool
-    ) -> web.StreamResponse:
-        """Send a 200 JSON body honouring ttft/reply_bytes/stall/fail knobs."""
-        data = _dumps(doc)
-        if knobs.reply_bytes > len(data):
-            data = data + b" " * (knobs.reply_bytes - len(data))
-        if knobs.ttft_ms:
-            await asyncio.sleep(knobs.ttft_ms / 1000)
+    async def _send_json(self, request: web.Request, rec: Record, doc: dict[str, Any], knobs: Knobs
+                         ) -> web.StreamResponse:
+        """Send a 200 JSON body honouring the reply_bytes/stall/fail knobs."""
+        data = _dumps(doc).ljust(knobs.reply_bytes)
         resp = web.StreamResponse(status=200)
         resp.content_type = "application/json"
         resp.content_length = len(data)
-        rec.status = 200
         try:
             await resp.prepare(request)
             if knobs.fail_after_chunks is not None or knobs.stall_ms:
@@ -301,7 +332,7 @@ class Simulator:
                 await resp.write(data)
             await resp.write_eof()
             rec.completed = True
-            rec.usage_reported = usage
+            rec.usage_reported = not knobs.no_usage
         except ConnectionError:
             pass
         return resp
@@ -315,55 +346,70 @@ class Simulator:
         data = []
         for name, ctx in list(self.chat_models.items()) + list(self.embed_models.items()):
             data.append({
-                "id": name,
-                "object": "model",
-                "created": self.created,
-                "owned_by": "vllm",
-                "root": name,
-                "parent": None,
-                "max_model_len": ctx,
+                "id": name, "object": "model", "created": self.created, "owned_by": "vllm", "root": name,
+                "parent": None, "max_model_len": ctx,
                 "permission": [{
-                    "id": f"modelperm-{_hex()}",
-                    "object": "model_permission",
-                    "created": self.created,
-                    "allow_create_engine": False,
-                    "allow_sampling": True,
-                    "allow_logprobs": True,
-                    "allow_search_indices": False,
-                    "allow_view": True,
-                    "allow_fine_tuning": False,
-                    "organization": "*",
-                    "group": None,
-                    "is_blocking": False,
+                    "id": f"modelperm-{_hex()}", "object": "model_permission", "created": self.created,
+                    "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                    "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                    "organization": "*", "group": None, "is_blocking": False,
                 }],
             })
-        return web.Response(body=_dumps({"object": "list", "data": data}), content_type="application/json")
+        return _json({"object": "list", "data": data})
 
     async def get_record(self, request: web.Request) -> web.Response:
         rec = self.records.get(request.match_info["request_id"])
-        if rec is None:
-            return web.Response(status=404, body=error_body(404, "Unknown request id."), content_type="application/json")
-        return web.Response(body=_dumps(rec.to_json()), content_type="application/json")
+        return _error(404, "Unknown request id.") if rec is None else _json(asdict(rec))
 
     async def list_records(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=_dumps({"data": [r.to_json() for r in self.records.all()]}), content_type="application/json"
-        )
+        return _json({"data": [asdict(r) for r in self.records.values()]})
 
     async def clear_records(self, request: web.Request) -> web.Response:
         self.records.clear()
-        return web.Response(status=200, body=b"{}", content_type="application/json")
+        return _json({})
+
+    async def serve(self, endpoint: str, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/chat/completions`` (``endpoint`` "chat") or ``/v1/embeddings`` ("embeddings")."""
+        rec = self._begin(request, endpoint)
+        knobs = Knobs()
+        quote: str | None = None
+        reply: dict[str, Any] | list[StreamEvent] | SimError
+        try:
+            body = await self._read_json(request, rec)
+            if isinstance(body.get("model"), str):
+                rec.model = body["model"]
+            rec.stream = endpoint == "chat" and body.get("stream") is True
+            sim = body.get("sim")
+            if isinstance(sim, dict) and sim.get("quote_prompt") is True:
+                quote = _quote(body, endpoint)
+            knobs = parse_knobs(sim)
+            if knobs.status is not None:
+                if endpoint == "chat":
+                    with contextlib.suppress(Exception):  # best effort only
+                        rec.prompt_tokens = chat_prompt_tokens(body["messages"])
+                raise SimError(knobs.status, knobs.message)
+            rec.model = self._resolve_model(body, endpoint)
+            if endpoint == "chat":
+                reply = self._chat(request, body, rec.model, knobs, rec)
+            else:
+                reply = self._embeddings(body, rec.model, rec)
+        except SimError as err:
+            reply = err
+        if knobs.ttft_ms:
+            await asyncio.sleep(knobs.ttft_ms / 1000)
+        if isinstance(reply, SimError):
+            message = reply.message if quote is None else f"{reply.message} Prompt: {quote}"
+            rec.status = reply.status
+            rec.completed = True
+            return _error(reply.status, message)
+        rec.status = 200
+        if isinstance(reply, list):
+            return await self._send_stream(request, rec, reply, knobs)
+        if knobs.no_usage:
+            del reply["usage"]
+        return await self._send_json(request, rec, reply, knobs)
 
     # ------------------------------------------------------------------- chat
-
-    @staticmethod
-    def _chat_quote(body: dict[str, Any]) -> str:
-        messages = body.get("messages")
-        if isinstance(messages, list):
-            for m in messages:
-                if isinstance(m, dict) and m.get("role") == "user":
-                    return content_text(m.get("content"))
-        return ""
 
     def _validate_messages(self, model: str, messages: Any) -> list[dict[str, Any]]:
         if not isinstance(messages, list) or not messages:
@@ -389,10 +435,10 @@ class Simulator:
                     raise SimError(400, f"Unknown part type: {ptype}")
         return messages
 
-    def _plan_chat(
+    def _chat(
         self, request: web.Request, body: dict[str, Any], model: str, knobs: Knobs, rec: Record
-    ) -> tuple[list[ChoicePlan], bool, bool]:
-        """Validate a chat request; return (choices, stream, include_usage)."""
+    ) -> dict[str, Any] | list[StreamEvent]:
+        """Validate a chat request; return its reply (a stream's events)."""
         messages = self._validate_messages(model, body.get("messages"))
 
         stream = body.get("stream")
@@ -400,47 +446,15 @@ class Simulator:
             raise SimError(400, "stream must be a boolean.")
         stream = bool(stream)
 
-        max_tokens = body.get("max_completion_tokens")
-        mt_name = "max_completion_tokens"
-        if max_tokens is None:
-            max_tokens, mt_name = body.get("max_tokens"), "max_tokens"
-        if max_tokens is not None:
-            if not _is_int(max_tokens):
-                raise SimError(400, f"{mt_name} must be an integer, got {max_tokens!r}.")
-            if max_tokens < 1:
-                raise SimError(400, f"max_tokens must be at least 1, got {max_tokens}.")
-
-        n = body.get("n")
-        if n is None:
-            n = 1
-        if not _is_int(n):
-            raise SimError(400, f"n must be an integer, got {n!r}.")
-        if n < 1:
-            raise SimError(400, f"n must be at least 1, got {n}.")
-
-        temperature = body.get("temperature")
-        if temperature is not None:
-            if not _is_number(temperature):
-                raise SimError(400, f"temperature must be a number, got {temperature!r}.")
-            if temperature < 0:
-                raise SimError(400, f"temperature must be non-negative, got {float(temperature)}.")
-
-        top_p = body.get("top_p")
-        if top_p is not None:
-            if not _is_number(top_p):
-                raise SimError(400, f"top_p must be a number, got {top_p!r}.")
-            if not 0 < top_p <= 1:
-                raise SimError(400, f"top_p must be in (0, 1], got {float(top_p)}.")
+        mt_name = "max_tokens" if body.get("max_completion_tokens") is None else "max_completion_tokens"
+        max_tokens = _number(body, mt_name, True, "max_tokens must be at least 1", lambda v: v >= 1)
+        n = _number(body, "n", True, "n must be at least 1", lambda v: v >= 1) or 1
+        _number(body, "temperature", False, "temperature must be non-negative", lambda v: not v < 0)
+        _number(body, "top_p", False, "top_p must be in (0, 1]", lambda v: 0 < v <= 1)
 
         stop = body.get("stop")
-        stops: list[str]
-        if stop is None:
-            stops = []
-        elif isinstance(stop, str):
-            stops = [stop]
-        elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-            stops = list(stop)
-        else:
+        stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
             raise SimError(400, "stop must be a string or an array of strings.")
 
         include_usage = False
@@ -466,7 +480,6 @@ class Simulator:
                     raise SimError(400, "Each tool must be {'type': 'function', 'function': {'name': ...}}.")
                 tool_names.append(fn["name"])
         tool_choice = body.get("tool_choice")
-        chosen: str | None = tool_names[0] if tool_names else None
         if isinstance(tool_choice, dict):
             fn = tool_choice.get("function")
             name = fn.get("name") if isinstance(fn, dict) else None
@@ -474,7 +487,6 @@ class Simulator:
                 raise SimError(400, "Invalid tool_choice.")
             if name not in tool_names:
                 raise SimError(400, f"Tool '{name}' has not been passed in `tools`.")
-            chosen = name
         elif tool_choice is not None and tool_choice not in ("none", "auto", "required"):
             raise SimError(400, f"Invalid tool_choice: {tool_choice!r}.")
         elif tool_choice == "required" and not tool_names:
@@ -484,24 +496,18 @@ class Simulator:
         rec.prompt_tokens = prompt_tokens
         ctx = self.chat_models[model]
         if prompt_tokens > ctx:
-            raise SimError(
-                400,
-                f"This model's maximum context length is {ctx} tokens. However, your request has "
-                f"{prompt_tokens} input tokens. Please reduce the length of the input messages.",
-            )
+            raise SimError(400, f"This model's maximum context length is {ctx} tokens. However, your request has "
+                                f"{prompt_tokens} input tokens. Please reduce the length of the input messages.")
         if max_tokens is not None and prompt_tokens + max_tokens > ctx:
-            raise SimError(
-                400,
-                f"This model's maximum context length is {ctx} tokens. However, you requested "
-                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} "
-                f"in the completion). Please reduce the length of the messages or completion.",
-            )
+            raise SimError(400, f"This model's maximum context length is {ctx} tokens. However, you requested "
+                                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} "
+                                "in the completion). Please reduce the length of the messages or completion.")
 
         guided = _response_schema(body.get("response_format"))
         if guided is _JSON_OBJECT:
             guided = _schema_in_prompt(messages) or guided
         seed = json.dumps([model, messages, guided, tools], sort_keys=True, default=str)
-        call_name = _pick_tool(messages, tool_names, tool_choice, chosen)
+        call_name = _pick_tool(messages, tool_names, tool_choice)
         choices: list[ChoicePlan] = []
         if call_name is not None:
             params: Any = {}
@@ -526,10 +532,7 @@ class Simulator:
                     pieces, finish = pieces[:max_tokens], "length"
                 choices.append(ChoicePlan(pieces=pieces, weights=[1] * len(pieces), finish_reason=finish))
         elif knobs.echo:
-            headers: dict[str, str] = {}
-            for k, v in request.headers.items():
-                key = k.lower()
-                headers[key] = f"{headers[key]}, {v}" if key in headers else v
+            headers = {k.lower(): ", ".join(request.headers.getall(k)) for k in request.headers}
             content = json.dumps({"body": body, "headers": headers}, ensure_ascii=False)
             for _ in range(n):
                 choices.append(ChoicePlan(pieces=[content], weights=[count_tokens(content)]))
@@ -542,31 +545,6 @@ class Simulator:
                 pieces, hit = apply_stop(generate_tokens(model, i, count), stops)
                 choices.append(ChoicePlan(pieces=pieces, weights=[1] * len(pieces),
                                           finish_reason="stop" if hit else finish))
-        return choices, stream, include_usage
-
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        rec = self._begin(request, "chat")
-        knobs = Knobs()
-        quote: str | None = None
-        try:
-            body = await self._read_json(request, rec)
-            if isinstance(body.get("model"), str):
-                rec.model = body["model"]
-            rec.stream = body.get("stream") is True
-            if self._wants_quote(body):
-                quote = self._chat_quote(body)
-            knobs = parse_knobs(body.get("sim"))
-            if knobs.status is not None:
-                try:
-                    rec.prompt_tokens = chat_prompt_tokens(body["messages"])
-                except Exception:  # best effort only
-                    rec.prompt_tokens = 0
-                raise SimError(knobs.status, knobs.message)
-            model = self._resolve_model(body, "chat")
-            rec.model = model
-            choices, stream, include_usage = self._plan_chat(request, body, model, knobs, rec)
-        except SimError as err:
-            return await self._error(rec, err, knobs, quote)
 
         completion = sum(c.tokens for c in choices)
         usage = {"prompt_tokens": rec.prompt_tokens, "total_tokens": rec.prompt_tokens + completion,
@@ -582,16 +560,11 @@ class Simulator:
                     msg = {"role": "assistant", "content": "".join(c.pieces), "tool_calls": []}
                 out.append({"index": i, "message": msg, "logprobs": None,
                             "finish_reason": c.finish_reason, "stop_reason": None})
-            doc: dict[str, Any] = {"id": cid, "object": "chat.completion", "created": created, "model": model,
-                                   "choices": out, "usage": usage, "prompt_logprobs": None}
-            if knobs.no_usage:
-                del doc["usage"]
             rec.completion_tokens = completion
-            return await self._send_json(request, rec, doc, knobs, usage=not knobs.no_usage)
-
-        events = self._stream_events(cid, created, model, choices,
-                                     usage if include_usage and not knobs.no_usage else None, knobs.usage_shape)
-        return await self._send_stream(request, rec, events, knobs)
+            return {"id": cid, "object": "chat.completion", "created": created, "model": model,
+                    "choices": out, "usage": usage, "prompt_logprobs": None}
+        return self._stream_events(cid, created, model, choices,
+                                   usage if include_usage and not knobs.no_usage else None, knobs.usage_shape)
 
     @staticmethod
     def _stream_events(
@@ -623,14 +596,11 @@ class Simulator:
                     "index": 0, "function": {"arguments": piece}}]})]), tokens=w)
                     for piece, w in _arg_pieces(tc["function"]["arguments"], c.tokens))
             else:
-                for piece, weight in zip(c.pieces, c.weights):
-                    evs.append(StreamEvent(chunk([ch(i, {"content": piece})]), tokens=weight))
+                evs.extend(StreamEvent(chunk([ch(i, {"content": p})]), tokens=w) for p, w in zip(c.pieces, c.weights))
             evs.append(StreamEvent(chunk([ch(i, {}, c.finish_reason)])))
             per_choice.append(evs)
-        for step in range(max(len(e) for e in per_choice)):
-            for evs in per_choice:
-                if step < len(evs):
-                    events.append(evs[step])
+        for step in itertools.zip_longest(*per_choice):
+            events.extend(ev for ev in step if ev is not None)
         if usage is not None and shape in ("llamacpp", "tgi"):
             # on the last chunk that carries a finish_reason (llama.cpp adds its timings there)
             last = max(k for k, ev in enumerate(events) if b'"finish_reason":"' in ev.data)
@@ -656,12 +626,8 @@ class Simulator:
     async def _send_stream(
         self, request: web.Request, rec: Record, events: list[StreamEvent], knobs: Knobs
     ) -> web.StreamResponse:
-        if knobs.ttft_ms:
-            await asyncio.sleep(knobs.ttft_ms / 1000)
         resp = web.StreamResponse(status=200, headers={
             "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"})
-        rec.status = 200
-        rec.completion_tokens = 0
         half = len(events) // 2
         try:
             await resp.prepare(request)
@@ -698,70 +664,41 @@ class Simulator:
                 raise SimError(400, "Input cannot be empty.")
             if all(isinstance(x, str) for x in inp):
                 return list(inp)
-            if all(_is_int(x) for x in inp):
+            if all(is_int(x) for x in inp):
                 return [list(inp)]
-            if all(isinstance(x, list) and x and all(_is_int(y) for y in x) for x in inp):
+            if all(isinstance(x, list) and x and all(is_int(y) for y in x) for x in inp):
                 return [list(x) for x in inp]
         raise SimError(400, "input must be a string, an array of strings, an array of integers "
                             "or an array of non-empty arrays of integers.")
 
-    async def embeddings(self, request: web.Request) -> web.StreamResponse:
-        rec = self._begin(request, "embeddings")
-        knobs = Knobs()
-        quote: str | None = None
-        try:
-            body = await self._read_json(request, rec)
-            if isinstance(body.get("model"), str):
-                rec.model = body["model"]
-            if self._wants_quote(body):
-                inp = body.get("input")
-                first = inp[0] if isinstance(inp, list) and inp else inp
-                quote = first if isinstance(first, str) else ""
-            knobs = parse_knobs(body.get("sim"))
-            if knobs.status is not None:
-                raise SimError(knobs.status, knobs.message)
-            model = self._resolve_model(body, "embeddings")
-            rec.model = model
-            items = self._embed_items(body.get("input"))
-            fmt = body.get("encoding_format")
-            if fmt is None:
-                fmt = "float"
-            if fmt not in ("float", "base64"):
-                raise SimError(400, f"encoding_format must be 'float' or 'base64', got {fmt!r}.")
-            dims = body.get("dimensions")
-            if dims is not None and (not _is_int(dims) or not 1 <= dims <= EMBEDDING_DIM):
-                raise SimError(400, f"dimensions must be an integer between 1 and {EMBEDDING_DIM}, got {dims!r}.")
-            ctx = self.embed_models[model]
-            counts = [count_tokens(x) if isinstance(x, str) else len(x) for x in items]
-            rec.prompt_tokens = sum(counts)
-            for c in counts:
-                if c > ctx:
-                    raise SimError(
-                        400,
-                        f"This model's maximum context length is {ctx} tokens. However, you requested "
-                        f"{c} tokens in the input for embedding generation. Please reduce the length of the input.",
-                    )
-        except SimError as err:
-            return await self._error(rec, err, knobs, quote)
-
+    def _embeddings(self, body: dict[str, Any], model: str, rec: Record) -> dict[str, Any]:
+        """Validate an embeddings request; return its reply."""
+        items = self._embed_items(body.get("input"))
+        fmt = body.get("encoding_format")  # None: float
+        if fmt not in (None, "float", "base64"):
+            raise SimError(400, f"encoding_format must be 'float' or 'base64', got {fmt!r}.")
+        dims = body.get("dimensions")
+        if dims is not None and (not is_int(dims) or not 1 <= dims <= EMBEDDING_DIM):
+            raise SimError(400, f"dimensions must be an integer between 1 and {EMBEDDING_DIM}, got {dims!r}.")
+        ctx = self.embed_models[model]
+        counts = [count_tokens(x) if isinstance(x, str) else len(x) for x in items]
+        rec.prompt_tokens = sum(counts)
+        for c in counts:
+            if c > ctx:
+                raise SimError(400, f"This model's maximum context length is {ctx} tokens. However, you requested "
+                                    f"{c} tokens in the input for embedding generation. Please reduce the length "
+                                    "of the input.")
         data = []
         for i, item in enumerate(items):
             vec = embedding_vector(item)
             if dims is not None and dims < len(vec):  # Matryoshka-style: truncate, renormalise
-                norm = math.sqrt(sum(v * v for v in vec[:dims])) or 1.0
-                vec = [v / norm for v in vec[:dims]]
+                vec = unit(vec[:dims])
             data.append({"index": i, "object": "embedding",
                          "embedding": pack_base64(vec) if fmt == "base64" else vec})
-        doc: dict[str, Any] = {
+        return {
             "id": f"embd-{_hex()}", "object": "list", "created": int(time.time()), "model": model, "data": data,
             "usage": {"prompt_tokens": rec.prompt_tokens, "total_tokens": rec.prompt_tokens, "completion_tokens": 0},
         }
-        if knobs.no_usage:
-            del doc["usage"]
-        return await self._send_json(request, rec, doc, knobs, usage=not knobs.no_usage)
-
-
-SIMULATOR_KEY: web.AppKey[Simulator] = web.AppKey("simulator", Simulator)
 
 
 def _require_key(api_key: str) -> Any:
@@ -784,11 +721,10 @@ def make_app(name: str, chat_models: dict[str, int], embed_models: dict[str, int
     sim = Simulator(name, chat_models, embed_models)
     app = web.Application(client_max_size=CLIENT_MAX_SIZE,
                           middlewares=[_require_key(api_key)] if api_key else [])
-    app[SIMULATOR_KEY] = sim
     app.router.add_get("/health", sim.health)
     app.router.add_get("/v1/models", sim.models)
-    app.router.add_post("/v1/chat/completions", sim.chat)
-    app.router.add_post("/v1/embeddings", sim.embeddings)
+    app.router.add_post("/v1/chat/completions", functools.partial(sim.serve, "chat"))
+    app.router.add_post("/v1/embeddings", functools.partial(sim.serve, "embeddings"))
     app.router.add_get("/sim/requests", sim.list_records)
     app.router.add_delete("/sim/requests", sim.clear_records)
     app.router.add_get("/sim/requests/{request_id}", sim.get_record)

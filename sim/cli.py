@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import builtins
+import functools
 import os
 import ssl
 
@@ -61,8 +61,5 @@ def main(argv: list[str] | None = None) -> None:
         ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ssl_context.load_cert_chain(args.tls_cert, args.tls_key)
     app = make_app(args.name, chat, embed, api_key)
-
-    def say(msg: str) -> None:
-        builtins.print(msg, flush=True)
-
-    web.run_app(app, host=args.host, port=args.port, print=say, access_log=None, ssl_context=ssl_context)
+    web.run_app(app, host=args.host, port=args.port, print=functools.partial(print, flush=True), access_log=None,
+                ssl_context=ssl_context)

@@ -62,8 +62,6 @@ def generate(schema: Any, seed: str = "", root: dict[str, Any] | None = None, de
                 for k, v in sub.items():
                     if k == "properties" and isinstance(v, dict):
                         merged["properties"] = {**merged.get("properties", {}), **v}
-                    elif k == "required" and isinstance(v, list):
-                        merged["required"] = list(merged.get("required", [])) + v
                     else:
                         merged.setdefault(k, v)
         return generate(merged, seed, root, depth + 1)
@@ -84,21 +82,17 @@ def generate(schema: Any, seed: str = "", root: dict[str, Any] | None = None, de
         else:
             typ = "string" if schema else "object"
     if typ == "object":
-        out: dict[str, Any] = {}
         props = schema.get("properties")
-        if isinstance(props, dict):
-            for name, sub in props.items():
-                out[name] = generate(sub, f"{seed}/{name}", root, depth + 1)
-        return out
+        if not isinstance(props, dict):
+            return {}
+        return {name: generate(sub, f"{seed}/{name}", root, depth + 1) for name, sub in props.items()}
     if typ == "array":
         lo = schema.get("minItems", 1)
         hi = schema.get("maxItems", max(lo, 2))
         count = max(lo, min(hi, 2)) if isinstance(lo, int) and isinstance(hi, int) else 1
-        items = schema.get("items", {})
         if isinstance(schema.get("prefixItems"), list):
-            pre = schema["prefixItems"]
-            return [generate(s, f"{seed}[{i}]", root, depth + 1) for i, s in enumerate(pre)]
-        return [generate(items, f"{seed}[{i}]", root, depth + 1) for i in range(count)]
+            return [generate(s, f"{seed}[{i}]", root, depth + 1) for i, s in enumerate(schema["prefixItems"])]
+        return [generate(schema.get("items", {}), f"{seed}[{i}]", root, depth + 1) for i in range(count)]
     if typ in ("integer", "number"):
         lo = schema.get("minimum")
         if lo is None and schema.get("exclusiveMinimum") is not None:
@@ -108,11 +102,9 @@ def generate(schema: Any, seed: str = "", root: dict[str, Any] | None = None, de
             hi = schema["exclusiveMaximum"] - 1
         base = 1 + _pick(seed, 42)
         if lo is not None and base < lo:
-            base = int(lo) if typ == "integer" and lo == int(lo) else lo
-            if typ == "integer" and base < lo:
-                base = int(lo) + 1
+            base = lo
         if hi is not None and base > hi:
-            base = int(hi) if typ == "integer" else hi
+            base = hi
         return int(base) if typ == "integer" else float(base)
     if typ == "boolean":
         return _pick(seed, 2) == 1

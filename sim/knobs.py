@@ -37,19 +37,33 @@ Unknown knob names and values of the wrong type are rejected (HTTP 400).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import SimError
 
-DEFAULT_OUTPUT_TOKENS = 16
+class SimError(Exception):
+    """An error reply: HTTP ``status`` with a vLLM-format body carrying ``message``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 @dataclass(frozen=True)
 class Knobs:
     ttft_ms: float = 0.0
     itl_ms: float = 0.0
-    output_tokens: int = DEFAULT_OUTPUT_TOKENS
+    output_tokens: int = 16
     fail_after_chunks: int | None = None
     status: int | None = None
     message: str = "simulated error"
@@ -66,13 +80,19 @@ class Knobs:
 
 
 _NUMBER = ("ttft_ms", "itl_ms", "stall_ms")
-_INT = ("output_tokens", "fail_after_chunks", "reply_bytes")
-_BOOL = ("quote_prompt", "no_usage", "echo", "comments", "multiline")
 _CHOICES = {"framing": ("lf", "crlf", "cr"), "usage_shape": ("vllm", "sglang", "llamacpp", "tgi", "litellm")}
-
-
-def _bad(name: str, what: str, value: Any) -> SimError:
-    return SimError(400, f"Invalid sim knob '{name}': expected {what}, got {value!r}.")
+# knob -> (what it must be, its check)
+_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    **{n: ("a non-negative number", lambda v: is_number(v) and not v < 0) for n in _NUMBER},
+    **{n: ("a non-negative integer", lambda v: is_int(v) and v >= 0)
+       for n in ("output_tokens", "fail_after_chunks", "reply_bytes")},
+    **{n: ("a boolean", lambda v: isinstance(v, bool))
+       for n in ("quote_prompt", "no_usage", "echo", "comments", "multiline")},
+    **{n: ("one of " + ", ".join(c), c.__contains__) for n, c in _CHOICES.items()},
+    "status": ("an integer HTTP status in 400..599", lambda v: is_int(v) and 400 <= v <= 599),
+    "write_bytes": ("a positive integer", lambda v: is_int(v) and v >= 1),
+    "message": ("a string", lambda v: isinstance(v, str)),
+}
 
 
 def parse_knobs(raw: Any) -> Knobs:
@@ -83,34 +103,10 @@ def parse_knobs(raw: Any) -> Knobs:
         raise SimError(400, "Invalid 'sim' member: expected an object.")
     values: dict[str, Any] = {}
     for name, value in raw.items():
-        if name in _NUMBER:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise _bad(name, "a non-negative number", value)
-            values[name] = float(value)
-        elif name in _INT:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise _bad(name, "a non-negative integer", value)
-            values[name] = value
-        elif name in _BOOL:
-            if not isinstance(value, bool):
-                raise _bad(name, "a boolean", value)
-            values[name] = value
-        elif name == "status":
-            if isinstance(value, bool) or not isinstance(value, int) or not 400 <= value <= 599:
-                raise _bad(name, "an integer HTTP status in 400..599", value)
-            values[name] = value
-        elif name in _CHOICES:
-            if value not in _CHOICES[name]:
-                raise _bad(name, "one of " + ", ".join(_CHOICES[name]), value)
-            values[name] = value
-        elif name == "write_bytes":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise _bad(name, "a positive integer", value)
-            values[name] = value
-        elif name == "message":
-            if not isinstance(value, str):
-                raise _bad(name, "a string", value)
-            values[name] = value
-        else:
+        if name not in _RULES:
             raise SimError(400, f"Unknown sim knob '{name}'.")
+        what, ok = _RULES[name]
+        if not ok(value):
+            raise SimError(400, f"Invalid sim knob '{name}': expected {what}, got {value!r}.")
+        values[name] = float(value) if name in _NUMBER else value
     return Knobs(**values)

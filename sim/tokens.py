@@ -51,12 +51,8 @@ def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        texts = [
-            p["text"]
-            for p in content
-            if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-        ]
-        return " ".join(texts)
+        return " ".join(p["text"] for p in content
+                        if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str))
     return ""
 
 
@@ -70,19 +66,11 @@ def chat_prompt_tokens(messages: list[dict[str, Any]]) -> int:
     return total
 
 
-def _seed(*parts: str) -> int:
-    digest = hashlib.sha256("\x00".join(parts).encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big")
-
-
 def generate_tokens(model: str, index: int, count: int) -> list[str]:
     """``count`` deterministic tokens for choice ``index`` of ``model``."""
-    start = _seed(model, str(index)) % len(WORDS)
-    out: list[str] = []
-    for i in range(count):
-        word = WORDS[(start + i) % len(WORDS)]
-        out.append(word if i == 0 else " " + word)
-    return out
+    digest = hashlib.sha256(f"{model}\x00{index}".encode("utf-8")).digest()
+    start = int.from_bytes(digest[:8], "big") % len(WORDS)
+    return [("" if i == 0 else " ") + WORDS[(start + i) % len(WORDS)] for i in range(count)]
 
 
 def apply_stop(tokens: list[str], stops: list[str]) -> tuple[list[str], bool]:
@@ -92,42 +80,31 @@ def apply_stop(tokens: list[str], stops: list[str]) -> tuple[list[str], bool]:
     prefix, when non-empty) and whether a stop string was hit.
     """
     text = "".join(tokens)
-    cut = -1
-    for s in stops:
-        if not s:
-            continue
-        pos = text.find(s)
-        if pos != -1 and (cut == -1 or pos < cut):
-            cut = pos
-    if cut == -1:
+    found = [pos for pos in (text.find(s) for s in stops if s) if pos != -1]
+    if not found:
         return tokens, False
+    cut = min(found)
     pieces: list[str] = []
     used = 0
     for tok in tokens:
         if used >= cut:
             break
-        if used + len(tok) <= cut:
-            pieces.append(tok)
-        else:
-            pieces.append(tok[: cut - used])
+        pieces.append(tok[: cut - used])
         used += len(tok)
     return pieces, True
 
 
-def embedding_input_key(item: str | list[int]) -> str:
-    """Stable string form of one embedding input (used as the vector seed)."""
-    if isinstance(item, str):
-        return "s:" + item
-    return "t:" + json.dumps(item, separators=(",", ":"))
+def unit(vec: list[float]) -> list[float]:
+    """``vec`` scaled to length 1."""
+    norm = math.sqrt(sum(v * v for v in vec)) or 1.0
+    return [v / norm for v in vec]
 
 
 def embedding_vector(item: str | list[int]) -> list[float]:
     """Deterministic unit-length vector of ``EMBEDDING_DIM`` floats for one input."""
-    digest = hashlib.sha256(embedding_input_key(item).encode("utf-8")).digest()
-    rng = random.Random(int.from_bytes(digest, "big"))
-    vec = [rng.gauss(0.0, 1.0) for _ in range(EMBEDDING_DIM)]
-    norm = math.sqrt(sum(v * v for v in vec)) or 1.0
-    return [v / norm for v in vec]
+    key = "s:" + item if isinstance(item, str) else "t:" + json.dumps(item, separators=(",", ":"))
+    rng = random.Random(int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest(), "big"))
+    return unit([rng.gauss(0.0, 1.0) for _ in range(EMBEDDING_DIM)])
 
 
 def pack_base64(vec: list[float]) -> str:
