@@ -12,6 +12,7 @@ schema and seed always give the same value.
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Any
 
 _WORDS = ("alfa", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")
@@ -100,6 +101,8 @@ def generate(schema: Any, seed: str = "", root: dict[str, Any] | None = None, de
         hi = schema.get("maximum")
         if hi is None and schema.get("exclusiveMaximum") is not None:
             hi = schema["exclusiveMaximum"] - 1
+        if typ == "integer":  # the integers within fractional bounds
+            lo, hi = lo if lo is None else math.ceil(lo), hi if hi is None else math.floor(hi)
         base = 1 + _pick(seed, 42)
         if lo is not None and base < lo:
             base = lo

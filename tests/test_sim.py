@@ -540,6 +540,15 @@ def test_json_schema_response_format(client: httpx.Client) -> None:
     assert _chat(client, response_format={"type": "bogus"}).status_code == 400
 
 
+def test_guided_integers_stay_within_fractional_bounds() -> None:
+    from sim.guided import generate
+
+    for seed in map(str, range(200)):
+        assert 3 <= generate({"type": "integer", "minimum": 2.5, "maximum": 3.7}, seed, {}, 0) <= 3
+        n = generate({"type": "integer", "minimum": 40.2}, seed, {}, 0)
+        assert isinstance(n, int) and n >= 41
+
+
 def test_tool_call_arguments_and_choice(client: httpx.Client) -> None:
     import jsonschema
 
