@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Coroutine
 
 from . import logs, metrics
 from .catalog import Alias, Catalog
@@ -109,17 +109,18 @@ class Gateway:
                 self.watched.discard(request_id)
                 return
             await self.finish(org_id, request_id, record)
-        task = asyncio.create_task(later())
-        self._retrying.add(task)
-        task.add_done_callback(self._retrying.discard)
+        self._background(later())
 
     def cancel(self, request_id: str) -> None:
         """An admission given up on (``Store.cancel``), in the background until Redis takes it."""
         self._retry(lambda: self.store.cancel(request_id), f"cancellation of request {request_id}", first=0.0)
 
     def _retry(self, call: Callable[[], Awaitable[None]], what: str, first: float = 0.1) -> None:
-        task = asyncio.create_task(self._retrying_call(call, what, first))
-        self._retrying.add(task)
+        self._background(self._retrying_call(call, what, first))
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._retrying.add(task)  # held here: the loop keeps only a weak reference to a task
         task.add_done_callback(self._retrying.discard)
 
     async def _retrying_call(self, call: Callable[[], Awaitable[None]], what: str, delay: float) -> None:
@@ -138,8 +139,7 @@ class Gateway:
         now = int(self.clock())
         cached = self._models
         if cached is None or cached[0] != now or cached[1] is not self.catalog:
-            body = json.dumps({"object": "list", "data": [a.model_object(now) for a in self.catalog.aliases.values()]},
-                              separators=(",", ":")).encode()
+            body = _json({"object": "list", "data": [a.model_object(now) for a in self.catalog.aliases.values()]})
             cached = self._models = (now, self.catalog, body)
         return cached[2]
 
@@ -224,16 +224,15 @@ class AuthCache:
         self._entries[key_hash] = (self.clock() + self.ttl, adm)
 
 
-def _error_answer(err: ApiError, request_id: str) -> Answer:
+def error_answer(err: ApiError, request_id: str) -> Answer:
     headers = {"content-type": "application/json"}
     if err.retry_after is not None:
         headers["retry-after"] = str(err.retry_after)
     return Answer(reply=(err.status, err.body(request_id), headers))
 
 
-def _json_answer(doc: object) -> Answer:
-    return Answer(reply=(200, json.dumps(doc, separators=(",", ":")).encode(),
-                         {"content-type": "application/json"}))
+def _json(doc: object) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 class Exchange:
@@ -275,13 +274,13 @@ class Exchange:
 
     def _reject(self, err: ApiError) -> Answer:
         self._count(err.status, err.code)
-        kind = metrics.rejection_kind(err.code)
+        kind = metrics.REJECTION_KIND.get(err.code)
         if kind is not None:
             metrics.labelled(metrics.REJECTIONS, kind).inc()
         self.status, self.error_code = err.status, err.code
         if self.prepared is None:
             self._log_refusal()
-        return _error_answer(err, self.request_id)
+        return error_answer(err, self.request_id)
 
     def _log_refusal(self) -> None:
         """A chat or embeddings request refused on the way in (400, 402, 403, 404, 429): it goes to the
@@ -295,9 +294,9 @@ class Exchange:
         self.finishing = (adm.identity.org_id, self._record((0, 0), False, adm.identity.org_id,
                                                            adm.identity.key_id), True)
 
-    def _ok(self, doc: object) -> Answer:
+    def _ok(self, body: bytes) -> Answer:
         self._count(200, "")
-        return _json_answer(doc)
+        return Answer(reply=(200, body, {"content-type": "application/json"}))
 
     # ---- request headers -------------------------------------------------------------------
     def _identify(self, request_id: str, method: str, path: str, authorization: str | None) -> bool:
@@ -327,14 +326,13 @@ class Exchange:
         if adm.error is not None:
             return self._reject(adm.error)
         if self.method == "GET" and self.path == _MODELS_PATH:
-            self._count(200, "")
-            return Answer(reply=(200, self.gw.models_body(), {"content-type": "application/json"}))
+            return self._ok(self.gw.models_body())
         if self.method == "GET" and self.path.startswith(_MODELS_PATH + "/"):
             alias = self.gw.catalog.aliases.get(self.path[len(_MODELS_PATH) + 1:])
             if alias is None:
                 return self._reject(ApiError("model_not_found", "The requested model does not exist.",
                                              "model"))
-            return self._ok(alias.model_object(self.gw.clock()))
+            return self._ok(_json(alias.model_object(self.gw.clock())))
         return self._reject(ApiError("unsupported_endpoint",
                                      "This endpoint or method is not offered by the service."))
 
@@ -369,23 +367,16 @@ class Exchange:
                       body=prepared.body, cluster=cluster, clear_route_cache=True)
 
     async def _admit(self, *, limits: bool) -> Admission:
+        """One round trip to Redis; on a cache miss, a PostgreSQL read and a fill first.  All of it within
+        ``dependency_budget_s``: past it (a hung or dead Redis or PostgreSQL) the
+        answer is 500 internal_error, and an admission that may have taken effect is undone (``cancel``),
+        so the request is never billed and holds no slot."""
         assert self.key_hash is not None
         if not limits:  # authentication only (models, unsupported paths): a recent answer will do
             cached = self.gw.auth_cache.get(self.key_hash)
             if cached is not None:
                 self.admission = cached
                 return cached
-        adm = await self._admit_redis(limits)
-        if not limits and adm.error is None:
-            self.gw.auth_cache.put(self.key_hash, adm)
-        return adm
-
-    async def _admit_redis(self, limits: bool) -> Admission:
-        """One round trip to Redis; on a cache miss, a PostgreSQL read and a fill first.  All of it within
-        ``dependency_budget_s``: past it (a hung or dead Redis or PostgreSQL) the
-        answer is 500 internal_error, and an admission that may have taken effect is undone (``cancel``),
-        so the request is never billed and holds no slot."""
-        assert self.key_hash is not None
         pending = self._pending() if limits else ""
         # from now, not the request's start: Envoy's message timeout runs from the message that brought
         # us here (a chunked body may come seconds after the headers)
@@ -416,6 +407,8 @@ class Exchange:
         if self.admission is None:
             metrics.labelled(metrics.KEY_LOOKUPS, "hit").inc()
         self.admission = adm
+        if not limits and adm.error is None:
+            self.gw.auth_cache.put(self.key_hash, adm)
         return adm
 
     async def _fill(self, miss: Miss) -> None:
@@ -468,15 +461,14 @@ class Exchange:
             return Answer()
         if self.status >= 400 or self.status < 200:
             if self.envoys_reply:  # already in SPEC's shape: passed on as it is
-                code = _error_code(body)
+                code = self.error_code = _error_code(body)
                 self._count(self.status, code)
-                metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, code).inc()
-                self.error_code = code
-                self._finish(None)  # the model server produced no output
-                return Answer()
-            err = upstream_error(self.status, body, "messages" if p.endpoint == CHAT else "input")
-            metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, err.code).inc()
-            answer = self._reject(err)
+                answer = Answer()
+            else:
+                err = upstream_error(self.status, body, "messages" if p.endpoint == CHAT else "input")
+                code = err.code
+                answer = self._reject(err)
+            metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, code).inc()
             self._finish(None)  # the model server produced no output
             return answer
         new, usage = rewrite_body(body, p.upstream_model, p.alias.id, embeddings=p.endpoint != CHAT)
@@ -496,7 +488,7 @@ class Exchange:
         metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, "upstream_timeout").inc()
         self.error_code = "upstream_timeout"
         await self.close()  # billed (and counted) as a reply that failed after it started: 502
-        return _error_answer(ApiError("upstream_timeout", "The model server timed out; retry with backoff."),
+        return error_answer(ApiError("upstream_timeout", "The model server timed out; retry with backoff."),
                              self.request_id)
 
     # ---- the end, however it came ----------------------------------------------------------
@@ -593,7 +585,8 @@ class Exchange:
 
     def _pending(self) -> str:
         """The journal entry while in flight: what is billed if this process dies (estimated input)."""
-        rec = self._record((self.prepared.estimated_prompt_tokens, 0) if self.prepared else (0, 0), True, "", "")
+        assert self.prepared is not None  # only a request with limits (a prepared one) is journalled
+        rec = self._record((self.prepared.estimated_prompt_tokens, 0), True, "", "")
         return self.gw.owner + "|" + rec.to_json()
 
     def _finish(self, tokens: tuple[int, int] | None, *, estimated: bool = False) -> None:
@@ -619,5 +612,3 @@ class Exchange:
         if pending is not None:
             await self.gw.finish(pending[0], self.request_id, pending[1], pending[2])
 
-
-__all__ = ["Answer", "AuthCache", "Exchange", "Gateway", "STREAM_HEADER", "account", "count", "stream_context"]

@@ -54,12 +54,9 @@ WRITE_LAG = Histogram("gateway_usage_write_lag_seconds", "From a request's end t
 UPSTREAM_FAILURES = Counter("gateway_upstream_failures", "Model-server failures by alias and code",
                             ["alias", "code"])
 
-_REJECTION_KIND = {"rate_limit_exceeded": "rate", "concurrency_limit_exceeded": "concurrency",
-                   "insufficient_quota": "quota", "org_suspended": "suspended"}
-
-
-def rejection_kind(code: str) -> str | None:
-    return _REJECTION_KIND.get(code)
+# an error code -> the ``kind`` label of REJECTIONS
+REJECTION_KIND = {"rate_limit_exceeded": "rate", "concurrency_limit_exceeded": "concurrency",
+                  "insufficient_quota": "quota", "org_suspended": "suspended"}
 
 
 class EnvoyStats(Collector):
