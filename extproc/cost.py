@@ -85,7 +85,3 @@ def usage_json_tokens(usage: Any) -> tuple[int, int] | None:
     if not isinstance(p, int) or not isinstance(c, int) or p < 0 or c < 0:
         return None
     return p, c
-
-
-__all__ = ["Prices", "cost_micro_pln", "estimate_tokens", "estimate_chat_prompt", "estimate_reply_completion",
-           "estimate_embedding_prompt", "usage_json_tokens"]

@@ -147,6 +147,3 @@ class StreamWatch:
         except Exception as e:  # noqa: BLE001 - Redis unreachable: taken for a broken stream
             log.warning("request %s: could not tell how its stream ended: %s", request_id, type(e).__name__)
             return False
-
-
-__all__ = ["CLOSE_DELAY_S", "Outcome", "StreamWatch", "outcome"]

@@ -85,6 +85,3 @@ class StreamMeter:
             tokens = usage_json_tokens(doc.get("usage"))
             if tokens is not None:
                 self.usage = tokens
-
-
-__all__ = ["StreamMeter", "event_data"]
