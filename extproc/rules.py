@@ -57,14 +57,6 @@ _LONE_SURROGATE = ApiError("invalid_request", "The request body contains a lone 
                            "(a \\ud800-\\udfff escape not part of a pair), which is not text.")
 
 
-def _lone_surrogate(doc: Any) -> bool:
-    try:
-        json.dumps(doc, ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
 def _parse(raw: bytes) -> dict[str, Any] | ApiError:
     try:
         doc = json.loads(raw, parse_constant=_no_constant)
@@ -79,8 +71,11 @@ def _parse(raw: bytes) -> dict[str, Any] | ApiError:
     if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _deeper_than(doc, MAX_JSON_DEPTH):
         return _TOO_DEEP
     # a lone surrogate is refused (README): no model server could read it, and no text holds one
-    if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw) and _lone_surrogate(doc):
-        return _LONE_SURROGATE
+    if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw):
+        try:
+            json.dumps(doc, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            return _LONE_SURROGATE
     return doc
 
 

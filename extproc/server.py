@@ -74,19 +74,14 @@ def _common(answer: Answer) -> ep.CommonResponse:
     return c
 
 
-def _immediate(answer: Answer) -> ep.ProcessingResponse:
-    assert answer.reply is not None
-    status, body, headers = answer.reply
-    ir = ep.ImmediateResponse(status=http_status_pb2.HttpStatus(code=status), body=body, details="gateway")
-    for k, v in headers.items():
-        ir.headers.set_headers.append(base_pb2.HeaderValueOption(
-            header=base_pb2.HeaderValue(key=k, raw_value=v.encode())))
-    return ep.ProcessingResponse(immediate_response=ir)
-
-
 def _to_message(phase: str, answer: Answer) -> ep.ProcessingResponse:
     if answer.reply is not None:
-        return _immediate(answer)
+        status, body, headers = answer.reply
+        ir = ep.ImmediateResponse(status=http_status_pb2.HttpStatus(code=status), body=body, details="gateway")
+        for k, v in headers.items():
+            ir.headers.set_headers.append(base_pb2.HeaderValueOption(
+                header=base_pb2.HeaderValue(key=k, raw_value=v.encode())))
+        return ep.ProcessingResponse(immediate_response=ir)
     common = _common(answer)
     if phase == "request_headers":
         return ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=common))
