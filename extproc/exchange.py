@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Callable, Coroutine
 
 from . import logs, metrics
 from .catalog import Alias, Catalog
-from .cost import cost_micro_pln, estimate_reply_completion
+from .cost import Prices, cost_micro_pln, estimate_reply_completion
 from .decisions import Admission, UsageRecord
 from .directory import Directory
 from .errors import ApiError, internal_error
@@ -46,6 +46,7 @@ _CHAT_PATH = "/v1/chat/completions"
 _EMB_PATH = "/v1/embeddings"
 _MODELS_PATH = "/v1/models"
 _ENDPOINTS = {_CHAT_PATH: "chat", _EMB_PATH: "embeddings", _MODELS_PATH: "models"}
+_FREE = Prices(0, 0)  # a refusal's, logged before an alias was chosen
 
 
 @dataclass(slots=True)
@@ -558,26 +559,23 @@ class Exchange:
         no alias, no prices and costs nothing."""
         p = self.prepared
         prompt, completion = tokens
-        if p is None:
-            return UsageRecord(
-                request_id=self.request_id, org_id=org_id, key_id=key_id, alias="", upstream_model="",
-                endpoint=_ENDPOINTS[self.path], status=self.status or 500, stream=False, prompt_tokens=0,
-                completion_tokens=0, estimated=False, cost_micro_pln=0, input_price=0, output_price=0,
-                started_at=self.started, ttfb_ms=None, ended_at=self.gw.clock(), error_code=self.error_code)
-        prices = p.alias.prices_at(self.started)
-        if p.endpoint != CHAT:
-            completion = 0
         status = self.status or 500
         code = self.error_code
         if not code and status >= 500 and self.finished:
             # an ending the gateway decided after the reply began (a broken or cut reply)
             code = "internal_error" if status == 500 else "upstream_unavailable"
+        if p is None:
+            alias, upstream, endpoint, stream, prices = "", "", _ENDPOINTS[self.path], False, _FREE
+        else:
+            alias, upstream, endpoint, stream = p.alias.id, p.upstream_model, p.endpoint, p.stream
+            prices = p.alias.prices_at(self.started)
+            if endpoint != CHAT:
+                completion = 0
         return UsageRecord(
-            request_id=self.request_id, org_id=org_id, key_id=key_id, alias=p.alias.id,
-            upstream_model=p.upstream_model, endpoint=p.endpoint, status=status,
-            stream=p.stream, prompt_tokens=prompt, completion_tokens=completion, estimated=estimated,
-            cost_micro_pln=cost_micro_pln(prompt, completion, prices), input_price=prices.input,
-            output_price=prices.output, started_at=self.started,
+            request_id=self.request_id, org_id=org_id, key_id=key_id, alias=alias, upstream_model=upstream,
+            endpoint=endpoint, status=status, stream=stream, prompt_tokens=prompt, completion_tokens=completion,
+            estimated=estimated, cost_micro_pln=cost_micro_pln(prompt, completion, prices),
+            input_price=prices.input, output_price=prices.output, started_at=self.started,
             ttfb_ms=self._ttfb_ms(), ended_at=self.gw.clock(), error_code=code)
 
     def _ttfb_ms(self) -> int | None:
