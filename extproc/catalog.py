@@ -85,20 +85,11 @@ class Alias:
 
     def model_object(self, now: float) -> dict[str, Any]:
         p = self.prices_at(now)
-        return {
-            "id": self.id,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "service",
-            "capabilities": list(self.capabilities),
-            "context_length": self.context_length,
-            "max_output_tokens": self.max_output_tokens,
-            "pricing": {
-                "input_micro_pln_per_1m": p.input,
-                "output_micro_pln_per_1m": p.output,
-                "currency": "PLN",
-            },
-        }
+        return {"id": self.id, "object": "model", "created": self.created, "owned_by": "service",
+                "capabilities": list(self.capabilities), "context_length": self.context_length,
+                "max_output_tokens": self.max_output_tokens,
+                "pricing": {"input_micro_pln_per_1m": p.input, "output_micro_pln_per_1m": p.output,
+                            "currency": "PLN"}}
 
 
 @dataclass(slots=True)
@@ -109,9 +100,6 @@ class Catalog:
     @staticmethod
     def cluster_name(upstream_model: str) -> str:
         return "upstream_" + "".join(c if c.isalnum() or c in "-_." else "_" for c in upstream_model)
-
-    def has_capacity(self, upstream_model: str) -> bool:
-        return bool(self.deployments.get(upstream_model))
 
 
 _CAPS = {"chat", "embeddings", "vision"}

@@ -20,9 +20,7 @@ def _ceil_div(a: int, b: int) -> int:
 
 def cost_micro_pln(prompt_tokens: int, completion_tokens: int, prices: Prices) -> int:
     """ceil(prompt x input / 1e6) + ceil(completion x output / 1e6), each term rounded up alone."""
-    return _ceil_div(prompt_tokens * prices.input, 1_000_000) + _ceil_div(
-        completion_tokens * prices.output, 1_000_000
-    )
+    return _ceil_div(prompt_tokens * prices.input, 1_000_000) + _ceil_div(completion_tokens * prices.output, 1_000_000)
 
 
 def estimate_tokens(text_bytes: int) -> int:

@@ -44,18 +44,8 @@ class ApiError:
         return TABLE[self.code][1]
 
     def body(self, request_id: str) -> bytes:
-        return json.dumps(
-            {
-                "error": {
-                    "message": self.message,
-                    "type": self.type,
-                    "code": self.code,
-                    "param": self.param,
-                    "request_id": request_id,
-                }
-            },
-            separators=(",", ":"),
-        ).encode()
+        return json.dumps({"error": {"message": self.message, "type": self.type, "code": self.code,
+                                     "param": self.param, "request_id": request_id}}, separators=(",", ":")).encode()
 
 
 def internal_error() -> ApiError:

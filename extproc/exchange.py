@@ -146,7 +146,7 @@ class Gateway:
 
     def upstream_for(self, alias: Alias) -> str | None:
         up = self.pick(alias)
-        return up if up is not None and self.catalog.has_capacity(up) else None
+        return up if up is not None and self.catalog.deployments.get(up) else None
 
 
 def stream_context(p: Prepared, request_id: str, org_id: str, key_id: str, started: float,
@@ -266,12 +266,9 @@ class Exchange:
         self.finishing: tuple[str, UsageRecord | None, bool] | None = None
 
     # ---- metrics (bounded labels only) -------------------------------------------------------
-    @property
-    def _endpoint(self) -> str:
-        return _ENDPOINTS.get(self.path) or ("models" if self.path.startswith(_MODELS_PATH) else "other")
-
     def _count(self, status: int, code: str) -> None:
-        count(self.prepared.alias.id if self.prepared is not None else "-", self._endpoint, status, code)
+        endpoint = _ENDPOINTS.get(self.path) or ("models" if self.path.startswith(_MODELS_PATH) else "other")
+        count(self.prepared.alias.id if self.prepared is not None else "-", endpoint, status, code)
 
     def _reject(self, err: ApiError) -> Answer:
         self._count(err.status, err.code)
