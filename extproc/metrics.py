@@ -43,10 +43,6 @@ def labelled(metric: Any, *values: str) -> Any:
     return child
 
 
-def phase(name: str | None) -> Any:
-    return labelled(PHASE, name or "other")
-
-
 KEY_LOOKUPS = Counter("gateway_key_cache_lookups", "Key look-ups by result (hit: Redis, miss: PostgreSQL)",
                       ["result"])
 WRITE_LAG = Histogram("gateway_usage_write_lag_seconds", "From a request's end to its usage record in PostgreSQL",

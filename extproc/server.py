@@ -123,11 +123,9 @@ class Processor:
             await self.watch(call)
             return
         ex = Exchange(self.gateway)
-        parent = None
+        parent = call.metadata("traceparent") if self.tracer.enabled else None
         written = perf_counter()  # when the last answer went
         open_reply: str | None = None  # the reply phase it answered, when more of the reply was due
-        if self.tracer.enabled:
-            parent = call.metadata("traceparent")
         try:
             while True:
                 try:
@@ -164,7 +162,7 @@ class Processor:
                     answer = error_answer(internal_error(), ex.request_id)
                 msg = _to_message(phase or "", answer)
                 spent = perf_counter() - t0
-                metrics.phase(phase).observe(spent)
+                metrics.labelled(metrics.PHASE, phase or "other").observe(spent)
                 if parent is not None:
                     end = time_ns()
                     self.tracer.span(parent, f"ext_proc {phase}", end - int(spent * 1e9), end,
