@@ -53,23 +53,26 @@ class RespParser:
             return RespError(line.decode(errors="replace")), nxt
         if kind == b":":
             return int(line), nxt
-        if kind != b"$" and kind != b"*":
-            raise RespError(f"unexpected reply type {kind!r}")
-        n = int(line)
-        if n < 0:  # a null bulk string or array
-            return None, nxt
         if kind == b"$":
+            n = int(line)
+            if n < 0:
+                return None, nxt
             if len(buf) < nxt + n + 2:
                 return None
             return bytes(buf[nxt:nxt + n]), nxt + n + 2
-        items = []
-        for _ in range(n):
-            parsed = self._parse(nxt)
-            if parsed is None:
-                return None
-            item, nxt = parsed
-            items.append(item)
-        return items, nxt
+        if kind == b"*":
+            n = int(line)
+            if n < 0:
+                return None, nxt
+            items = []
+            for _ in range(n):
+                parsed = self._parse(nxt)
+                if parsed is None:
+                    return None
+                item, nxt = parsed
+                items.append(item)
+            return items, nxt
+        raise RespError(f"unexpected reply type {kind!r}")
 
 
 def encode(args: tuple[Any, ...]) -> bytes:

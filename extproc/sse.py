@@ -70,8 +70,8 @@ class StreamMeter:
 
     def _read_usage(self, event: bytes) -> None:
         # the data of the (LF-framed) event: its ``data:`` lines joined by LF (none: not JSON either)
-        data = b"\n".join(line[6:] if line.startswith(b"data: ") else line[5:]
-                          for line in event.split(b"\n") if line.startswith(b"data:"))
+        data = b"\n".join([line[6:] if line.startswith(b"data: ") else line[5:]
+                           for line in event.split(b"\n") if line.startswith(b"data:")])
         try:
             doc = json.loads(data)
         except ValueError:
