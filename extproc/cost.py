@@ -41,7 +41,11 @@ def _text_bytes(value: Any) -> int:
 
 def estimate_chat_prompt(messages: list[Any]) -> int:
     """Estimated prompt tokens of a chat request: its message texts, plus 4 tokens of framing per message."""
-    return sum(estimate_tokens(_text_bytes(m.get("content"))) + 4 for m in messages if isinstance(m, dict))
+    total = 0
+    for m in messages:
+        if isinstance(m, dict):
+            total += estimate_tokens(_text_bytes(m.get("content"))) + 4
+    return total
 
 
 def estimate_embedding_prompt(inputs: list[str]) -> int:
