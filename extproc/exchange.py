@@ -20,7 +20,7 @@ from .catalog import Alias, Catalog
 from .cost import Prices, cost_micro_pln, estimate_reply_completion
 from .decisions import Admission, UsageRecord
 from .directory import Directory
-from .errors import ApiError, internal_error
+from .errors import INTERNAL_ERROR, MODEL_NOT_FOUND, UPSTREAM_TIMEOUT, ApiError
 from .keys import bearer_key, key_hash
 from .responses import rewrite_body, upstream_error
 from .rules import CHAT, Prepared, prepare_chat, prepare_embeddings
@@ -328,8 +328,7 @@ class Exchange:
         if self.method == "GET" and self.path.startswith(_MODELS_PATH + "/"):
             alias = self.gw.catalog.aliases.get(self.path[len(_MODELS_PATH) + 1:])
             if alias is None:
-                return self._reject(ApiError("model_not_found", "The requested model does not exist.",
-                                             "model"))
+                return self._reject(MODEL_NOT_FOUND)
             return self._ok(_json(alias.model_object(self.gw.clock())))
         return self._reject(ApiError("unsupported_endpoint",
                                      "This endpoint or method is not offered by the service."))
@@ -401,7 +400,7 @@ class Exchange:
             if limits:
                 self.gw.cancel(self.request_id)
             self.admission = None
-            return Admission(None, internal_error())
+            return Admission(None, INTERNAL_ERROR)
         if self.admission is None:
             metrics.labelled(metrics.KEY_LOOKUPS, "hit").inc()
         self.admission = adm
@@ -486,8 +485,7 @@ class Exchange:
         metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, "upstream_timeout").inc()
         self.error_code = "upstream_timeout"
         await self.close()  # billed (and counted) as a reply that failed after it started: 502
-        return error_answer(ApiError("upstream_timeout", "The model server timed out; retry with backoff."),
-                             self.request_id)
+        return error_answer(UPSTREAM_TIMEOUT, self.request_id)
 
     # ---- the end, however it came ----------------------------------------------------------
     def cut_off(self, phase: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from .catalog import Alias, Catalog
 from .cost import estimate_chat_prompt, estimate_embedding_prompt
-from .errors import ApiError
+from .errors import MODEL_NOT_FOUND, NO_CAPACITY, ApiError
 
 CHAT = "chat"
 EMBEDDINGS = "embeddings"
@@ -102,7 +102,7 @@ def _alias(doc: dict[str, Any], catalog: Catalog, capability: str) -> Alias | Ap
         return _bad("The 'model' field must be a string.", "model")
     alias = catalog.aliases.get(model)
     if alias is None:
-        return ApiError("model_not_found", "The requested model does not exist.", "model")
+        return MODEL_NOT_FOUND
     if capability not in alias.capabilities:
         what = "chat completions" if capability == "chat" else "embeddings"
         return _bad(f"This model does not support {what}.", "model")
@@ -111,9 +111,7 @@ def _alias(doc: dict[str, Any], catalog: Catalog, capability: str) -> Alias | Ap
 
 def _upstream(alias: Alias, pick: Callable[[Alias], str | None]) -> str | ApiError:
     up = pick(alias)
-    if up is None:
-        return ApiError("no_capacity", "No capacity for this model right now; retry with backoff.")
-    return up
+    return NO_CAPACITY if up is None else up
 
 
 def _max_tokens(doc: dict[str, Any], alias: Alias) -> int | ApiError:

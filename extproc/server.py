@@ -14,7 +14,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 
 from . import metrics, tracing
-from .errors import internal_error
+from .errors import INTERNAL_ERROR
 from .exchange import Answer, Exchange, Gateway, error_answer
 from .grpc_server import EOF, UNAVAILABLE, Call, Status
 from .observer import StreamWatch
@@ -159,7 +159,7 @@ class Processor:
                         answer = Answer()
                 except Exception:  # noqa: BLE001 - every failure becomes SPEC's 500, never a hang
                     log.exception("ext_proc phase %s failed (request %s)", phase, ex.request_id)
-                    answer = error_answer(internal_error(), ex.request_id)
+                    answer = error_answer(INTERNAL_ERROR, ex.request_id)
                 msg = _to_message(phase or "", answer)
                 spent = perf_counter() - t0
                 metrics.labelled(metrics.PHASE, phase or "other").observe(spent)
