@@ -40,6 +40,3 @@ class ClientsLeft:
                     except Exception as e:  # noqa: BLE001 - Redis down or hung: that stream is taken for a break
                         log.warning("request %s: could not mark its client gone: %s", entry.request.request_id,
                                     type(e).__name__)
-
-
-__all__ = ["ALS_PATH", "ClientsLeft", "parse"]

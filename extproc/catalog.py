@@ -7,14 +7,18 @@ import bisect
 import datetime as dt
 import random
 import re
+from itertools import accumulate
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
 
 import yaml
 
 from .cost import Prices
+
+
+T = TypeVar("T")
 
 
 class CatalogError(ValueError):
@@ -58,11 +62,7 @@ class Alias:
     _cum: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        total = 0
-        self._cum = []
-        for u in self.upstreams:
-            total += u.share
-            self._cum.append(total)
+        self._cum = list(accumulate(u.share for u in self.upstreams))
 
     def prices_at(self, when: float) -> Prices:
         """The prices in force at ``when`` (unix seconds)."""
@@ -85,20 +85,11 @@ class Alias:
 
     def model_object(self, now: float) -> dict[str, Any]:
         p = self.prices_at(now)
-        return {
-            "id": self.id,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "service",
-            "capabilities": list(self.capabilities),
-            "context_length": self.context_length,
-            "max_output_tokens": self.max_output_tokens,
-            "pricing": {
-                "input_micro_pln_per_1m": p.input,
-                "output_micro_pln_per_1m": p.output,
-                "currency": "PLN",
-            },
-        }
+        return {"id": self.id, "object": "model", "created": self.created, "owned_by": "service",
+                "capabilities": list(self.capabilities), "context_length": self.context_length,
+                "max_output_tokens": self.max_output_tokens,
+                "pricing": {"input_micro_pln_per_1m": p.input, "output_micro_pln_per_1m": p.output,
+                            "currency": "PLN"}}
 
 
 @dataclass(slots=True)
@@ -109,9 +100,6 @@ class Catalog:
     @staticmethod
     def cluster_name(upstream_model: str) -> str:
         return "upstream_" + "".join(c if c.isalnum() or c in "-_." else "_" for c in upstream_model)
-
-    def has_capacity(self, upstream_model: str) -> bool:
-        return bool(self.deployments.get(upstream_model))
 
 
 _CAPS = {"chat", "embeddings", "vision"}
@@ -145,20 +133,16 @@ def _ts(value: Any, where: str) -> int:
     """An ``effective`` time as unix seconds.  A date alone (``2026-12-01``) is the start of that day in
     Poland (00:00 Europe/Warsaw, when a Polish customer expects a new price list to start); a date-time
     names its offset (``Z``, ``+01:00``), and one without an offset is read as UTC."""
-    if isinstance(value, str) and len(value.strip()) == 10:
+    if isinstance(value, str):
         try:
-            value = dt.date.fromisoformat(value.strip())
+            value = (dt.date.fromisoformat(value.strip()) if len(value.strip()) == 10
+                     else dt.datetime.fromisoformat(value.replace("Z", "+00:00")))
         except ValueError:
             raise CatalogError(f"{where}: not an ISO date-time: {value!r}") from None
     if isinstance(value, dt.datetime):
         d = value
     elif isinstance(value, dt.date):
         d = dt.datetime(value.year, value.month, value.day, tzinfo=WARSAW)
-    elif isinstance(value, str):
-        try:
-            d = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            raise CatalogError(f"{where}: not an ISO date-time: {value!r}") from None
     else:
         raise CatalogError(f"{where}: missing or not a date-time")
     if d.tzinfo is None:
@@ -176,31 +160,24 @@ def _int(d: dict[str, Any], key: str, where: str, minimum: int = 0, default: int
     return v
 
 
-def _mapping(v: Any, where: str) -> dict[Any, Any]:
+def _of(kind: type[T], v: Any, where: str) -> T:
+    """``v`` if it is a ``kind`` (dict or list), an empty one if it is absent (None)."""
     if v is None:
-        return {}
-    if not isinstance(v, dict):
-        raise CatalogError(f"{where}: must be a mapping")
-    return v
-
-
-def _list(v: Any, where: str) -> list[Any]:
-    if v is None:
-        return []
-    if not isinstance(v, list):
-        raise CatalogError(f"{where}: must be a list")
+        return kind()
+    if not isinstance(v, kind):
+        raise CatalogError(f"{where}: must be {'a mapping' if kind is dict else 'a list'}")
     return v
 
 
 def parse(doc: Any, source: str = "<catalog>") -> Catalog:
     if not isinstance(doc, dict):
         raise CatalogError(f"{source}: the catalog must be a mapping")
-    models_doc = _mapping(doc.get("upstream_models"), f"{source}: upstream_models")
+    models_doc = _of(dict, doc.get("upstream_models"), f"{source}: upstream_models")
     deployments: dict[str, tuple[Deployment, ...]] = {}
     for name, m in models_doc.items():
         where = f"{source}: upstream_models.{name}"
         deps: list[Deployment] = []
-        for i, d in enumerate(_list(_mapping(m, where).get("deployments"), where + ".deployments")):
+        for i, d in enumerate(_of(list, _of(dict, m, where).get("deployments"), where + ".deployments")):
             w = f"{where}.deployments[{i}]"
             deps.append(_deployment(d, str(name), i, w))
             # Envoy picks the deployment after the upstream model's headers are set: one key per model,
@@ -210,15 +187,15 @@ def parse(doc: Any, source: str = "<catalog>") -> Catalog:
                                    "same api_key_env (or none)")
         deployments[str(name)] = tuple(deps)
     aliases: dict[str, Alias] = {}
-    for name, a in _mapping(doc.get("aliases"), f"{source}: aliases").items():
+    for name, a in _of(dict, doc.get("aliases"), f"{source}: aliases").items():
         where = f"{source}: aliases.{name}"
         if not isinstance(a, dict):
             raise CatalogError(f"{where}: must be a mapping")
-        caps = tuple(_list(a.get("capabilities"), where + ".capabilities"))
+        caps = tuple(_of(list, a.get("capabilities"), where + ".capabilities"))
         if not caps or not set(caps) <= _CAPS:
             raise CatalogError(f"{where}.capabilities: each must be one of {sorted(_CAPS)}")
         steps = []
-        for i, p in enumerate(_list(a.get("prices"), where + ".prices")):
+        for i, p in enumerate(_of(list, a.get("prices"), where + ".prices")):
             w = f"{where}.prices[{i}]"
             if not isinstance(p, dict):
                 raise CatalogError(f"{w}: must be a mapping")
@@ -229,7 +206,7 @@ def parse(doc: Any, source: str = "<catalog>") -> Catalog:
             raise CatalogError(f"{where}.prices: at least one price with an effective date is required")
         steps.sort(key=lambda s: s.effective)
         ups = []
-        for i, u in enumerate(_list(a.get("upstreams"), where + ".upstreams")):
+        for i, u in enumerate(_of(list, a.get("upstreams"), where + ".upstreams")):
             w = f"{where}.upstreams[{i}]"
             if not isinstance(u, dict) or u.get("model") not in deployments:
                 raise CatalogError(f"{w}.model: must name an entry of upstream_models")

@@ -20,9 +20,7 @@ def _ceil_div(a: int, b: int) -> int:
 
 def cost_micro_pln(prompt_tokens: int, completion_tokens: int, prices: Prices) -> int:
     """ceil(prompt x input / 1e6) + ceil(completion x output / 1e6), each term rounded up alone."""
-    return _ceil_div(prompt_tokens * prices.input, 1_000_000) + _ceil_div(
-        completion_tokens * prices.output, 1_000_000
-    )
+    return _ceil_div(prompt_tokens * prices.input, 1_000_000) + _ceil_div(completion_tokens * prices.output, 1_000_000)
 
 
 def estimate_tokens(text_bytes: int) -> int:
@@ -85,7 +83,3 @@ def usage_json_tokens(usage: Any) -> tuple[int, int] | None:
     if not isinstance(p, int) or not isinstance(c, int) or p < 0 or c < 0:
         return None
     return p, c
-
-
-__all__ = ["Prices", "cost_micro_pln", "estimate_tokens", "estimate_chat_prompt", "estimate_reply_completion",
-           "estimate_embedding_prompt", "usage_json_tokens"]

@@ -44,19 +44,12 @@ class ApiError:
         return TABLE[self.code][1]
 
     def body(self, request_id: str) -> bytes:
-        return json.dumps(
-            {
-                "error": {
-                    "message": self.message,
-                    "type": self.type,
-                    "code": self.code,
-                    "param": self.param,
-                    "request_id": request_id,
-                }
-            },
-            separators=(",", ":"),
-        ).encode()
+        return json.dumps({"error": {"message": self.message, "type": self.type, "code": self.code,
+                                     "param": self.param, "request_id": request_id}}, separators=(",", ":")).encode()
 
 
-def internal_error() -> ApiError:
-    return ApiError("internal_error", "The gateway failed unexpectedly; retry with backoff.")
+# the rejections given in more than one place
+INTERNAL_ERROR = ApiError("internal_error", "The gateway failed unexpectedly; retry with backoff.")
+MODEL_NOT_FOUND = ApiError("model_not_found", "The requested model does not exist.", "model")
+NO_CAPACITY = ApiError("no_capacity", "No capacity for this model right now; retry with backoff.")
+UPSTREAM_TIMEOUT = ApiError("upstream_timeout", "The model server timed out; retry with backoff.")

@@ -13,14 +13,14 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Coroutine
 
 from . import logs, metrics
 from .catalog import Alias, Catalog
-from .cost import cost_micro_pln, estimate_reply_completion
+from .cost import Prices, cost_micro_pln, estimate_reply_completion
 from .decisions import Admission, UsageRecord
 from .directory import Directory
-from .errors import ApiError, internal_error
+from .errors import INTERNAL_ERROR, MODEL_NOT_FOUND, UPSTREAM_TIMEOUT, ApiError
 from .keys import bearer_key, key_hash
 from .responses import rewrite_body, upstream_error
 from .rules import CHAT, Prepared, prepare_chat, prepare_embeddings
@@ -46,6 +46,7 @@ _CHAT_PATH = "/v1/chat/completions"
 _EMB_PATH = "/v1/embeddings"
 _MODELS_PATH = "/v1/models"
 _ENDPOINTS = {_CHAT_PATH: "chat", _EMB_PATH: "embeddings", _MODELS_PATH: "models"}
+_FREE = Prices(0, 0)  # a refusal's, logged before an alias was chosen
 
 
 @dataclass(slots=True)
@@ -109,17 +110,18 @@ class Gateway:
                 self.watched.discard(request_id)
                 return
             await self.finish(org_id, request_id, record)
-        task = asyncio.create_task(later())
-        self._retrying.add(task)
-        task.add_done_callback(self._retrying.discard)
+        self._background(later())
 
     def cancel(self, request_id: str) -> None:
         """An admission given up on (``Store.cancel``), in the background until Redis takes it."""
         self._retry(lambda: self.store.cancel(request_id), f"cancellation of request {request_id}", first=0.0)
 
     def _retry(self, call: Callable[[], Awaitable[None]], what: str, first: float = 0.1) -> None:
-        task = asyncio.create_task(self._retrying_call(call, what, first))
-        self._retrying.add(task)
+        self._background(self._retrying_call(call, what, first))
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._retrying.add(task)  # held here: the loop keeps only a weak reference to a task
         task.add_done_callback(self._retrying.discard)
 
     async def _retrying_call(self, call: Callable[[], Awaitable[None]], what: str, delay: float) -> None:
@@ -138,14 +140,13 @@ class Gateway:
         now = int(self.clock())
         cached = self._models
         if cached is None or cached[0] != now or cached[1] is not self.catalog:
-            body = json.dumps({"object": "list", "data": [a.model_object(now) for a in self.catalog.aliases.values()]},
-                              separators=(",", ":")).encode()
+            body = _json({"object": "list", "data": [a.model_object(now) for a in self.catalog.aliases.values()]})
             cached = self._models = (now, self.catalog, body)
         return cached[2]
 
     def upstream_for(self, alias: Alias) -> str | None:
         up = self.pick(alias)
-        return up if up is not None and self.catalog.has_capacity(up) else None
+        return up if up is not None and self.catalog.deployments.get(up) else None
 
 
 def stream_context(p: Prepared, request_id: str, org_id: str, key_id: str, started: float,
@@ -224,16 +225,15 @@ class AuthCache:
         self._entries[key_hash] = (self.clock() + self.ttl, adm)
 
 
-def _error_answer(err: ApiError, request_id: str) -> Answer:
+def error_answer(err: ApiError, request_id: str) -> Answer:
     headers = {"content-type": "application/json"}
     if err.retry_after is not None:
         headers["retry-after"] = str(err.retry_after)
     return Answer(reply=(err.status, err.body(request_id), headers))
 
 
-def _json_answer(doc: object) -> Answer:
-    return Answer(reply=(200, json.dumps(doc, separators=(",", ":")).encode(),
-                         {"content-type": "application/json"}))
+def _json(doc: object) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 class Exchange:
@@ -266,22 +266,19 @@ class Exchange:
         self.finishing: tuple[str, UsageRecord | None, bool] | None = None
 
     # ---- metrics (bounded labels only) -------------------------------------------------------
-    @property
-    def _endpoint(self) -> str:
-        return _ENDPOINTS.get(self.path) or ("models" if self.path.startswith(_MODELS_PATH) else "other")
-
     def _count(self, status: int, code: str) -> None:
-        count(self.prepared.alias.id if self.prepared is not None else "-", self._endpoint, status, code)
+        endpoint = _ENDPOINTS.get(self.path) or ("models" if self.path.startswith(_MODELS_PATH) else "other")
+        count(self.prepared.alias.id if self.prepared is not None else "-", endpoint, status, code)
 
     def _reject(self, err: ApiError) -> Answer:
         self._count(err.status, err.code)
-        kind = metrics.rejection_kind(err.code)
+        kind = metrics.REJECTION_KIND.get(err.code)
         if kind is not None:
             metrics.labelled(metrics.REJECTIONS, kind).inc()
         self.status, self.error_code = err.status, err.code
         if self.prepared is None:
             self._log_refusal()
-        return _error_answer(err, self.request_id)
+        return error_answer(err, self.request_id)
 
     def _log_refusal(self) -> None:
         """A chat or embeddings request refused on the way in (400, 402, 403, 404, 429): it goes to the
@@ -295,9 +292,9 @@ class Exchange:
         self.finishing = (adm.identity.org_id, self._record((0, 0), False, adm.identity.org_id,
                                                            adm.identity.key_id), True)
 
-    def _ok(self, doc: object) -> Answer:
+    def _ok(self, body: bytes) -> Answer:
         self._count(200, "")
-        return _json_answer(doc)
+        return Answer(reply=(200, body, {"content-type": "application/json"}))
 
     # ---- request headers -------------------------------------------------------------------
     def _identify(self, request_id: str, method: str, path: str, authorization: str | None) -> bool:
@@ -327,14 +324,12 @@ class Exchange:
         if adm.error is not None:
             return self._reject(adm.error)
         if self.method == "GET" and self.path == _MODELS_PATH:
-            self._count(200, "")
-            return Answer(reply=(200, self.gw.models_body(), {"content-type": "application/json"}))
+            return self._ok(self.gw.models_body())
         if self.method == "GET" and self.path.startswith(_MODELS_PATH + "/"):
             alias = self.gw.catalog.aliases.get(self.path[len(_MODELS_PATH) + 1:])
             if alias is None:
-                return self._reject(ApiError("model_not_found", "The requested model does not exist.",
-                                             "model"))
-            return self._ok(alias.model_object(self.gw.clock()))
+                return self._reject(MODEL_NOT_FOUND)
+            return self._ok(_json(alias.model_object(self.gw.clock())))
         return self._reject(ApiError("unsupported_endpoint",
                                      "This endpoint or method is not offered by the service."))
 
@@ -369,23 +364,16 @@ class Exchange:
                       body=prepared.body, cluster=cluster, clear_route_cache=True)
 
     async def _admit(self, *, limits: bool) -> Admission:
+        """One round trip to Redis; on a cache miss, a PostgreSQL read and a fill first.  All of it within
+        ``dependency_budget_s``: past it (a hung or dead Redis or PostgreSQL) the
+        answer is 500 internal_error, and an admission that may have taken effect is undone (``cancel``),
+        so the request is never billed and holds no slot."""
         assert self.key_hash is not None
         if not limits:  # authentication only (models, unsupported paths): a recent answer will do
             cached = self.gw.auth_cache.get(self.key_hash)
             if cached is not None:
                 self.admission = cached
                 return cached
-        adm = await self._admit_redis(limits)
-        if not limits and adm.error is None:
-            self.gw.auth_cache.put(self.key_hash, adm)
-        return adm
-
-    async def _admit_redis(self, limits: bool) -> Admission:
-        """One round trip to Redis; on a cache miss, a PostgreSQL read and a fill first.  All of it within
-        ``dependency_budget_s``: past it (a hung or dead Redis or PostgreSQL) the
-        answer is 500 internal_error, and an admission that may have taken effect is undone (``cancel``),
-        so the request is never billed and holds no slot."""
-        assert self.key_hash is not None
         pending = self._pending() if limits else ""
         # from now, not the request's start: Envoy's message timeout runs from the message that brought
         # us here (a chunked body may come seconds after the headers)
@@ -412,10 +400,12 @@ class Exchange:
             if limits:
                 self.gw.cancel(self.request_id)
             self.admission = None
-            return Admission(None, internal_error())
+            return Admission(None, INTERNAL_ERROR)
         if self.admission is None:
             metrics.labelled(metrics.KEY_LOOKUPS, "hit").inc()
         self.admission = adm
+        if not limits and adm.error is None:
+            self.gw.auth_cache.put(self.key_hash, adm)
         return adm
 
     async def _fill(self, miss: Miss) -> None:
@@ -468,15 +458,14 @@ class Exchange:
             return Answer()
         if self.status >= 400 or self.status < 200:
             if self.envoys_reply:  # already in SPEC's shape: passed on as it is
-                code = _error_code(body)
+                code = self.error_code = _error_code(body)
                 self._count(self.status, code)
-                metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, code).inc()
-                self.error_code = code
-                self._finish(None)  # the model server produced no output
-                return Answer()
-            err = upstream_error(self.status, body, "messages" if p.endpoint == CHAT else "input")
-            metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, err.code).inc()
-            answer = self._reject(err)
+                answer = Answer()
+            else:
+                err = upstream_error(self.status, body, "messages" if p.endpoint == CHAT else "input")
+                code = err.code
+                answer = self._reject(err)
+            metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, code).inc()
             self._finish(None)  # the model server produced no output
             return answer
         new, usage = rewrite_body(body, p.upstream_model, p.alias.id, embeddings=p.endpoint != CHAT)
@@ -496,8 +485,7 @@ class Exchange:
         metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, "upstream_timeout").inc()
         self.error_code = "upstream_timeout"
         await self.close()  # billed (and counted) as a reply that failed after it started: 502
-        return _error_answer(ApiError("upstream_timeout", "The model server timed out; retry with backoff."),
-                             self.request_id)
+        return error_answer(UPSTREAM_TIMEOUT, self.request_id)
 
     # ---- the end, however it came ----------------------------------------------------------
     def cut_off(self, phase: str) -> None:
@@ -566,26 +554,23 @@ class Exchange:
         no alias, no prices and costs nothing."""
         p = self.prepared
         prompt, completion = tokens
-        if p is None:
-            return UsageRecord(
-                request_id=self.request_id, org_id=org_id, key_id=key_id, alias="", upstream_model="",
-                endpoint=_ENDPOINTS[self.path], status=self.status or 500, stream=False, prompt_tokens=0,
-                completion_tokens=0, estimated=False, cost_micro_pln=0, input_price=0, output_price=0,
-                started_at=self.started, ttfb_ms=None, ended_at=self.gw.clock(), error_code=self.error_code)
-        prices = p.alias.prices_at(self.started)
-        if p.endpoint != CHAT:
-            completion = 0
         status = self.status or 500
         code = self.error_code
         if not code and status >= 500 and self.finished:
             # an ending the gateway decided after the reply began (a broken or cut reply)
             code = "internal_error" if status == 500 else "upstream_unavailable"
+        if p is None:
+            alias, upstream, endpoint, stream, prices = "", "", _ENDPOINTS[self.path], False, _FREE
+        else:
+            alias, upstream, endpoint, stream = p.alias.id, p.upstream_model, p.endpoint, p.stream
+            prices = p.alias.prices_at(self.started)
+            if endpoint != CHAT:
+                completion = 0
         return UsageRecord(
-            request_id=self.request_id, org_id=org_id, key_id=key_id, alias=p.alias.id,
-            upstream_model=p.upstream_model, endpoint=p.endpoint, status=status,
-            stream=p.stream, prompt_tokens=prompt, completion_tokens=completion, estimated=estimated,
-            cost_micro_pln=cost_micro_pln(prompt, completion, prices), input_price=prices.input,
-            output_price=prices.output, started_at=self.started,
+            request_id=self.request_id, org_id=org_id, key_id=key_id, alias=alias, upstream_model=upstream,
+            endpoint=endpoint, status=status, stream=stream, prompt_tokens=prompt, completion_tokens=completion,
+            estimated=estimated, cost_micro_pln=cost_micro_pln(prompt, completion, prices),
+            input_price=prices.input, output_price=prices.output, started_at=self.started,
             ttfb_ms=self._ttfb_ms(), ended_at=self.gw.clock(), error_code=code)
 
     def _ttfb_ms(self) -> int | None:
@@ -593,7 +578,8 @@ class Exchange:
 
     def _pending(self) -> str:
         """The journal entry while in flight: what is billed if this process dies (estimated input)."""
-        rec = self._record((self.prepared.estimated_prompt_tokens, 0) if self.prepared else (0, 0), True, "", "")
+        assert self.prepared is not None  # only a request with limits (a prepared one) is journalled
+        rec = self._record((self.prepared.estimated_prompt_tokens, 0), True, "", "")
         return self.gw.owner + "|" + rec.to_json()
 
     def _finish(self, tokens: tuple[int, int] | None, *, estimated: bool = False) -> None:
@@ -619,5 +605,3 @@ class Exchange:
         if pending is not None:
             await self.gw.finish(pending[0], self.request_id, pending[1], pending[2])
 
-
-__all__ = ["Answer", "AuthCache", "Exchange", "Gateway", "STREAM_HEADER", "account", "count", "stream_context"]

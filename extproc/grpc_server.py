@@ -48,7 +48,7 @@ def _expire(waiter: "asyncio.Future[None]") -> None:
 
 
 class Call:
-    __slots__ = ("_proto", "_sid", "_queue", "_waiter", "_ended", "headers", "_parse")
+    __slots__ = ("_proto", "_sid", "_queue", "_waiter", "ended", "headers", "_parse")
 
     def __init__(self, proto: "_Protocol", sid: int, headers: list[tuple[bytes, bytes]],
                  parse: Callable[[bytes], Any]) -> None:
@@ -56,14 +56,9 @@ class Call:
         self._sid = sid
         self._queue: deque[bytes] = deque()
         self._waiter: asyncio.Future[None] | None = None
-        self._ended = False
+        self.ended = False  # the client ended or reset the call: an answer written now is never read
         self.headers = headers
         self._parse = parse
-
-    @property
-    def ended(self) -> bool:
-        """The client ended or reset the call: an answer written now is never read."""
-        return self._ended
 
     def metadata(self, name: str) -> str | None:
         key = name.encode()
@@ -80,7 +75,7 @@ class Call:
         if proto.write_paused:
             await proto.writable()
         while not self._queue:
-            if self._ended:
+            if self.ended:
                 return EOF
             loop = asyncio.get_running_loop()
             waiter = self._waiter = loop.create_future()
@@ -102,8 +97,7 @@ class Call:
 
     def _push(self, data: bytes) -> None:
         self._queue.append(data)
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        self._wake()
 
     def _drop_unread(self) -> None:
         """The handler is done: messages it did not read are given back to the windows unread."""
@@ -114,7 +108,10 @@ class Call:
             proto.after_read()
 
     def _end(self) -> None:
-        self._ended = True
+        self.ended = True
+        self._wake()
+
+    def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 

@@ -173,12 +173,10 @@ class Connection:
         events: list[tuple[int, int, object]] = []
         pos = 0
         if not self._preface:
-            if len(buf) < 24:
-                if not PREFACE.startswith(bytes(buf)):
-                    raise ProtocolError(PROTOCOL_ERROR, "not an HTTP/2 client")
-                return events
-            if buf[:24] != PREFACE:
+            if not PREFACE.startswith(bytes(buf[:24])):
                 raise ProtocolError(PROTOCOL_ERROR, "not an HTTP/2 client")
+            if len(buf) < 24:
+                return events
             self._preface = True
             pos = 24
         end = len(buf)

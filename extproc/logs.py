@@ -16,7 +16,7 @@ FIELDS = ("request_id", "alias", "endpoint", "status", "code", "prompt_tokens", 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, object] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "time": _stamp(record.created),
             "level": record.levelname.lower(), "logger": record.name, "msg": record.getMessage()}
         for f in FIELDS:
             v = record.__dict__.get(f)
@@ -44,15 +44,14 @@ def request_line(*, request_id: str, alias: str, endpoint: str, status: int, pro
     file, so lines reach it in batches."""
     if _REQUESTS.isEnabledFor(logging.INFO):
         sys.stdout.write(
-            f'{{"time":"{_now()}","level":"info","logger":"extproc.requests","msg":"request",'
+            f'{{"time":"{_stamp(time.time())}","level":"info","logger":"extproc.requests","msg":"request",'
             f'"request_id":{_q(request_id)},"alias":{_q(alias)},"endpoint":{_q(endpoint)},"status":{status:d},'
             f'"prompt_tokens":{prompt_tokens:d},"completion_tokens":{completion_tokens:d},'
             f'"estimated":{"true" if estimated else "false"},"cost_micro_pln":{cost_micro_pln:d},'
             f'"duration_ms":{duration_ms:d},"ttfb_ms":{"null" if ttfb_ms is None else int(ttfb_ms)}}}\n')
 
 
-def _now() -> str:
-    t = time.time()
+def _stamp(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
 
 

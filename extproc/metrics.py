@@ -43,10 +43,6 @@ def labelled(metric: Any, *values: str) -> Any:
     return child
 
 
-def phase(name: str | None) -> Any:
-    return labelled(PHASE, name or "other")
-
-
 KEY_LOOKUPS = Counter("gateway_key_cache_lookups", "Key look-ups by result (hit: Redis, miss: PostgreSQL)",
                       ["result"])
 WRITE_LAG = Histogram("gateway_usage_write_lag_seconds", "From a request's end to its usage record in PostgreSQL",
@@ -54,12 +50,9 @@ WRITE_LAG = Histogram("gateway_usage_write_lag_seconds", "From a request's end t
 UPSTREAM_FAILURES = Counter("gateway_upstream_failures", "Model-server failures by alias and code",
                             ["alias", "code"])
 
-_REJECTION_KIND = {"rate_limit_exceeded": "rate", "concurrency_limit_exceeded": "concurrency",
-                   "insufficient_quota": "quota", "org_suspended": "suspended"}
-
-
-def rejection_kind(code: str) -> str | None:
-    return _REJECTION_KIND.get(code)
+# an error code -> the ``kind`` label of REJECTIONS
+REJECTION_KIND = {"rate_limit_exceeded": "rate", "concurrency_limit_exceeded": "concurrency",
+                  "insufficient_quota": "quota", "org_suspended": "suspended"}
 
 
 class EnvoyStats(Collector):

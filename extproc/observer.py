@@ -55,12 +55,10 @@ def outcome(*, ended: bool, usage: tuple[int, int] | None, content_events: int, 
             estimated_input: int, failure: str, client_left: bool) -> Outcome:
     """The policy of the module docstring, as a pure function.  ``failure``: "" or the SPEC code of a
     failure known here (the idle or the total budget ran out)."""
-    if ended:
-        if usage is not None:
-            return Outcome(200, "", usage, False)
-        return Outcome(200, "", (estimated_input, content_events), True)
-    if usage is not None:  # the usage chunk went by: the client left at the very end
+    if usage is not None:  # reported usage wins (without the stream's end: the client left at the very end)
         return Outcome(200, "", usage, False)
+    if ended:
+        return Outcome(200, "", (estimated_input, content_events), True)
     if not output_seen:  # (a client that leaves in that moment is not billed either)
         return Outcome(200, failure or "upstream_unavailable", None, False)
     if failure or not client_left:
@@ -147,6 +145,3 @@ class StreamWatch:
         except Exception as e:  # noqa: BLE001 - Redis unreachable: taken for a broken stream
             log.warning("request %s: could not tell how its stream ended: %s", request_id, type(e).__name__)
             return False
-
-
-__all__ = ["CLOSE_DELAY_S", "Outcome", "StreamWatch", "outcome"]

@@ -54,7 +54,3 @@ def lua(script: str) -> str:
         script = script.replace(mark, prefix)
     assert "@" not in script, "an unknown key prefix mark"
     return script
-
-
-__all__ = ["CANCELLED", "CONSOLE_LIMITS", "HEARTBEAT", "IN_FLIGHT", "JOURNAL", "KEY", "LEFT", "ORG", "RATE",
-           "USAGE_STREAM", "heartbeat", "key", "left", "lua", "org"]

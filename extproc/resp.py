@@ -16,7 +16,7 @@ from collections import deque
 from ssl import SSLContext
 from typing import Any, cast
 
-from .urls import parse_redis
+from .urls import mask, parse_redis
 
 
 class RespError(Exception):
@@ -166,7 +166,7 @@ class RespClient:
         user name and password, database number, TLS parameters."""
         t = parse_redis(url)
         return cls(t.host, t.port, db=t.db, username=t.username, password=t.password, unix_path=t.unix_path,
-                   tls=t.tls.context() if t.tls else None, label=t.masked, **kw)
+                   tls=t.tls.context() if t.tls else None, label=mask(t.url), **kw)
 
     async def _open(self) -> _Conn:
         loop = asyncio.get_running_loop()

@@ -12,7 +12,7 @@ import json
 from typing import Any
 import re
 
-from .errors import ApiError
+from .errors import NO_CAPACITY, UPSTREAM_TIMEOUT, ApiError
 
 _USAGE_KEY = b'"usage"'
 _PROMPT = re.compile(rb'"prompt_tokens":\s*(\d+)')
@@ -83,7 +83,7 @@ def upstream_error(status: int, body: bytes, input_param: str = "messages") -> A
                         "The model server rejected the request" + (f" (parameter '{param}')." if param else "."),
                         param)
     if status == 429:
-        return ApiError("no_capacity", "No capacity for this model right now; retry with backoff.")
+        return NO_CAPACITY
     if status == 504:
-        return ApiError("upstream_timeout", "The model server timed out; retry with backoff.")
+        return UPSTREAM_TIMEOUT
     return ApiError("upstream_unavailable", "The model server could not complete the request; retry with backoff.")

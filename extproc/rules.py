@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from .catalog import Alias, Catalog
 from .cost import estimate_chat_prompt, estimate_embedding_prompt
-from .errors import ApiError
+from .errors import MODEL_NOT_FOUND, NO_CAPACITY, ApiError
 
 CHAT = "chat"
 EMBEDDINGS = "embeddings"
@@ -57,14 +57,6 @@ _LONE_SURROGATE = ApiError("invalid_request", "The request body contains a lone 
                            "(a \\ud800-\\udfff escape not part of a pair), which is not text.")
 
 
-def _lone_surrogate(doc: Any) -> bool:
-    try:
-        json.dumps(doc, ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
 def _parse(raw: bytes) -> dict[str, Any] | ApiError:
     try:
         doc = json.loads(raw, parse_constant=_no_constant)
@@ -79,8 +71,11 @@ def _parse(raw: bytes) -> dict[str, Any] | ApiError:
     if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _deeper_than(doc, MAX_JSON_DEPTH):
         return _TOO_DEEP
     # a lone surrogate is refused (README): no model server could read it, and no text holds one
-    if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw) and _lone_surrogate(doc):
-        return _LONE_SURROGATE
+    if b"\\u" in raw and _SURROGATE_ESCAPE.search(raw):
+        try:
+            json.dumps(doc, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            return _LONE_SURROGATE
     return doc
 
 
@@ -107,7 +102,7 @@ def _alias(doc: dict[str, Any], catalog: Catalog, capability: str) -> Alias | Ap
         return _bad("The 'model' field must be a string.", "model")
     alias = catalog.aliases.get(model)
     if alias is None:
-        return ApiError("model_not_found", "The requested model does not exist.", "model")
+        return MODEL_NOT_FOUND
     if capability not in alias.capabilities:
         what = "chat completions" if capability == "chat" else "embeddings"
         return _bad(f"This model does not support {what}.", "model")
@@ -116,9 +111,7 @@ def _alias(doc: dict[str, Any], catalog: Catalog, capability: str) -> Alias | Ap
 
 def _upstream(alias: Alias, pick: Callable[[Alias], str | None]) -> str | ApiError:
     up = pick(alias)
-    if up is None:
-        return ApiError("no_capacity", "No capacity for this model right now; retry with backoff.")
-    return up
+    return NO_CAPACITY if up is None else up
 
 
 def _max_tokens(doc: dict[str, Any], alias: Alias) -> int | ApiError:

@@ -14,8 +14,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 
 from . import metrics, tracing
-from .errors import internal_error
-from .exchange import Answer, Exchange, Gateway
+from .errors import INTERNAL_ERROR
+from .exchange import Answer, Exchange, Gateway, error_answer
 from .grpc_server import EOF, UNAVAILABLE, Call, Status
 from .observer import StreamWatch
 
@@ -32,8 +32,6 @@ ROLE_HEADER, WATCH_ROLE = "x-gateway-role", "stream-watch"
 
 def _headers(hm: base_pb2.HeaderMap) -> dict[str, str]:
     return {h.key: (h.raw_value.decode("latin-1") if h.raw_value else h.value) for h in hm.headers}
-
-
 
 
 _ATTRIBUTES = "envoy.filters.http.ext_proc"
@@ -76,19 +74,14 @@ def _common(answer: Answer) -> ep.CommonResponse:
     return c
 
 
-def _immediate(answer: Answer) -> ep.ProcessingResponse:
-    assert answer.reply is not None
-    status, body, headers = answer.reply
-    ir = ep.ImmediateResponse(status=http_status_pb2.HttpStatus(code=status), body=body, details="gateway")
-    for k, v in headers.items():
-        ir.headers.set_headers.append(base_pb2.HeaderValueOption(
-            header=base_pb2.HeaderValue(key=k, raw_value=v.encode())))
-    return ep.ProcessingResponse(immediate_response=ir)
-
-
 def _to_message(phase: str, answer: Answer) -> ep.ProcessingResponse:
     if answer.reply is not None:
-        return _immediate(answer)
+        status, body, headers = answer.reply
+        ir = ep.ImmediateResponse(status=http_status_pb2.HttpStatus(code=status), body=body, details="gateway")
+        for k, v in headers.items():
+            ir.headers.set_headers.append(base_pb2.HeaderValueOption(
+                header=base_pb2.HeaderValue(key=k, raw_value=v.encode())))
+        return ep.ProcessingResponse(immediate_response=ir)
     common = _common(answer)
     if phase == "request_headers":
         return ep.ProcessingResponse(request_headers=ep.HeadersResponse(response=common))
@@ -130,11 +123,9 @@ class Processor:
             await self.watch(call)
             return
         ex = Exchange(self.gateway)
-        parent = None
+        parent = call.metadata("traceparent") if self.tracer.enabled else None
         written = perf_counter()  # when the last answer went
         open_reply: str | None = None  # the reply phase it answered, when more of the reply was due
-        if self.tracer.enabled:
-            parent = call.metadata("traceparent")
         try:
             while True:
                 try:
@@ -150,6 +141,7 @@ class Processor:
                 assert isinstance(req, ep.ProcessingRequest)
                 phase = req.WhichOneof("request")
                 t0 = perf_counter()
+                last = False  # the end of the reply came with this message
                 try:
                     if phase == "request_headers":
                         h = req.request_headers
@@ -157,19 +149,20 @@ class Processor:
                     elif phase == "request_body":
                         answer = await ex.request_body(req.request_body.body, _attributes(req))
                     elif phase == "response_headers":
+                        last = req.response_headers.end_of_stream
                         answer = await ex.response_headers(_headers(req.response_headers.headers), _attributes(req))
                     elif phase == "response_body":
                         b = req.response_body
-                        answer = await ex.response_body(b.body, b.end_of_stream)
+                        last = b.end_of_stream
+                        answer = await ex.response_body(b.body, last)
                     else:  # the trailers of a handed-over stream (or of a request): nothing to do
                         answer = Answer()
                 except Exception:  # noqa: BLE001 - every failure becomes SPEC's 500, never a hang
                     log.exception("ext_proc phase %s failed (request %s)", phase, ex.request_id)
-                    answer = Answer(reply=(500, internal_error().body(ex.request_id),
-                                           {"content-type": "application/json"}))
+                    answer = error_answer(INTERNAL_ERROR, ex.request_id)
                 msg = _to_message(phase or "", answer)
                 spent = perf_counter() - t0
-                metrics.phase(phase).observe(spent)
+                metrics.labelled(metrics.PHASE, phase or "other").observe(spent)
                 if parent is not None:
                     end = time_ns()
                     self.tracer.span(parent, f"ext_proc {phase}", end - int(spent * 1e9), end,
@@ -177,16 +170,13 @@ class Processor:
                                       "gateway.status": str(answer.reply[0]) if answer.reply else "continue"})
                 call.write(msg)
                 written = perf_counter()
-                open_reply = phase if answer.reply is None and (
-                    (phase == "response_headers" and not req.response_headers.end_of_stream)
-                    or (phase == "response_body" and not req.response_body.end_of_stream)) else None
+                open_reply = phase if answer.reply is None and not last and phase in (
+                    "response_headers", "response_body") else None
                 if phase == "request_body" and answer.reply is None and call.ended:
                     ex.undelivered()  # Envoy gave up before this answer let the request through
                 if ex.finishing is not None:  # checked here: no coroutine made for every stream chunk
                     await ex.send_finish()  # after the answer: Redis is not on the client's wait
-                if answer.reply is not None or phase == "response_trailers" or (
-                        phase == "response_body" and req.response_body.end_of_stream) or (
-                        phase == "response_headers" and req.response_headers.end_of_stream):
+                if answer.reply is not None or last or phase == "response_trailers":
                     # That was the request's last message: end the stream here rather than wait for Envoy.
                     break
         finally:

@@ -26,13 +26,6 @@ _CONTENT = re.compile(rb'"content":\s*"(?!")')
 _C_CONTENT, _C_EMPTY, _C_USAGE = b'"content":"', b'"content":""', b'"usage":{'
 
 
-def event_data(event: bytes) -> bytes | None:
-    """The data of one LF-framed event (its ``data:`` lines joined by LF), None when it has none."""
-    parts = [line[6:] if line.startswith(b"data: ") else line[5:]
-             for line in event.split(b"\n") if line.startswith(b"data:")]
-    return b"\n".join(parts) if parts else None
-
-
 class StreamMeter:
     __slots__ = ("_buf", "_cr", "usage", "content_events")
 
@@ -76,15 +69,14 @@ class StreamMeter:
             at = -1 if m is None else m.start()
 
     def _read_usage(self, event: bytes) -> None:
-        data = event_data(event)
+        # the data of the (LF-framed) event: its ``data:`` lines joined by LF (none: not JSON either)
+        data = b"\n".join([line[6:] if line.startswith(b"data: ") else line[5:]
+                           for line in event.split(b"\n") if line.startswith(b"data:")])
         try:
-            doc = json.loads(data) if data is not None else None
+            doc = json.loads(data)
         except ValueError:
             return
         if isinstance(doc, dict):
             tokens = usage_json_tokens(doc.get("usage"))
             if tokens is not None:
                 self.usage = tokens
-
-
-__all__ = ["StreamMeter", "event_data"]

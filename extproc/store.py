@@ -111,14 +111,16 @@ return 1
 """
 
 
-def _err(code: str, message: str, retry_after: int | None = None) -> ApiError:
-    return ApiError(code, message, None, retry_after)
+INVALID_KEY = ApiError("invalid_api_key", "Invalid API key.")
+SUSPENDED = ApiError("org_suspended", "The organisation is suspended.")
+QUOTA = ApiError("insufficient_quota", "The organisation's prepaid balance is exhausted; top up to continue.")
+CONCURRENCY = ApiError("concurrency_limit_exceeded", "Too many concurrent requests for this organisation.",
+                       retry_after=1)
 
 
-INVALID_KEY = _err("invalid_api_key", "Invalid API key.")
-SUSPENDED = _err("org_suspended", "The organisation is suspended.")
-QUOTA = _err("insufficient_quota", "The organisation's prepaid balance is exhausted; top up to continue.")
-CONCURRENCY = _err("concurrency_limit_exceeded", "Too many concurrent requests for this organisation.", 1)
+# the admission script's other answers (but "rate") -> the error (None: may proceed)
+_ANSWERS: dict[str, ApiError | None] = {"ok": None, "admitted": None, "suspended": SUSPENDED, "quota": QUOTA,
+                                        "conc": CONCURRENCY}
 
 
 class Late(Exception):
@@ -217,18 +219,10 @@ class Store:
         ident = Identity(_s(res[1]), _s(res[2]))
         if tag == "miss_org":
             raise Miss("org", ident.org_id)
-        if tag in ("ok", "admitted"):
-            return Admission(ident, None)
-        if tag == "suspended":
-            return Admission(ident, SUSPENDED)
-        if tag == "quota":
-            return Admission(ident, QUOTA)
         if tag == "rate":
-            wait = max(1, int(_s(res[3])))
-            return Admission(ident, _err("rate_limit_exceeded",
-                                         "Too many requests for this API key; retry after the window resets.",
-                                         wait))
-        return Admission(ident, CONCURRENCY)
+            return Admission(ident, ApiError("rate_limit_exceeded", "Too many requests for this API key; retry "
+                                             "after the window resets.", retry_after=max(1, int(_s(res[3])))))
+        return Admission(ident, _ANSWERS[tag])
 
     async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, *,
                      refused: bool = False) -> None:
@@ -261,21 +255,16 @@ class Store:
 
     async def fill_key(self, key_hash: str, fields: dict[str, Any] | None) -> None:
         """Cache a key (fields) or its absence (None, for a short time)."""
-        if fields is None:
-            await self._fill_key(keys=[rk.key(key_hash)], args=[5, "none", "1"])
-            return
-        flat: list[Any] = [self._key_ttl]
-        for k, v in fields.items():
-            if v is not None:
-                flat += [k, v]
-        await self._fill_key(keys=[rk.key(key_hash)], args=flat)
+        args: list[Any] = [5, "none", "1"] if fields is None else [self._key_ttl, *_flat(fields)]
+        await self._fill_key(keys=[rk.key(key_hash)], args=args)
 
     async def fill_org(self, org_id: str, fields: dict[str, Any]) -> None:
-        flat: list[Any] = []
-        for k, v in fields.items():
-            if v is not None:
-                flat += [k, v]
-        await self._fill_org(keys=[rk.org(org_id)], args=flat)
+        await self._fill_org(keys=[rk.org(org_id)], args=_flat(fields))
+
+
+def _flat(fields: dict[str, Any]) -> list[Any]:
+    """A hash's fields as HSET's arguments (name, value, ...), those without a value left out."""
+    return [x for k, v in fields.items() if v is not None for x in (k, v)]
 
 
 def _s(v: Any) -> str:

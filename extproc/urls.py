@@ -77,10 +77,6 @@ class RedisTarget:
     password: str | None = field(default=None, repr=False)
     tls: Tls | None = None
 
-    @property
-    def masked(self) -> str:
-        return mask(self.url)
-
 
 def _bool(name: str, value: str) -> bool:
     if value == "":
