@@ -33,11 +33,6 @@ async def payment_of(pool: asyncpg.Pool, org_id: str, payment_id: str) -> asyncp
     return await pool.fetchrow("SELECT * FROM payments WHERE id = $1 AND org_id = $2", payment_id, org_id)
 
 
-async def recent_payments(pool: asyncpg.Pool, org_id: str, limit: int = 20) -> list[asyncpg.Record]:
-    return list(await pool.fetch("SELECT * FROM payments WHERE org_id = $1 ORDER BY created_at DESC LIMIT $2",
-                                 org_id, limit))
-
-
 async def handle_notification(admin: Admin, provider: Provider, body: bytes, content_type: str) -> dict[str, Any]:
     """Verify and apply one notification; raises BadNotification (answer 400) for anything not ours."""
     n: Notification = provider.parse_notification(body, content_type)

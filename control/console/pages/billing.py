@@ -22,7 +22,6 @@ from ..web import console, dev_only, load_catalog, need_owner, need_viewer, rais
 
 routes = web.RouteTableDef()
 log = logging.getLogger("console.billing")
-_TASKS: set[asyncio.Task[None]] = set()
 AMOUNTS = (10, 20, 50, 100, 200, 500)
 
 
@@ -62,8 +61,9 @@ async def billing_page(request: web.Request) -> web.Response:
     org = await c.pool.fetchrow("SELECT low_balance_micro_pln, billing_name, billing_nip, billing_address,"
                                 " billing_person FROM orgs WHERE id = $1", v.org_id)
     return render(request, "billing.html", balance=bal["balance_micro_pln"], ledger=await _ledger(request, v.org_id),
-                  prices=_prices(request), payments=await billing.recent_payments(c.pool, v.org_id),
-                  amounts=AMOUNTS, watched=watched, outcome=outcome, provider=c.provider.name, error=None,
+                  prices=_prices(request), payments=await c.pool.fetch(
+                      "SELECT * FROM payments WHERE org_id = $1 ORDER BY created_at DESC LIMIT 20", v.org_id),
+                  amounts=AMOUNTS, watched=watched, outcome=outcome, provider=c.provider.name,
                   low_balance_text=threshold_text(org["low_balance_micro_pln"]), details=org,
                   invoices=await c.pool.fetch("SELECT id, number, issued_at, gross_grosze FROM invoices"
                                               " WHERE org_id = $1 ORDER BY issued_at DESC LIMIT 50", v.org_id),
@@ -200,9 +200,7 @@ async def retry_payment(request: web.Request) -> web.Response:
 async def payment_return(request: web.Request) -> web.Response:
     """The buyer's browser comes back: this credits nothing, it only shows the payment's state."""
     pid = (await _payment(request, need_viewer(request)))["id"]
-    if request.query.get("cancelled"):
-        see_other(f"/billing?payment={pid}&cancelled=1")
-    see_other(f"/billing?payment={pid}")
+    see_other(f"/billing?payment={pid}" + ("&cancelled=1" if request.query.get("cancelled") else ""))
 
 
 @routes.get("/billing/payment/{payment_id}")
@@ -259,9 +257,7 @@ async def sandbox_pay(request: web.Request) -> web.Response:
     doc = c.provider.notification(row["id"], row["amount_micro_pln"], paid)  # type: ignore[attr-defined]
     host = c.settings.gateway_host if c.settings.gateway_host not in ("0.0.0.0", "::", "") else "127.0.0.1"
     url = f"http://{host}:{c.settings.console_http_port}/payments/notify/sandbox"
-    task = asyncio.create_task(_deliver(url, doc))
-    _TASKS.add(task)
-    task.add_done_callback(_TASKS.discard)
+    c.background.run(_deliver(url, doc), "sandbox notification")
     see_other(f"/billing/return/{row['id']}" + ("" if paid else "?cancelled=1"))
 
 
