@@ -13,7 +13,7 @@ from control.admin import Admin
 
 from . import i18n, invoices, mail
 from .mail import Mailer
-from .payments import BadNotification, Notification, Payment, Provider
+from .payments import BadNotification, Notification, Provider
 from .store import owner_emails
 
 log = logging.getLogger("console.billing")
@@ -64,8 +64,3 @@ async def mail_invoice(pool: asyncpg.Pool, mailer: Mailer, base_url: str, inv: A
             subject, text = mail.paid(inv["gross_grosze"] * 10_000, inv["number"], f"{base_url}/billing")
         await mailer.send(owner, subject, text,
                           attachment=(f"{inv['number'].replace('/', '-')}.pdf", "application/pdf", pdf))
-
-
-def payment_for(row: asyncpg.Record, email: str, org_name: str) -> Payment:
-    return Payment(row["id"], row["org_id"], row["amount_micro_pln"], email,
-                   i18n._("Top-up {org}").format(org=org_name)[:100])

@@ -16,7 +16,7 @@ from control.admin import AdminError, pln_to_micro
 
 from .. import billing, invoices
 from ..i18n import _, lang, money
-from ..payments import BadNotification, PaymentError
+from ..payments import BadNotification, Payment, PaymentError
 from ..store import Viewer, name_problem
 from ..web import console, dev_only, load_catalog, need_owner, need_viewer, raise_page, render, see_other
 
@@ -79,11 +79,9 @@ async def _start_topup(request: web.Request, v: Viewer, micro: int) -> NoReturn:
     """Register a payment of ``micro`` with the provider and send the buyer there."""
     c = console(request)
     pid = await billing.create_payment(c.pool, c.provider.name, v.org_id, micro, v.user_id)
-    row = await billing.payment_of(c.pool, v.org_id, pid)
-    assert row is not None
+    payment = Payment(pid, v.org_id, micro, v.email, _("Top-up {org}").format(org=v.org_name)[:100])
     try:
-        url = await c.provider.start(billing.payment_for(row, v.email, v.org_name),
-                                     f"{c.base_url}/billing/return/{pid}",
+        url = await c.provider.start(payment, f"{c.base_url}/billing/return/{pid}",
                                      f"{c.base_url}/payments/notify/{c.provider.name}")
     except PaymentError as e:
         log.warning("payment %s not registered: %s", pid, e)
@@ -165,14 +163,13 @@ async def invoice_pdf(request: web.Request) -> web.Response:
 async def set_low_balance(request: web.Request) -> web.Response:
     """The owner's threshold for the low-balance e-mail (PLN; empty: no e-mail)."""
     v = need_owner(request)
-    c = console(request)
     micro = await _form_micro(request, "threshold")
     if micro is not None and (not 0 < micro <= LOW_BALANCE_MAX_PLN * 1_000_000 or micro % 10_000):
         raise_page(request, 400, _("Enter a threshold from {min} to {max} (at most 2 decimal places), or nothing"
                                    " to turn the e-mail off.").format(min=money(10_000),
                                                                       max=money(LOW_BALANCE_MAX_PLN * 1_000_000)))
-    await c.pool.execute("UPDATE orgs SET low_balance_micro_pln = $2, low_balance_mailed_at = NULL WHERE id = $1",
-                         v.org_id, micro)
+    await console(request).pool.execute(
+        "UPDATE orgs SET low_balance_micro_pln = $2, low_balance_mailed_at = NULL WHERE id = $1", v.org_id, micro)
     see_other("/billing?msg=" + ("low_balance_set" if micro else "low_balance_off"))
 
 
