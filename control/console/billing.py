@@ -13,7 +13,7 @@ from control.admin import Admin
 
 from . import i18n, invoices, mail
 from .mail import Mailer
-from .payments import BadNotification, Notification, Payment, Provider
+from .payments import BadNotification, Notification, Provider
 from .store import owner_emails
 
 log = logging.getLogger("console.billing")
@@ -31,11 +31,6 @@ async def create_payment(pool: asyncpg.Pool, provider: str, org_id: str, amount_
 
 async def payment_of(pool: asyncpg.Pool, org_id: str, payment_id: str) -> asyncpg.Record | None:
     return await pool.fetchrow("SELECT * FROM payments WHERE id = $1 AND org_id = $2", payment_id, org_id)
-
-
-async def recent_payments(pool: asyncpg.Pool, org_id: str, limit: int = 20) -> list[asyncpg.Record]:
-    return list(await pool.fetch("SELECT * FROM payments WHERE org_id = $1 ORDER BY created_at DESC LIMIT $2",
-                                 org_id, limit))
 
 
 async def handle_notification(admin: Admin, provider: Provider, body: bytes, content_type: str) -> dict[str, Any]:
@@ -69,8 +64,3 @@ async def mail_invoice(pool: asyncpg.Pool, mailer: Mailer, base_url: str, inv: A
             subject, text = mail.paid(inv["gross_grosze"] * 10_000, inv["number"], f"{base_url}/billing")
         await mailer.send(owner, subject, text,
                           attachment=(f"{inv['number'].replace('/', '-')}.pdf", "application/pdf", pdf))
-
-
-def payment_for(row: asyncpg.Record, email: str, org_name: str) -> Payment:
-    return Payment(row["id"], row["org_id"], row["amount_micro_pln"], email,
-                   i18n._("Top-up {org}").format(org=org_name)[:100])

@@ -54,10 +54,8 @@ def console_env(s: ConsoleSettings) -> dict[str, str]:
 def console_proc(env: dict[str, str], s: ConsoleSettings, name: str = "console") -> Proc:
     """The console web app with ``s``'s settings; ``env``: the stack's environment for its children
     (``Stack.child_env``: where PostgreSQL and Redis are)."""
-    env = {**env, **console_env(s)}
-    port = s.console_http_port
-    return Proc(name, [sys.executable, "-m", "control.console"], env=env,
-                ready=lambda: http_ok(f"http://127.0.0.1:{port}/healthz"))
+    return Proc(name, [sys.executable, "-m", "control.console"], env={**env, **console_env(s)},
+                ready=lambda: http_ok(f"http://127.0.0.1:{s.console_http_port}/healthz"))
 
 
 def smtp_proc(s: ConsoleSettings, state: Path) -> Proc:

@@ -21,10 +21,6 @@ _DUMMY = _HASHER.hash("not a password of anyone")
 MIN_PASSWORD = 10
 
 
-def hash_password(password: str) -> str:
-    return _HASHER.hash(password)
-
-
 def check_password(stored: str | None, password: str) -> bool:
     """Constant work whether or not the account exists (``stored`` None hashes a dummy)."""
     try:
@@ -40,7 +36,7 @@ _HASHING = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefi
 
 
 async def hashed(password: str) -> str:
-    return await asyncio.get_running_loop().run_in_executor(_HASHING, hash_password, password)
+    return await asyncio.get_running_loop().run_in_executor(_HASHING, _HASHER.hash, password)
 
 
 async def password_matches(stored: str | None, password: str) -> bool:

@@ -69,7 +69,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dir", required=True)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("mail.log").setLevel(logging.WARNING)
     try:
         asyncio.run(serve(a.host, a.port, Path(a.dir)))
     except KeyboardInterrupt:

@@ -185,17 +185,12 @@ class Store:
             "INSERT INTO email_tokens (token_hash, user_id, purpose, expires_at)"
             f" VALUES ($1, $2, $3, now() + interval '{hours} hours')", token_hash(token), user_id, purpose)
 
-    async def peek_email_token(self, token: str, purpose: str) -> str | None:
-        """The user id of a valid (unused, unexpired) token, without using it."""
+    async def email_token(self, token: str, purpose: str, *, use: bool = False) -> str | None:
+        """The user id of a valid (unused, unexpired) token, else None; ``use`` marks it used."""
+        valid = "token_hash = $1 AND purpose = $2 AND used_at IS NULL AND expires_at > now()"
         return _opt_str(await self.pool.fetchval(
-            "SELECT user_id FROM email_tokens WHERE token_hash = $1 AND purpose = $2 AND used_at IS NULL"
-            " AND expires_at > now()", token_hash(token), purpose))
-
-    async def use_email_token(self, token: str, purpose: str) -> str | None:
-        """Marks a valid token used and returns its user id; None if invalid, expired or used."""
-        return _opt_str(await self.pool.fetchval(
-            "UPDATE email_tokens SET used_at = now() WHERE token_hash = $1 AND purpose = $2 AND used_at IS NULL"
-            " AND expires_at > now() RETURNING user_id", token_hash(token), purpose))
+            f"UPDATE email_tokens SET used_at = now() WHERE {valid} RETURNING user_id" if use
+            else f"SELECT user_id FROM email_tokens WHERE {valid}", token_hash(token), purpose))
 
     # ---- invitations ---------------------------------------------------------------------
     async def create_invite(self, token: str, org_id: str, email: str, role: str, by: str) -> str:

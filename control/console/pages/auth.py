@@ -7,7 +7,7 @@ from aiohttp import web
 from control.admin import pln_to_micro
 
 from .. import limits, mail
-from ..i18n import LANG_COOKIE, YEAR_S, _, lang
+from ..i18n import LANG_COOKIE, YEAR_S, N_, _, lang
 from ..security import hashed, new_token, password_matches, password_problem
 from ..store import SESSION_DAYS, name_problem, normal_email, valid_email
 from ..web import SESSION_COOKIE, Console, client_ip, console, cookie, need_viewer, raise_page, render, safe_next, see_other, viewer
@@ -87,10 +87,22 @@ async def signup(request: web.Request) -> web.Response:
     see_other("/login?msg=signed_up")
 
 
+# what an e-mail link that cannot be used says, per purpose
+_BAD_LINK = {"confirm": N_("That confirmation link is invalid, used or expired. Log in to get a new one."),
+             "reset": N_("That reset link is invalid, used or expired.")}
+
+
+async def _link_user(request: web.Request, purpose: str, *, use: bool = False) -> str:
+    """The account of the e-mail link in the path (``use``: the link is spent now), else the 400 page."""
+    uid = await console(request).store.email_token(request.match_info["token"], purpose, use=use)
+    if uid is None:
+        raise_page(request, 400, _(_BAD_LINK[purpose]))
+    return uid
+
+
 @routes.get("/confirm/{token}")
 async def confirm_form(request: web.Request) -> web.Response:
-    if await console(request).store.peek_email_token(request.match_info["token"], "confirm") is None:
-        raise_page(request, 400, _("That confirmation link is invalid, used or expired. Log in to get a new one."))
+    await _link_user(request, "confirm")
     return render(request, "confirm.html", token=request.match_info["token"])
 
 
@@ -106,11 +118,8 @@ async def grant_trial(request: web.Request, user_id: str) -> None:
 
 @routes.post("/confirm/{token}")
 async def confirm(request: web.Request) -> web.Response:
-    c = console(request)
-    uid = await c.store.use_email_token(request.match_info["token"], "confirm")
-    if uid is None:
-        raise_page(request, 400, _("That confirmation link is invalid, used or expired. Log in to get a new one."))
-    if await c.store.mark_verified(uid):
+    uid = await _link_user(request, "confirm", use=True)
+    if await console(request).store.mark_verified(uid):
         await grant_trial(request, uid)
     return await start_session(request, uid, None, "/?msg=confirmed")
 
@@ -182,8 +191,7 @@ async def _send_reset(c: Console, email: str) -> None:
 
 @routes.get("/reset/{token}")
 async def new_password_form(request: web.Request) -> web.Response:
-    if await console(request).store.peek_email_token(request.match_info["token"], "reset") is None:
-        raise_page(request, 400, _("That reset link is invalid, used or expired."))
+    await _link_user(request, "reset")
     return render(request, "new_password.html", token=request.match_info["token"], error=None)
 
 
@@ -195,9 +203,7 @@ async def new_password(request: web.Request) -> web.Response:
     problem = password_problem(password)
     if problem:
         return render(request, "new_password.html", status=400, token=token, error=problem)
-    uid = await c.store.use_email_token(token, "reset")
-    if uid is None:
-        raise_page(request, 400, _("That reset link is invalid, used or expired."))
+    uid = await _link_user(request, "reset", use=True)
     await c.store.set_password(uid, await hashed(password))  # and ends every session of the account
     if await c.store.mark_verified(uid):  # the link proved the address
         await grant_trial(request, uid)

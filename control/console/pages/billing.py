@@ -16,13 +16,12 @@ from control.admin import AdminError, pln_to_micro
 
 from .. import billing, invoices
 from ..i18n import _, lang, money
-from ..payments import BadNotification, PaymentError
+from ..payments import BadNotification, Payment, PaymentError
 from ..store import Viewer, name_problem
 from ..web import console, dev_only, load_catalog, need_owner, need_viewer, raise_page, render, see_other
 
 routes = web.RouteTableDef()
 log = logging.getLogger("console.billing")
-_TASKS: set[asyncio.Task[None]] = set()
 AMOUNTS = (10, 20, 50, 100, 200, 500)
 
 
@@ -62,8 +61,9 @@ async def billing_page(request: web.Request) -> web.Response:
     org = await c.pool.fetchrow("SELECT low_balance_micro_pln, billing_name, billing_nip, billing_address,"
                                 " billing_person FROM orgs WHERE id = $1", v.org_id)
     return render(request, "billing.html", balance=bal["balance_micro_pln"], ledger=await _ledger(request, v.org_id),
-                  prices=_prices(request), payments=await billing.recent_payments(c.pool, v.org_id),
-                  amounts=AMOUNTS, watched=watched, outcome=outcome, provider=c.provider.name, error=None,
+                  prices=_prices(request), payments=await c.pool.fetch(
+                      "SELECT * FROM payments WHERE org_id = $1 ORDER BY created_at DESC LIMIT 20", v.org_id),
+                  amounts=AMOUNTS, watched=watched, outcome=outcome, provider=c.provider.name,
                   low_balance_text=threshold_text(org["low_balance_micro_pln"]), details=org,
                   invoices=await c.pool.fetch("SELECT id, number, issued_at, gross_grosze FROM invoices"
                                               " WHERE org_id = $1 ORDER BY issued_at DESC LIMIT 50", v.org_id),
@@ -79,11 +79,9 @@ async def _start_topup(request: web.Request, v: Viewer, micro: int) -> NoReturn:
     """Register a payment of ``micro`` with the provider and send the buyer there."""
     c = console(request)
     pid = await billing.create_payment(c.pool, c.provider.name, v.org_id, micro, v.user_id)
-    row = await billing.payment_of(c.pool, v.org_id, pid)
-    assert row is not None
+    payment = Payment(pid, v.org_id, micro, v.email, _("Top-up {org}").format(org=v.org_name)[:100])
     try:
-        url = await c.provider.start(billing.payment_for(row, v.email, v.org_name),
-                                     f"{c.base_url}/billing/return/{pid}",
+        url = await c.provider.start(payment, f"{c.base_url}/billing/return/{pid}",
                                      f"{c.base_url}/payments/notify/{c.provider.name}")
     except PaymentError as e:
         log.warning("payment %s not registered: %s", pid, e)
@@ -165,14 +163,13 @@ async def invoice_pdf(request: web.Request) -> web.Response:
 async def set_low_balance(request: web.Request) -> web.Response:
     """The owner's threshold for the low-balance e-mail (PLN; empty: no e-mail)."""
     v = need_owner(request)
-    c = console(request)
     micro = await _form_micro(request, "threshold")
     if micro is not None and (not 0 < micro <= LOW_BALANCE_MAX_PLN * 1_000_000 or micro % 10_000):
         raise_page(request, 400, _("Enter a threshold from {min} to {max} (at most 2 decimal places), or nothing"
                                    " to turn the e-mail off.").format(min=money(10_000),
                                                                       max=money(LOW_BALANCE_MAX_PLN * 1_000_000)))
-    await c.pool.execute("UPDATE orgs SET low_balance_micro_pln = $2, low_balance_mailed_at = NULL WHERE id = $1",
-                         v.org_id, micro)
+    await console(request).pool.execute(
+        "UPDATE orgs SET low_balance_micro_pln = $2, low_balance_mailed_at = NULL WHERE id = $1", v.org_id, micro)
     see_other("/billing?msg=" + ("low_balance_set" if micro else "low_balance_off"))
 
 
@@ -200,9 +197,7 @@ async def retry_payment(request: web.Request) -> web.Response:
 async def payment_return(request: web.Request) -> web.Response:
     """The buyer's browser comes back: this credits nothing, it only shows the payment's state."""
     pid = (await _payment(request, need_viewer(request)))["id"]
-    if request.query.get("cancelled"):
-        see_other(f"/billing?payment={pid}&cancelled=1")
-    see_other(f"/billing?payment={pid}")
+    see_other(f"/billing?payment={pid}" + ("&cancelled=1" if request.query.get("cancelled") else ""))
 
 
 @routes.get("/billing/payment/{payment_id}")
@@ -259,9 +254,7 @@ async def sandbox_pay(request: web.Request) -> web.Response:
     doc = c.provider.notification(row["id"], row["amount_micro_pln"], paid)  # type: ignore[attr-defined]
     host = c.settings.gateway_host if c.settings.gateway_host not in ("0.0.0.0", "::", "") else "127.0.0.1"
     url = f"http://{host}:{c.settings.console_http_port}/payments/notify/sandbox"
-    task = asyncio.create_task(_deliver(url, doc))
-    _TASKS.add(task)
-    task.add_done_callback(_TASKS.discard)
+    c.background.run(_deliver(url, doc), "sandbox notification")
     see_other(f"/billing/return/{row['id']}" + ("" if paid else "?cancelled=1"))
 
 

@@ -95,21 +95,20 @@ async def accept(request: web.Request) -> web.Response:
         if v.email != inv["email"]:
             raise_page(request, 403, _("This invitation is for {email}; log out and accept it as that person.")
                        .format(email=inv["email"]))
-        org = await c.store.accept_invite(token, v.user_id, v.email)
-        if org is None:
-            raise_page(request, 400, _("That invitation is invalid, used or expired."))
-        await c.store.switch_org(v.session_token, v.user_id, org)
-        see_other("/?msg=joined")
-    if await c.store.user_by_email(inv["email"]) is not None:
-        see_other(f"/login?next=/invite/{token}")
-    # A new account: the invitation's link proved the address.
-    password = str((await request.post()).get("password", ""))
-    problem = password_problem(password)
-    if problem:
-        return render(request, "invite.html", status=400, invite=inv, token=token, has_account=False, error=problem)
-    pw = await hashed(password)
-    uid = await c.store.create_user(inv["email"], pw, lang(), verified=True)
+        uid = v.user_id
+    else:
+        if await c.store.user_by_email(inv["email"]) is not None:
+            see_other(f"/login?next=/invite/{token}")
+        # A new account: the invitation's link proved the address.
+        password = str((await request.post()).get("password", ""))
+        problem = password_problem(password)
+        if problem:
+            return render(request, "invite.html", status=400, invite=inv, token=token, has_account=False, error=problem)
+        uid = await c.store.create_user(inv["email"], await hashed(password), lang(), verified=True)
     org = await c.store.accept_invite(token, uid, inv["email"])
     if org is None:
         raise_page(request, 400, _("That invitation is invalid, used or expired."))
-    return await start_session(request, uid, org, "/?msg=joined")
+    if v is None:
+        return await start_session(request, uid, org, "/?msg=joined")
+    await c.store.switch_org(v.session_token, v.user_id, org)
+    see_other("/?msg=joined")
