@@ -107,8 +107,7 @@ def _schema_in_prompt(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def _number(body: dict[str, Any], name: str, integer: bool, rule: str, ok: Callable[[Any], bool]) -> Any:
     """``body[name]`` (``None`` when absent) if it is a number (an integer) that passes ``ok``, else SimError."""
-    value = body.get(name)
-    if value is None:
+    if (value := body.get(name)) is None:
         return None
     if not (is_int(value) if integer else is_number(value)):
         raise SimError(400, f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}.")
@@ -301,8 +300,7 @@ class Simulator:
     @staticmethod
     async def _drop(request: web.Request) -> None:
         """Abort the TCP connection once what was written has left the process."""
-        transport = request.transport
-        if transport is None:
+        if (transport := request.transport) is None:
             return
         for _ in range(400):
             if transport.is_closing() or transport.get_write_buffer_size() == 0:
