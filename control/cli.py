@@ -308,8 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         args = p.parse_args(argv)
     s = Settings.from_env()
     try:
-        cmd = {"up": cmd_up, "sim": cmd_sim, "status": cmd_status}.get(args.cmd)
-        if cmd is not None:
+        if (cmd := {"up": cmd_up, "sim": cmd_sim, "status": cmd_status}.get(args.cmd)) is not None:
             return cmd(args, s)
         return int(asyncio.run(_with_admin(s, lambda a: _admin_cmd(args, a))))
     except (AdminError, CatalogError, RedisUrlError, ConfigError) as e:

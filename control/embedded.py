@@ -103,8 +103,7 @@ def pg_runner() -> tuple[list[str], tuple[int, int] | None]:
                         "--user-group", PG_USER], check=True, stdout=subprocess.DEVNULL,
                        stderr=subprocess.PIPE)
         pw = pwd.getpwnam(PG_USER)
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
+    if (setpriv := shutil.which("setpriv")) is None:
         raise StartError("as root the embedded PostgreSQL needs util-linux's setpriv (apt-get install "
                          "util-linux); or run the gateway as an ordinary user, or set DATABASE_URL")
     return ([setpriv, f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups",

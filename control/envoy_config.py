@@ -36,8 +36,7 @@ def extproc_workers(s: Settings) -> list[tuple[str, int, int]]:
     taken = {s.gateway_port + i for i in range(20)} | {s.grpc_port, s.metrics_http_port, s.envoy_admin_port,
                                                        s.console_http_port, s.pg_port, s.redis_port,
                                                        s.writer_metrics_http_port}
-    clash = sorted({p for p in extra if p in taken or extra.count(p) > 1})
-    if clash:
+    if clash := sorted({p for p in extra if p in taken or extra.count(p) > 1}):
         raise ValueError(f"ext_proc worker ports collide with other ports of the gateway: {clash}")
     return out
 

@@ -34,5 +34,3 @@ class Proc:
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
 
-
-__all__ = ["Proc", "http_ok", "port_open"]

@@ -39,5 +39,3 @@ class Restarts:
             return GiveUp(n)
         return Restart(now + min(self.cap_s, self.base_s * 2 ** (n - 1)))
 
-
-__all__ = ["GiveUp", "Restart", "Restarts"]

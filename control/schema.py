@@ -187,11 +187,10 @@ async def migrate(conn: asyncpg.Connection) -> int:
                            " (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())")
         done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
         for i, sql in enumerate(MIGRATIONS, start=1):
-            if i in done:
-                continue
-            async with conn.transaction():
-                await conn.execute(sql)
-                await conn.execute("INSERT INTO schema_migrations (version) VALUES ($1)", i)
+            if i not in done:
+                async with conn.transaction():
+                    await conn.execute(sql)
+                    await conn.execute("INSERT INTO schema_migrations (version) VALUES ($1)", i)
         return len(MIGRATIONS)
     finally:
         await conn.execute("SELECT pg_advisory_unlock(7420001)")

@@ -107,8 +107,7 @@ def _schema_in_prompt(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def _number(body: dict[str, Any], name: str, integer: bool, rule: str, ok: Callable[[Any], bool]) -> Any:
     """``body[name]`` (``None`` when absent) if it is a number (an integer) that passes ``ok``, else SimError."""
-    value = body.get(name)
-    if value is None:
+    if (value := body.get(name)) is None:
         return None
     if not (is_int(value) if integer else is_number(value)):
         raise SimError(400, f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}.")
@@ -255,8 +254,8 @@ class Simulator:
     # ------------------------------------------------------------------ helpers
 
     def _begin(self, request: web.Request, endpoint: str) -> Record:
-        rid = request.headers.get("X-Request-Id") or _hex()
         h = request.headers
+        rid = h.get("X-Request-Id") or _hex()
         rec = Record(request_id=rid, deployment=self.name, model="", endpoint=endpoint,
                      content_type=h.get("Content-Type", ""), content_length=h.get("Content-Length"),
                      transfer_encoding=h.get("Transfer-Encoding"))
@@ -301,8 +300,7 @@ class Simulator:
     @staticmethod
     async def _drop(request: web.Request) -> None:
         """Abort the TCP connection once what was written has left the process."""
-        transport = request.transport
-        if transport is None:
+        if (transport := request.transport) is None:
             return
         for _ in range(400):
             if transport.is_closing() or transport.get_write_buffer_size() == 0:
@@ -343,18 +341,16 @@ class Simulator:
         return web.Response(status=200)
 
     async def models(self, request: web.Request) -> web.Response:
-        data = []
-        for name, ctx in list(self.chat_models.items()) + list(self.embed_models.items()):
-            data.append({
-                "id": name, "object": "model", "created": self.created, "owned_by": "vllm", "root": name,
-                "parent": None, "max_model_len": ctx,
-                "permission": [{
-                    "id": f"modelperm-{_hex()}", "object": "model_permission", "created": self.created,
-                    "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
-                    "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
-                    "organization": "*", "group": None, "is_blocking": False,
-                }],
-            })
+        data = [{
+            "id": name, "object": "model", "created": self.created, "owned_by": "vllm", "root": name,
+            "parent": None, "max_model_len": ctx,
+            "permission": [{
+                "id": f"modelperm-{_hex()}", "object": "model_permission", "created": self.created,
+                "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                "organization": "*", "group": None, "is_blocking": False,
+            }],
+        } for name, ctx in itertools.chain(self.chat_models.items(), self.embed_models.items())]
         return _json({"object": "list", "data": data})
 
     async def get_record(self, request: web.Request) -> web.Response:
@@ -510,11 +506,8 @@ class Simulator:
         call_name = _pick_tool(messages, tool_names, tool_choice)
         choices: list[ChoicePlan] = []
         if call_name is not None:
-            params: Any = {}
-            for t in tools or []:
-                if t["function"]["name"] == call_name:
-                    params = t["function"].get("parameters") or {"type": "object"}
-                    break
+            params = next(t["function"].get("parameters") or {"type": "object"}
+                          for t in tools or [] if t["function"]["name"] == call_name)
             for i in range(n):
                 args = json.dumps(generate(params, f"{seed}/{call_name}/{i}"), ensure_ascii=False)
                 call = {"id": f"call_{_hex()[:24]}", "type": "function",
@@ -534,8 +527,7 @@ class Simulator:
         elif knobs.echo:
             headers = {k.lower(): ", ".join(request.headers.getall(k)) for k in request.headers}
             content = json.dumps({"body": body, "headers": headers}, ensure_ascii=False)
-            for _ in range(n):
-                choices.append(ChoicePlan(pieces=[content], weights=[count_tokens(content)]))
+            choices = [ChoicePlan(pieces=[content], weights=[count_tokens(content)]) for _ in range(n)]
         else:
             count = knobs.output_tokens
             finish = "stop"
@@ -645,8 +637,7 @@ class Simulator:
                     await resp.write(data[at:at + step])
                 rec.completion_tokens += ev.tokens
                 rec.events_sent += 1
-                if ev.usage:
-                    rec.usage_reported = True
+                rec.usage_reported |= ev.usage
             await resp.write_eof()
             rec.completed = True
         except ConnectionError:

@@ -46,13 +46,11 @@ def main(argv: list[str] | None = None) -> None:
     embed = dict(args.embed_model)
     if not chat and not embed:
         parser.error("at least one --chat-model or --embed-model is required")
-    both = set(chat) & set(embed)
-    if both:
+    if both := set(chat) & set(embed):
         parser.error(f"model(s) both chat and embed: {', '.join(sorted(both))}")
     api_key = None
     if args.api_key_env:
-        api_key = os.environ.get(args.api_key_env)
-        if not api_key:
+        if not (api_key := os.environ.get(args.api_key_env)):
             parser.error(f"--api-key-env: {args.api_key_env} is not set")
     ssl_context = None
     if args.tls_cert or args.tls_key:

