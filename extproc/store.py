@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import asdict
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -156,11 +157,9 @@ def _redis_py_options(t: RedisTarget) -> dict[str, Any]:
     opts |= {"host": t.host, "port": t.port}
     if t.tls is None:
         return opts
-    tls = {"ssl_ca_certs": t.tls.ca_certs, "ssl_ca_path": t.tls.ca_path, "ssl_certfile": t.tls.certfile,
-           "ssl_keyfile": t.tls.keyfile, "ssl_password": t.tls.password}
-    return opts | {k: v for k, v in tls.items() if v is not None} | {
-        "connection_class": aioredis.SSLConnection, "ssl_cert_reqs": t.tls.cert_reqs,
-        "ssl_check_hostname": t.tls.check_hostname}
+    # Tls's fields are redis-py's ssl_* parameters without the prefix; those not set are left to redis-py
+    tls = {f"ssl_{k}": v for k, v in asdict(t.tls).items() if v is not None}
+    return opts | tls | {"connection_class": aioredis.SSLConnection}
 
 
 async def exit_unless_redis_accepts_login(fast: RespClient) -> None:
@@ -280,10 +279,7 @@ async def orphans(r: aioredis.Redis) -> list[tuple[str, str, str, dict[str, Any]
     entries: Any = await r.hgetall(rk.JOURNAL)
     if not entries:
         return []
-    parsed = []
-    for rid, v in entries.items():
-        key_id, org, owner, payload = v.decode().split("|", 3)
-        parsed.append((rid.decode(), key_id, org, owner, payload))
+    parsed = [(rid.decode(), *v.decode().split("|", 3)) for rid, v in entries.items()]
     owners = sorted({p[3] for p in parsed})
     alive = dict(zip(owners, await r.mget([rk.heartbeat(o) for o in owners])))
     return [(rid, key_id, org, json.loads(payload)) for rid, key_id, org, owner, payload in parsed
