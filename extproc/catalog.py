@@ -72,11 +72,11 @@ class Alias:
                 chosen = step.prices
         return chosen
 
-    def pick_upstream(self, rnd: random.Random | None = None) -> str | None:
+    def pick_upstream(self) -> str | None:
         """An upstream model chosen by traffic share; None when the alias has no upstream."""
         if not self._cum or self._cum[-1] <= 0:
             return None
-        x = (rnd or random).randrange(self._cum[-1])
+        x = random.randrange(self._cum[-1])
         return self.upstreams[bisect.bisect_right(self._cum, x)].model
 
     def scheduled(self, now: float) -> list[PriceStep]:
