@@ -210,7 +210,7 @@ def parse(doc: Any, source: str = "<catalog>") -> Catalog:
             w = f"{where}.upstreams[{i}]"
             if not isinstance(u, dict) or u.get("model") not in deployments:
                 raise CatalogError(f"{w}.model: must name an entry of upstream_models")
-            ups.append(Upstream(u["model"], _int(u, "share", w) if "share" in u else 100))
+            ups.append(Upstream(u["model"], _int(u, "share", w, default=100)))
         aliases[str(name)] = Alias(
             id=str(name), capabilities=caps,
             context_length=_int(a, "context_length", where, 1),
