@@ -208,19 +208,19 @@ class Store:
                             * 1000))
         res = await self.fast.evalsha(_ADMIT, [], [key_hash, "1" if limits else "0", request_id, rpm, conc, lease,
                                                     pending, until])
-        tag = res[0].decode() if isinstance(res[0], bytes) else res[0]
+        tag = res[0].decode()  # RespClient's replies: bytes
         if tag == "late":
             raise Late(request_id)
         if tag == "bad_key":
             return Admission(None, INVALID_KEY)
         if tag == "miss_key":
             raise Miss("key")
-        ident = Identity(_s(res[1]), _s(res[2]))
+        ident = Identity(res[1].decode(), res[2].decode())
         if tag == "miss_org":
             raise Miss("org", ident.org_id)
         if tag == "rate":
             return Admission(ident, ApiError("rate_limit_exceeded", "Too many requests for this API key; retry "
-                                             "after the window resets.", retry_after=max(1, int(_s(res[3])))))
+                                             "after the window resets.", retry_after=max(1, int(res[3]))))
         return Admission(ident, _ANSWERS[tag])
 
     async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, *,
@@ -264,10 +264,6 @@ class Store:
 def _flat(fields: dict[str, Any]) -> list[Any]:
     """A hash's fields as HSET's arguments (name, value, ...), those without a value left out."""
     return [x for k, v in fields.items() if v is not None for x in (k, v)]
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 async def heartbeat(r: aioredis.Redis, owner: str) -> None:
