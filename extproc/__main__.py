@@ -18,7 +18,7 @@ from .grpc_server import Server
 from .process import run, until_stopped
 from .server import PROCESS_PATH, Processor
 from .settings import GatewaySettings
-from .store import exit_unless_redis_accepts_login, heartbeat, open_store, redis_client
+from .store import heartbeat, open_store
 
 
 log = logging.getLogger("extproc")
@@ -58,9 +58,8 @@ async def serve(settings: GatewaySettings) -> None:
     cat = catalog_mod.load(settings.catalog)
     # the request path has its own Redis connection (store.fast); the pool serves cache fills and the
     # heartbeat. Usage records go to PostgreSQL from a process of their own (extproc.usage_writer).
-    r = redis_client(settings.redis_url, REDIS_POOL)
-    store = open_store(settings, r)
-    await exit_unless_redis_accepts_login(store.fast)
+    store = await open_store(settings, REDIS_POOL)
+    r = store.r
     pool = await asyncpg.create_pool(settings.database_url, min_size=PG_POOL, max_size=PG_POOL)
     gw = Gateway(catalog=cat, store=store, directory=Directory(pool), pick=lambda a: a.pick_upstream(),
                  max_body_bytes=settings.max_body_bytes, idle_timeout_s=settings.idle_timeout_s,

@@ -162,23 +162,22 @@ def _redis_py_options(t: RedisTarget) -> dict[str, Any]:
     return opts | tls | {"connection_class": aioredis.SSLConnection}
 
 
-async def exit_unless_redis_accepts_login(fast: RespClient) -> None:
-    """At a process's start: a Redis that refuses REDIS_URL's credentials (or wants some it lacks) will
-    not take them later, so the process exits saying so (the password masked) rather than answer every
-    request with 500.  A Redis that is down is not a reason: it is waited for as ever."""
+async def open_store(settings: GatewaySettings, pool_size: int) -> Store:
+    """The process's store: redis-py with a pool of ``pool_size`` and the request path's own client.  A
+    Redis that refuses REDIS_URL's credentials (or wants some it lacks) will not take them later, so the
+    process exits saying so (the password masked) rather than answer every request with 500.  A Redis
+    that is down is not a reason: it is waited for as ever."""
+    store = Store(redis_client(settings.redis_url, pool_size), RespClient.from_url(settings.redis_url),
+                  default_rpm=settings.default_rpm, default_concurrency=settings.default_concurrency,
+                  lease_s=int(settings.total_timeout_s) + 60, key_ttl_s=settings.key_cache_ttl_s)
     try:
-        await fast.call("PING")
+        await store.fast.call("PING")
     except RespSetupError as e:
         logging.getLogger("extproc").error("%s", e)
         raise SystemExit(2) from None
     except Exception:  # noqa: BLE001 - down or slow: requests get 500 until it is back
         pass
-
-
-def open_store(settings: GatewaySettings, client: aioredis.Redis) -> Store:
-    return Store(client, RespClient.from_url(settings.redis_url), default_rpm=settings.default_rpm,
-                 default_concurrency=settings.default_concurrency, lease_s=int(settings.total_timeout_s) + 60,
-                 key_ttl_s=settings.key_cache_ttl_s)
+    return store
 
 
 class Store:

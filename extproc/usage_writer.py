@@ -17,14 +17,13 @@ import time
 from typing import Any
 
 import asyncpg
-import redis.asyncio as aioredis
 import redis.exceptions
 
 from . import metrics
 from .decisions import UsageRecord
 from .process import run, until_stopped
 from .redis_keys import USAGE_STREAM
-from .store import Store, exit_unless_redis_accepts_login, open_store, orphans, redis_client
+from .store import Store, open_store, orphans
 from .usage_writer_settings import WriterSettings
 
 log = logging.getLogger("extproc.usage")
@@ -61,8 +60,8 @@ CLAIM_IDLE_MS = 15000  # a dead writer's pending entries are claimed this long a
 
 
 class UsageWriter:
-    def __init__(self, r: aioredis.Redis, pool: asyncpg.Pool, store: Store) -> None:
-        self.r = r
+    def __init__(self, pool: asyncpg.Pool, store: Store) -> None:
+        self.r = store.r
         self.store = store
         self._last_reap = 0.0
         self._recover = True  # look for this consumer's own pending entries (at start, after a failure)
@@ -166,11 +165,9 @@ class UsageWriter:
 
 
 async def serve(settings: WriterSettings) -> None:
-    r = redis_client(settings.redis_url, 2)
-    store = open_store(settings, r)
-    await exit_unless_redis_accepts_login(store.fast)
+    store = await open_store(settings, 2)
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=1)
-    writer = UsageWriter(r, pool, store)
+    writer = UsageWriter(pool, store)
     metrics.serve(settings.writer_metrics_http_port, settings.metrics_host, None)
     task = asyncio.create_task(writer.run())
     log.info("usage writer started (consumer %s)", writer.consumer)
@@ -181,7 +178,7 @@ async def serve(settings: WriterSettings) -> None:
     except Exception:  # noqa: BLE001 - what is left stays in Redis for the next writer
         log.warning("usage drain at shutdown incomplete; the next writer finishes it")
     await pool.close()
-    await r.aclose()
+    await store.r.aclose()
 
 
 if __name__ == "__main__":
