@@ -18,9 +18,10 @@ from .grpc_server import Server
 from .process import run, until_stopped
 from .server import PROCESS_PATH, Processor
 from .settings import GatewaySettings
-from .store import exit_unless_redis_accepts_login, heartbeat, open_store, redis_client
+from .store import heartbeat, open_store
 
 
+log = logging.getLogger("extproc")
 HEALTH_SERVICES = ("", "envoy.service.ext_proc.v3.ExternalProcessor")
 REDIS_POOL = 8
 PG_POOL = 4  # key and organisation lookups on a cache miss
@@ -30,7 +31,6 @@ async def watch_catalog(path: str, gw: Gateway, every: float = 0.5, settle: floa
     """Apply a changed catalog without a restart.  The change is taken ``settle`` seconds after it is
     seen, by which time Envoy has loaded the clusters rendered from it; a catalog that does not load is
     refused (logged) and the one in force stays."""
-    log = logging.getLogger("extproc")
     seen = os.stat(path).st_mtime_ns
     while True:
         await asyncio.sleep(every)
@@ -58,9 +58,8 @@ async def serve(settings: GatewaySettings) -> None:
     cat = catalog_mod.load(settings.catalog)
     # the request path has its own Redis connection (store.fast); the pool serves cache fills and the
     # heartbeat. Usage records go to PostgreSQL from a process of their own (extproc.usage_writer).
-    r = redis_client(settings.redis_url, REDIS_POOL)
-    store = open_store(settings, r)
-    await exit_unless_redis_accepts_login(store.fast)
+    store = await open_store(settings, REDIS_POOL)
+    r = store.r
     pool = await asyncpg.create_pool(settings.database_url, min_size=PG_POOL, max_size=PG_POOL)
     gw = Gateway(catalog=cat, store=store, directory=Directory(pool), pick=lambda a: a.pick_upstream(),
                  max_body_bytes=settings.max_body_bytes, idle_timeout_s=settings.idle_timeout_s,
@@ -75,7 +74,7 @@ async def serve(settings: GatewaySettings) -> None:
         await asyncio.gather(*(r.ping() for _ in range(REDIS_POOL)))  # every pooled connection open
         redis_ok = True
     except Exception as e:  # noqa: BLE001 - Redis down at start: NOT_SERVING until it is back
-        logging.getLogger("extproc").warning("Redis unreachable at start: %s: %s", type(e).__name__, e)
+        log.warning("Redis unreachable at start: %s: %s", type(e).__name__, e)
         redis_ok = False
     # Everything loaded so far lives as long as the process: keep it out of the collector's scans, and
     # collect the young generation less often (a request allocates a few hundred objects), so a full
@@ -103,7 +102,7 @@ async def serve(settings: GatewaySettings) -> None:
 
     beat_task = asyncio.create_task(beat())
     watch_task = asyncio.create_task(watch_catalog(settings.catalog, gw))
-    logging.getLogger("extproc").info("ext_proc listening on 127.0.0.1:%d", settings.grpc_port)
+    log.info("ext_proc listening on 127.0.0.1:%d", settings.grpc_port)
     await until_stopped()
     beat_task.cancel()
     serving(server, False)

@@ -72,11 +72,11 @@ class Alias:
                 chosen = step.prices
         return chosen
 
-    def pick_upstream(self, rnd: random.Random | None = None) -> str | None:
+    def pick_upstream(self) -> str | None:
         """An upstream model chosen by traffic share; None when the alias has no upstream."""
         if not self._cum or self._cum[-1] <= 0:
             return None
-        x = (rnd or random).randrange(self._cum[-1])
+        x = random.randrange(self._cum[-1])
         return self.upstreams[bisect.bisect_right(self._cum, x)].model
 
     def scheduled(self, now: float) -> list[PriceStep]:
@@ -210,7 +210,7 @@ def parse(doc: Any, source: str = "<catalog>") -> Catalog:
             w = f"{where}.upstreams[{i}]"
             if not isinstance(u, dict) or u.get("model") not in deployments:
                 raise CatalogError(f"{w}.model: must name an entry of upstream_models")
-            ups.append(Upstream(u["model"], _int(u, "share", w) if "share" in u else 100))
+            ups.append(Upstream(u["model"], _int(u, "share", w, default=100)))
         aliases[str(name)] = Alias(
             id=str(name), capabilities=caps,
             context_length=_int(a, "context_length", where, 1),

@@ -21,17 +21,12 @@ class Directory:
 
     async def key(self, key_hash: str) -> dict[str, Any] | None:
         row = await self._row(
-            "SELECT id, org_id, rpm FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL", key_hash)
-        if row is None:
-            return None
-        return {"id": row["id"], "org": row["org_id"], "rpm": row["rpm"]}
+            "SELECT id, org_id AS org, rpm FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL", key_hash)
+        return None if row is None else dict(row)
 
     async def org(self, org_id: str) -> dict[str, Any]:
         row = await self._row(
-            "SELECT o.status, o.rpm, o.concurrency,"
-            " (SELECT COALESCE(SUM(amount_micro_pln), 0) FROM ledger l WHERE l.org_id = o.id) AS balance"
+            "SELECT o.status, o.rpm, o.concurrency AS conc,"
+            " (SELECT COALESCE(SUM(amount_micro_pln), 0) FROM ledger l WHERE l.org_id = o.id)::bigint AS balance"
             " FROM orgs o WHERE o.id = $1", org_id)
-        if row is None:
-            return {"status": "suspended", "balance": 0}
-        return {"status": row["status"], "balance": int(row["balance"]), "rpm": row["rpm"],
-                "conc": row["concurrency"]}
+        return {"status": "suspended", "balance": 0} if row is None else dict(row)

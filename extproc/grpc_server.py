@@ -24,6 +24,7 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2
 
 from . import h2
+from .resp import expire
 
 log = logging.getLogger("extproc")
 
@@ -40,11 +41,6 @@ class Status(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-
-
-def _expire(waiter: "asyncio.Future[None]") -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
 
 
 class Call:
@@ -79,7 +75,7 @@ class Call:
                 return EOF
             loop = asyncio.get_running_loop()
             waiter = self._waiter = loop.create_future()
-            timer = None if timeout is None else loop.call_later(timeout, _expire, waiter)
+            timer = None if timeout is None else loop.call_later(timeout, expire, waiter)
             try:
                 await waiter
             finally:

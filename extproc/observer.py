@@ -119,7 +119,10 @@ class StreamWatch:
             self.failure = "upstream_timeout"  # Envoy's total budget ended the stream
         left = False
         if not (self.ended or self.failure or self.meter.usage is not None) and self.output_seen:
-            left = await self._client_left(ctx["r"])
+            try:
+                left = await self.gw.store.client_left(ctx["r"])
+            except Exception as e:  # noqa: BLE001 - Redis unreachable: taken for a broken stream
+                log.warning("request %s: could not tell how its stream ended: %s", ctx["r"], type(e).__name__)
         o = outcome(ended=self.ended, usage=self.meter.usage, content_events=self.meter.content_events,
                     output_seen=self.output_seen, estimated_input=ctx["p"], failure=self.failure,
                     client_left=left)
@@ -139,9 +142,3 @@ class StreamWatch:
             count(alias, "chat", o.status, o.code)
         await self.gw.finish(r.org_id, r.request_id, r)
 
-    async def _client_left(self, request_id: str) -> bool:
-        try:
-            return await self.gw.store.client_left(request_id)
-        except Exception as e:  # noqa: BLE001 - Redis unreachable: taken for a broken stream
-            log.warning("request %s: could not tell how its stream ended: %s", request_id, type(e).__name__)
-            return False

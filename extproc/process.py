@@ -12,6 +12,8 @@ from . import logs
 from .settings_base import S
 from .urls import RedisUrlError
 
+log = logging.getLogger("extproc")
+
 
 def run(settings_type: type[S], serve: Callable[[S], Coroutine[Any, Any, None]]) -> None:
     """JSON-lines logging at ``GATEWAY_LOG_LEVEL``, then ``serve`` with the process's settings (``settings_type``)
@@ -25,11 +27,10 @@ def run(settings_type: type[S], serve: Callable[[S], Coroutine[Any, Any, None]])
         elif settings.event_loop == "asyncio":
             asyncio.run(serve(settings))
         else:
-            logging.getLogger("extproc").error("GATEWAY_EVENT_LOOP must be asyncio or uvloop, not %r",
-                                               settings.event_loop)
+            log.error("GATEWAY_EVENT_LOOP must be asyncio or uvloop, not %r", settings.event_loop)
             raise SystemExit(2)
     except RedisUrlError as e:  # a configuration error: said in one line (the password masked), no traceback
-        logging.getLogger("extproc").error("%s", e)
+        log.error("%s", e)
         raise SystemExit(2) from None
 
 

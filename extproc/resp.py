@@ -124,7 +124,8 @@ class _Conn(asyncio.Protocol):
             self.transport.write(b"".join(out) if len(out) > 1 else out[0])
 
 
-def _expire(fut: "asyncio.Future[Any]") -> None:
+def expire(fut: "asyncio.Future[Any]") -> None:
+    """A timer's end for a future still awaited (here and in ``grpc_server``): it raises TimeoutError."""
     if not fut.done():
         fut.set_exception(TimeoutError())
 
@@ -161,12 +162,12 @@ class RespClient:
         self._shas: dict[str, str] = {}
 
     @classmethod
-    def from_url(cls, url: str, **kw: Any) -> "RespClient":
+    def from_url(cls, url: str) -> "RespClient":
         """Any URL redis-py's ``from_url`` takes (see extproc/urls.py): redis://, rediss://, unix://,
         user name and password, database number, TLS parameters."""
         t = parse_redis(url)
         return cls(t.host, t.port, db=t.db, username=t.username, password=t.password, unix_path=t.unix_path,
-                   tls=t.tls.context() if t.tls else None, label=mask(t.url), **kw)
+                   tls=t.tls.context() if t.tls else None, label=mask(t.url))
 
     async def _open(self) -> _Conn:
         loop = asyncio.get_running_loop()
@@ -210,7 +211,7 @@ class RespClient:
             try:
                 conn = await self._connection()
                 fut = conn.send(args)
-                timer = asyncio.get_running_loop().call_later(self.timeout, _expire, fut)
+                timer = asyncio.get_running_loop().call_later(self.timeout, expire, fut)
                 try:
                     reply = await fut
                 finally:

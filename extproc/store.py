@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import asdict
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -156,30 +157,27 @@ def _redis_py_options(t: RedisTarget) -> dict[str, Any]:
     opts |= {"host": t.host, "port": t.port}
     if t.tls is None:
         return opts
-    tls = {"ssl_ca_certs": t.tls.ca_certs, "ssl_ca_path": t.tls.ca_path, "ssl_certfile": t.tls.certfile,
-           "ssl_keyfile": t.tls.keyfile, "ssl_password": t.tls.password}
-    return opts | {k: v for k, v in tls.items() if v is not None} | {
-        "connection_class": aioredis.SSLConnection, "ssl_cert_reqs": t.tls.cert_reqs,
-        "ssl_check_hostname": t.tls.check_hostname}
+    # Tls's fields are redis-py's ssl_* parameters without the prefix; those not set are left to redis-py
+    tls = {f"ssl_{k}": v for k, v in asdict(t.tls).items() if v is not None}
+    return opts | tls | {"connection_class": aioredis.SSLConnection}
 
 
-async def exit_unless_redis_accepts_login(fast: RespClient) -> None:
-    """At a process's start: a Redis that refuses REDIS_URL's credentials (or wants some it lacks) will
-    not take them later, so the process exits saying so (the password masked) rather than answer every
-    request with 500.  A Redis that is down is not a reason: it is waited for as ever."""
+async def open_store(settings: GatewaySettings, pool_size: int) -> Store:
+    """The process's store: redis-py with a pool of ``pool_size`` and the request path's own client.  A
+    Redis that refuses REDIS_URL's credentials (or wants some it lacks) will not take them later, so the
+    process exits saying so (the password masked) rather than answer every request with 500.  A Redis
+    that is down is not a reason: it is waited for as ever."""
+    store = Store(redis_client(settings.redis_url, pool_size), RespClient.from_url(settings.redis_url),
+                  default_rpm=settings.default_rpm, default_concurrency=settings.default_concurrency,
+                  lease_s=int(settings.total_timeout_s) + 60, key_ttl_s=settings.key_cache_ttl_s)
     try:
-        await fast.call("PING")
+        await store.fast.call("PING")
     except RespSetupError as e:
         logging.getLogger("extproc").error("%s", e)
         raise SystemExit(2) from None
     except Exception:  # noqa: BLE001 - down or slow: requests get 500 until it is back
         pass
-
-
-def open_store(settings: GatewaySettings, client: aioredis.Redis) -> Store:
-    return Store(client, RespClient.from_url(settings.redis_url), default_rpm=settings.default_rpm,
-                 default_concurrency=settings.default_concurrency, lease_s=int(settings.total_timeout_s) + 60,
-                 key_ttl_s=settings.key_cache_ttl_s)
+    return store
 
 
 class Store:
@@ -209,19 +207,19 @@ class Store:
                             * 1000))
         res = await self.fast.evalsha(_ADMIT, [], [key_hash, "1" if limits else "0", request_id, rpm, conc, lease,
                                                     pending, until])
-        tag = res[0].decode() if isinstance(res[0], bytes) else res[0]
+        tag = res[0].decode()  # RespClient's replies: bytes
         if tag == "late":
             raise Late(request_id)
         if tag == "bad_key":
             return Admission(None, INVALID_KEY)
         if tag == "miss_key":
             raise Miss("key")
-        ident = Identity(_s(res[1]), _s(res[2]))
+        ident = Identity(res[1].decode(), res[2].decode())
         if tag == "miss_org":
             raise Miss("org", ident.org_id)
         if tag == "rate":
             return Admission(ident, ApiError("rate_limit_exceeded", "Too many requests for this API key; retry "
-                                             "after the window resets.", retry_after=max(1, int(_s(res[3])))))
+                                             "after the window resets.", retry_after=max(1, int(res[3]))))
         return Admission(ident, _ANSWERS[tag])
 
     async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, *,
@@ -267,10 +265,6 @@ def _flat(fields: dict[str, Any]) -> list[Any]:
     return [x for k, v in fields.items() if v is not None for x in (k, v)]
 
 
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
 async def heartbeat(r: aioredis.Redis, owner: str) -> None:
     await r.set(rk.heartbeat(owner), "1", ex=3)
 
@@ -280,10 +274,7 @@ async def orphans(r: aioredis.Redis) -> list[tuple[str, str, str, dict[str, Any]
     entries: Any = await r.hgetall(rk.JOURNAL)
     if not entries:
         return []
-    parsed = []
-    for rid, v in entries.items():
-        key_id, org, owner, payload = v.decode().split("|", 3)
-        parsed.append((rid.decode(), key_id, org, owner, payload))
+    parsed = [(rid.decode(), *v.decode().split("|", 3)) for rid, v in entries.items()]
     owners = sorted({p[3] for p in parsed})
     alive = dict(zip(owners, await r.mget([rk.heartbeat(o) for o in owners])))
     return [(rid, key_id, org, json.loads(payload)) for rid, key_id, org, owner, payload in parsed

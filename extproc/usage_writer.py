@@ -17,14 +17,13 @@ import time
 from typing import Any
 
 import asyncpg
-import redis.asyncio as aioredis
 import redis.exceptions
 
 from . import metrics
 from .decisions import UsageRecord
 from .process import run, until_stopped
 from .redis_keys import USAGE_STREAM
-from .store import Store, exit_unless_redis_accepts_login, open_store, orphans, redis_client
+from .store import Store, open_store, orphans
 from .usage_writer_settings import WriterSettings
 
 log = logging.getLogger("extproc.usage")
@@ -56,25 +55,18 @@ ON CONFLICT (ref) DO NOTHING
 """
 
 
-async def write_batch(pool: asyncpg.Pool, records: list[bytes]) -> None:
-    """Write usage records (each the JSON of a ``UsageRecord``) and their debits in one transaction;
-    a record already written (same request id) is skipped with its debit."""
-    async with pool.acquire() as conn:
-        await conn.execute(_WRITE, (b"[" + b",".join(records) + b"]").decode())
+BATCH = 500
+CLAIM_IDLE_MS = 15000  # a dead writer's pending entries are claimed this long after it read them
 
 
 class UsageWriter:
-    def __init__(self, r: aioredis.Redis, pool: asyncpg.Pool, store: Store, *, batch: int = 500,
-                 claim_idle_ms: int = 15000) -> None:
-        self.r = r
+    def __init__(self, pool: asyncpg.Pool, store: Store) -> None:
+        self.r = store.r
         self.store = store
         self._last_reap = 0.0
         self._recover = True  # look for this consumer's own pending entries (at start, after a failure)
         self._suspects: dict[str, float] = {}  # request id -> when its owner was first seen gone
         self.pool = pool
-        self.batch = batch
-        self.claim_idle_ms = claim_idle_ms
-        self.pace_s = 0.02
         self.consumer = f"{socket.gethostname()}-{os.getpid()}"
 
     async def _ensure_group(self) -> None:
@@ -90,15 +82,15 @@ class UsageWriter:
         deleted after it was read comes back without fields."""
         entries: Any = []
         if self._recover:
-            own: Any = await self.r.xreadgroup(GROUP, self.consumer, {USAGE_STREAM: "0"}, count=self.batch)
+            own: Any = await self.r.xreadgroup(GROUP, self.consumer, {USAGE_STREAM: "0"}, count=BATCH)
             entries = own[0][1] if own else []
             self._recover = bool(entries)
         if not entries and claim:
-            claimed: Any = await self.r.xautoclaim(USAGE_STREAM, GROUP, self.consumer, self.claim_idle_ms,
-                                                   start_id="0-0", count=self.batch)
+            claimed: Any = await self.r.xautoclaim(USAGE_STREAM, GROUP, self.consumer, CLAIM_IDLE_MS,
+                                                   start_id="0-0", count=BATCH)
             entries = claimed[1] if claimed else []
         if not entries:
-            res: Any = await self.r.xreadgroup(GROUP, self.consumer, {USAGE_STREAM: ">"}, count=self.batch,
+            res: Any = await self.r.xreadgroup(GROUP, self.consumer, {USAGE_STREAM: ">"}, count=BATCH,
                                                block=200)
             entries = res[0][1] if res else []
         return [e for e in entries if e]
@@ -131,8 +123,9 @@ class UsageWriter:
         if not entries:
             return 0
         records = [f[b"r"] for _, f in entries if f]
-        if records:
-            await write_batch(self.pool, records)
+        if records:  # the records and their debits in one transaction; one already written is skipped
+            async with self.pool.acquire() as conn:
+                await conn.execute(_WRITE, (b"[" + b",".join(records) + b"]").decode())
         now_ms = time.time() * 1000
         ids = [i for i, _ in entries]  # acknowledged all, those without fields too
         for i in ids:  # an entry's id is "<ms>-<n>", the time it was queued: the request's end
@@ -149,12 +142,12 @@ class UsageWriter:
             try:
                 await self._ensure_group()
                 while True:
-                    if await self.step() < self.batch:
+                    if await self.step() < BATCH:
                         # a short pause lets records gather into one PostgreSQL transaction; kept short,
                         # so that each transaction is small work for PostgreSQL, which shares the cores
                         # with Envoy and the ext_proc (measured: 0.2 s batches tripled the gateway's p99
                         # at one connection, 20 ms ones do not)
-                        await asyncio.sleep(self.pace_s)
+                        await asyncio.sleep(0.02)
                     delay = 0.2
             except asyncio.CancelledError:
                 raise
@@ -172,11 +165,9 @@ class UsageWriter:
 
 
 async def serve(settings: WriterSettings) -> None:
-    r = redis_client(settings.redis_url, 2)
-    store = open_store(settings, r)
-    await exit_unless_redis_accepts_login(store.fast)
+    store = await open_store(settings, 2)
     pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=1)
-    writer = UsageWriter(r, pool, store)
+    writer = UsageWriter(pool, store)
     metrics.serve(settings.writer_metrics_http_port, settings.metrics_host, None)
     task = asyncio.create_task(writer.run())
     log.info("usage writer started (consumer %s)", writer.consumer)
@@ -187,7 +178,7 @@ async def serve(settings: WriterSettings) -> None:
     except Exception:  # noqa: BLE001 - what is left stays in Redis for the next writer
         log.warning("usage drain at shutdown incomplete; the next writer finishes it")
     await pool.close()
-    await r.aclose()
+    await store.r.aclose()
 
 
 if __name__ == "__main__":
