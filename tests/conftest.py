@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -42,6 +43,12 @@ def _skip_reason(report: pytest.CollectReport | pytest.TestReport) -> str:
     if isinstance(lr, tuple) and len(lr) == 3:  # (path, line, "Skipped: reason")
         return str(lr[2]).removeprefix("Skipped: ")
     return str(lr)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A run stopped by SIGTERM (`kill`, a job's timeout) ends as Ctrl-C does: pytest then tears the
+    # fixtures down, so the stacks' processes stop with it instead of outliving the run.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
