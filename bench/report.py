@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from . import long_report
+from . import cpu_split, long_report
 from .markdown import md_table, profile_lines
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -306,6 +306,7 @@ def update_markdown(doc: dict[str, Any]) -> None:
         parts += ["", "![requests per second](bench/chart.svg)", "",
                   "Headline (the last line `make bench` prints):", "", "```json",
                   json.dumps(c["headline"]), "```", ""]
+        parts += cpu_split.section(cmp)
         parts += ["## Profile of the gateway's ext_proc (non-streaming chat, c64)", "",
                   *profile_lines(cmp.get("profile"), c["timestamp"], "req/s")]
         parts.append("")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import fixtures as fx
-from . import long_streams, profiling, report
+from . import cpu_split, long_streams, profiling, report
 from .redis_ceiling import ceiling
 from .load import SCENARIOS, check, write_bodies, wrk
 from .procs import BUSY, Procs, cpu_busy, settle
@@ -71,11 +71,13 @@ def run_cell(system: System, scenario: str, conns: int, secs: float, bodies: Pat
     concurrency), it is run once more ``longer`` times as long (not in QUICK mode, where the cell is only
     flagged), so the figure is not made of a handful."""
     limit = 0.5 if secs < 5 else 3.0
+    # the 64-connection chat cell also says where each request's CPU went (bench/cpu_split.py)
+    split = cpu_split.measured if (scenario, conns) == ("chat", 64) else lambda run: run()
     busy = settle(limit)
-    r = wrk(system, SCENARIOS[scenario], conns, secs, bodies)
+    r = split(lambda: wrk(system, SCENARIOS[scenario], conns, secs, bodies))
     if r["requests"] < 2 * conns and not quick:
         busy = settle(limit)
-        r = wrk(system, SCENARIOS[scenario], conns, longer * secs, bodies)
+        r = split(lambda: wrk(system, SCENARIOS[scenario], conns, longer * secs, bodies))
         r["extended"] = True
     r["few"] = r["requests"] < 2 * conns
     r["busy_before"] = round(busy, 2)

@@ -57,6 +57,18 @@ ON CONFLICT (ref) DO NOTHING
 
 BATCH = 500
 CLAIM_IDLE_MS = 15000  # a dead writer's pending entries are claimed this long after it read them
+BUSY = 16  # records in one batch from which the writer waits longer for the next
+
+
+def pause_after(written: int) -> float:
+    """How long to let records gather after a batch of ``written``, so that they go to PostgreSQL in one
+    transaction.  A light load gets 20 ms: each transaction stays small work for PostgreSQL, which
+    shares the cores with Envoy and the ext_proc (0.2 s batches tripled the gateway's p99 at one
+    connection, 20 ms ones do not).  A busy one (``BUSY`` records or more in 20 ms) gets 100 ms: a
+    transaction and a Redis read cost about as much for 100 records as for 20, so PostgreSQL's and this
+    process's CPU per request fall (BENCHMARKS.md, "CPU per request"), and a record is still in
+    PostgreSQL well within a second.  A full batch means more is waiting: no pause."""
+    return 0.0 if written >= BATCH else 0.1 if written >= BUSY else 0.02
 
 
 class UsageWriter:
@@ -142,12 +154,8 @@ class UsageWriter:
             try:
                 await self._ensure_group()
                 while True:
-                    if await self.step() < BATCH:
-                        # a short pause lets records gather into one PostgreSQL transaction; kept short,
-                        # so that each transaction is small work for PostgreSQL, which shares the cores
-                        # with Envoy and the ext_proc (measured: 0.2 s batches tripled the gateway's p99
-                        # at one connection, 20 ms ones do not)
-                        await asyncio.sleep(0.02)
+                    if pause := pause_after(await self.step()):
+                        await asyncio.sleep(pause)
                     delay = 0.2
             except asyncio.CancelledError:
                 raise
