@@ -95,6 +95,34 @@ def test_parse_matches_redis_py() -> None:
     assert d is not None and d.cert_reqs == ssl.CERT_REQUIRED and d.check_hostname  # redis-py's defaults
 
 
+
+def test_tls_options_are_redis_pys_ssl_connection_parameters() -> None:
+    """The redis-py client of a rediss:// URL: every TLS field becomes the SSLConnection parameter of
+    the same name (store._redis_py_options builds them from the Tls field names), and the connection
+    built from them carries the values (a renamed field would fail here, not in production)."""
+    import inspect
+
+    from redis.asyncio.connection import SSLConnection
+
+    from extproc.store import _redis_py_options
+    url = ("rediss://u:p@cache.example:6390/2?ssl_ca_certs=/ca.pem&ssl_ca_path=/cas&ssl_certfile=/c.pem"
+           "&ssl_keyfile=/k.pem&ssl_password=kp&ssl_cert_reqs=optional&ssl_check_hostname=false")
+    opts = _redis_py_options(parse_redis(url))
+    assert opts["connection_class"] is SSLConnection
+    ssl_opts = {k: v for k, v in opts.items() if k.startswith("ssl_")}
+    assert ssl_opts == {"ssl_ca_certs": "/ca.pem", "ssl_ca_path": "/cas", "ssl_certfile": "/c.pem",
+                        "ssl_keyfile": "/k.pem", "ssl_password": "kp", "ssl_cert_reqs": ssl.CERT_OPTIONAL,
+                        "ssl_check_hostname": False}
+    assert set(ssl_opts) <= set(inspect.signature(SSLConnection.__init__).parameters)
+    conn = SSLConnection(host=opts["host"], port=opts["port"], **ssl_opts)
+    assert (conn.host, conn.port) == ("cache.example", 6390)
+    ctx = conn.ssl_context
+    assert (ctx.ca_certs, ctx.ca_path, ctx.certfile, ctx.keyfile, ctx.password) == (
+        "/ca.pem", "/cas", "/c.pem", "/k.pem", "kp")
+    assert ctx.cert_reqs == ssl.CERT_OPTIONAL and ctx.check_hostname is False
+    assert _redis_py_options(parse_redis("redis://h:1/0")) == {"db": 0, "username": None, "password": None,
+                                                                "host": "h", "port": 1}
+
 def test_bad_urls_are_refused_with_the_password_masked() -> None:
     for url, why in [("http://:pw@h", "must start with"), ("redis://:pw@h?socket_timeout=9", "socket_timeout"),
                      ("redis://:pw@h?ssl_ca_certs=/ca.pem", "needs rediss://"),
