@@ -8,9 +8,10 @@ cores: a system's throughput on saturated cores is about (cores × 1 s) over its
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Callable
 
-HZ = os.sysconf("SC_CLK_TCK")
+from .event_loop import cpu_s
 
 # (role, a command-line fragment), the first match wins
 ROLES = (("usage writer", "extproc.usage_writer"), ("ext_proc / processor", "-m extproc"),
@@ -20,20 +21,15 @@ ROLES = (("usage writer", "extproc.usage_writer"), ("ext_proc / processor", "-m 
 COLUMNS = ("proxy", "ext_proc / processor", "Redis", "PostgreSQL", "usage writer", "upstream", "wrk", "other")
 
 
-def _ticks() -> dict[int, tuple[str, int]]:
-    out: dict[int, tuple[str, int]] = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
+def _cpu() -> dict[int, tuple[str, float]]:
+    """Every process's command line and CPU seconds so far."""
+    out: dict[int, tuple[str, float]] = {}
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            out[pid] = (cmd, cpu_s(pid))
+        except OSError:  # it ended meanwhile
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        out[int(pid)] = (cmd, int(fields[11]) + int(fields[12]))
     return out
 
 
@@ -44,15 +40,15 @@ def _role(cmd: str) -> str:
 def measured(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """``run()`` (one wrk cell) with ``cpu_us_per_request`` added: {role: µs of CPU per request}."""
     me = os.getpid()
-    before, children = _ticks(), os.times()
+    before, children = _cpu(), os.times()
     r = run()
-    after, children_after = _ticks(), os.times()
+    after, children_after = _cpu(), os.times()
     us: dict[str, float] = {c: 0.0 for c in COLUMNS}
     for pid, (cmd, t) in after.items():
         if pid == me:
             continue
-        t0 = before.get(pid, (cmd, 0))[1]  # a process started during the cell: all its CPU
-        us[_role(cmd)] += (t - t0) / HZ * 1e6
+        t0 = before.get(pid, (cmd, 0.0))[1]  # a process started during the cell: all its CPU
+        us[_role(cmd)] += (t - t0) * 1e6
     us["wrk"] += (children_after.children_user + children_after.children_system
                   - children.children_user - children.children_system) * 1e6
     n = max(1, r["requests"])

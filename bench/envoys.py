@@ -91,9 +91,10 @@ def upstream(json_port: int, sse_port: int, admin_port: int) -> dict[str, Any]:
 
 
 def proxy(port: int, admin_port: int, up: Upstream, log_path: Path,
-          extproc_port: int | None = None) -> dict[str, Any]:
+          extproc_port: int | None = None, mode: dict[str, str] | None = None) -> dict[str, Any]:
     """`x-bench-route: sse` goes to the SSE listener, `long` to the cadenced long-stream server (when
-    started), anything else to the JSON listener."""
+    started), anything else to the JSON listener.  ``mode``: changes to the ext_proc filter's processing
+    mode (bench/message_cost.py), which otherwise sends all four phases as the gateway's routes do."""
     route_common = {"timeout": "600s", "idle_timeout": "60s",
                     "retry_policy": {"retry_on": "connect-failure,reset-before-request", "num_retries": 1,
                                      "per_try_timeout": "180s",
@@ -120,7 +121,8 @@ def proxy(port: int, admin_port: int, up: Upstream, log_path: Path,
             "failure_mode_allow": False, "message_timeout": "5s", "allow_mode_override": True,
             "processing_mode": {"request_header_mode": "SEND", "request_body_mode": "BUFFERED",
                                 "request_trailer_mode": "SKIP", "response_header_mode": "SEND",
-                                "response_body_mode": "BUFFERED", "response_trailer_mode": "SKIP"}}})
+                                "response_body_mode": "BUFFERED", "response_trailer_mode": "SKIP",
+                                **(mode or {})}}})
         ext = _cluster("extproc", extproc_port, http2=True)
         ext["connect_timeout"] = "1s"
         del ext["per_connection_buffer_limit_bytes"]

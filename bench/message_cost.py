@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 from typing import Any
 
 from . import envoys
 from .event_loop import cpu_s
 from .harness import harness, round_args
 from .load import SCENARIOS, wrk
-from .procs import free_port, port_open
-from .systems import ROOT, System, _envoy, start_bare
+from .procs import free_port
+from .systems import System, start_bare, start_envoy, start_minimal
 
 # variant -> the ext_proc filter's processing-mode changes from the gateway's settings (all four sent)
 VARIANTS: dict[str, dict[str, str]] = {
@@ -30,41 +29,31 @@ VARIANTS: dict[str, dict[str, str]] = {
 }
 
 
-def _with_mode(doc: dict[str, Any], changes: dict[str, str]) -> dict[str, Any]:
-    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    for f in hcm["http_filters"]:
-        if "processing_mode" in f["typed_config"]:
-            f["typed_config"]["processing_mode"].update(changes)
-    return doc
-
-
 def main() -> None:
     args = round_args(__doc__)
     runs: dict[str, list[dict[str, float]]] = {}
     with harness("bench-messages-") as (tmp, procs, bodies, up):
         upstream = procs.running["upstream"].pid
-        g = free_port()
-        proc = procs.start("minimal-extproc-own", [sys.executable, "-m", "bench.minimal_extproc", "--port", str(g),
-                                                   "--server", "own"], cwd=str(ROOT))
-        procs.wait_ready("minimal-extproc-own", lambda: port_open(g), 30)
-        systems = {"bare Envoy": start_bare(procs, tmp, up)}
-        for i, (name, changes) in enumerate(VARIANTS.items()):
-            p, a = free_port(), free_port()
-            doc = _with_mode(envoys.proxy(p, a, up, tmp / f"access-{i}.log", g), changes)
-            pid = _envoy(procs, f"envoy-{i}", doc, tmp, p, a)
-            systems[name] = System(f"messages_{i}", name, p, pid=proc.pid, envoy_pid=pid, expect_alias=False)
+        four = start_minimal(procs, tmp, up, server="own")  # the processor, and its Envoy sending all four
+        systems = {"bare Envoy": start_bare(procs, tmp, up), "4 messages": four}
+        for i, (name, mode) in enumerate(VARIANTS.items()):
+            if mode:  # the same processor behind an Envoy of its own
+                p, a = free_port(), free_port()
+                doc = envoys.proxy(p, a, up, tmp / f"access-{i}.log", four.extra["grpc_port"], mode)
+                systems[name] = System(f"messages_{i}", name, p, pid=four.pid, expect_alias=False,
+                                       envoy_pid=start_envoy(procs, f"envoy-{i}", doc, tmp, p, a))
         for i in range(args.rounds):
             for name in (list(systems) if i % 2 == 0 else list(systems)[::-1]):
                 system = systems[name]
                 assert system.envoy_pid is not None
                 wrk(system, SCENARIOS["chat"], 64, 1, bodies)  # warm-up
-                pids = {"envoy": system.envoy_pid, "processor": proc.pid, "upstream": upstream}
+                # bare Envoy has no processor in its path
+                pids = {"envoy": system.envoy_pid, "upstream": upstream,
+                        **({"processor": system.pid} if system.pid is not None else {})}
                 before = {k: cpu_s(v) for k, v in pids.items()}
                 r = wrk(system, SCENARIOS["chat"], 64, args.seconds, bodies)
                 n = max(1, r["requests"])
                 res = {f"{k}_us": round((cpu_s(v) - before[k]) / n * 1e6, 1) for k, v in pids.items()}
-                if name == "bare Envoy":
-                    res["processor_us"] = 0.0  # not in this system's path
                 res.update(rps=round(r["rps"], 1), errors=r["errors"],
                            envoy_vs_upstream=round(res["envoy_us"] / max(res["upstream_us"], 1e-9), 2))
                 runs.setdefault(name, []).append(res)

@@ -39,7 +39,7 @@ class System:
         return f"http://127.0.0.1:{port}"
 
 
-def _envoy(procs: Procs, name: str, doc: dict[str, Any], tmp: Path, port: int, admin: int) -> int:
+def start_envoy(procs: Procs, name: str, doc: dict[str, Any], tmp: Path, port: int, admin: int) -> int:
     cfg = envoys.write(doc, tmp / f"{name}.yaml")
     p = procs.start(name, [ENVOY, "-c", str(cfg), "--concurrency", "1", "--log-level", "warn",
                            "--disable-hot-restart"])
@@ -49,7 +49,7 @@ def _envoy(procs: Procs, name: str, doc: dict[str, Any], tmp: Path, port: int, a
 
 def start_upstream(procs: Procs, tmp: Path) -> Upstream:
     j, s, a = free_port(), free_port(), free_port()
-    _envoy(procs, "upstream", envoys.upstream(j, s, a), tmp, j, a)
+    start_envoy(procs, "upstream", envoys.upstream(j, s, a), tmp, j, a)
     return Upstream(j, s)
 
 
@@ -60,7 +60,7 @@ def direct(up: Upstream) -> System:
 
 def start_bare(procs: Procs, tmp: Path, up: Upstream) -> System:
     p, a = free_port(), free_port()
-    envoy = _envoy(procs, "bare-envoy", envoys.proxy(p, a, up, tmp / "bare-access.log"), tmp, p, a)
+    envoy = start_envoy(procs, "bare-envoy", envoys.proxy(p, a, up, tmp / "bare-access.log"), tmp, p, a)
     return System("bare_envoy", "bare Envoy", p, expect_alias=False, envoy_pid=envoy,
                   note="same listener/route/cluster shape as the gateway, no ext_proc")
 
@@ -73,13 +73,14 @@ def start_minimal(procs: Procs, tmp: Path, up: Upstream, server: str = "grpcio")
     proc = procs.start(f"minimal-extproc{suffix}", [sys.executable, "-m", "bench.minimal_extproc", "--port", str(g),
                                                     "--server", server], cwd=str(ROOT))
     procs.wait_ready(f"minimal-extproc{suffix}", lambda: port_open(g), 30)
-    envoy = _envoy(procs, f"minimal-envoy{suffix}", envoys.proxy(p, a, up, tmp / f"minimal{suffix}-access.log", g),
+    envoy = start_envoy(procs, f"minimal-envoy{suffix}", envoys.proxy(p, a, up, tmp / f"minimal{suffix}-access.log", g),
                    tmp, p, a)
     if server == "grpcio":
         return System("minimal_extproc", "minimal ext_proc", p, pid=proc.pid, envoy_pid=envoy,
-                      note="bench/minimal_extproc.py behind the gateway's ext_proc filter settings")
+                      note="bench/minimal_extproc.py behind the gateway's ext_proc filter settings",
+                      extra={"grpc_port": g})
     return System(f"minimal_{server}", f"minimal ext_proc on {server}", p, pid=proc.pid, envoy_pid=envoy,
-                  note=f"bench/minimal_extproc.py --server {server}")
+                  note=f"bench/minimal_extproc.py --server {server}", extra={"grpc_port": g})
 
 
 # ---- the gateway: the real stack ------------------------------------------------------------
