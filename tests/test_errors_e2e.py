@@ -441,6 +441,34 @@ def test_vendor_and_auth_headers_not_forwarded(client: httpx.Client, org: tuple[
     assert "org-abc" not in dump and "proj-xyz" not in dump and "xk-secret" not in dump
 
 
+ENVOY_CONTROLS = {"X-Envoy-Retry-On": "5xx,reset", "X-Envoy-Max-Retries": "3", "X-Envoy-Upstream-Rq-Timeout-Ms": "100",
+                  "X-Envoy-Upstream-Rq-Per-Try-Timeout-Ms": "50", "X-Envoy-Internal": "true"}
+
+
+def test_a_clients_envoy_control_headers_are_dropped_at_the_door(client: httpx.Client, gateway: Gateway) -> None:
+    """x-envoy-* request headers steer Envoy's router (retries, timeouts) for a client it counts as
+    internal, and it counts a loopback peer so: a client's never reach the router or the model server.
+    A model server's 503 stays one attempt (SPEC section 7 retries only a connection failure or a
+    missing first byte) and SPEC's first-byte wait stays 180 s, whatever the client asks."""
+    _, _, headers = echo(client, {}, headers=ENVOY_CONTROLS)
+    low = {k.lower(): v for k, v in headers.items()}
+    for name in ENVOY_CONTROLS:
+        if name.lower() != "x-envoy-internal":
+            assert name.lower() not in low, low
+    assert int(low.get("x-envoy-expected-rq-timeout-ms", "180000")) >= 180_000, low
+    # a slow first byte (0.8 s) is waited for, not cut at the client's 100 ms
+    r = chat(client, {"model": "polish-pro", "messages": MSGS, "max_tokens": 2, "sim": {"ttft_ms": 800}},
+             headers=ENVOY_CONTROLS)
+    assert r.status_code == 200, r.text
+    # a model server's 503 is not retried on the other deployment
+    r = chat(client, {"model": "polish-pro", "messages": MSGS, "max_tokens": 2, "sim": {"status": 503}},
+             headers=ENVOY_CONTROLS)
+    assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_unavailable", r.text
+    rid = r.headers["x-request-id"]
+    seen = [gateway.sim_record(rid, sim) for sim in (gateway.sim_a, gateway.sim_b)]
+    assert sum(rec is not None for rec in seen) == 1, seen
+
+
 def test_chunked_and_body_less_posts(client: httpx.Client, org: tuple[str, str, str]) -> None:
     """A POST without a length (chunked) or without a body takes Envoy's other route, on which the
     ext_proc sees the request headers: the same answers, headers stripped the same way."""
