@@ -180,6 +180,46 @@ def test_malformed_request_400_invalid_request(gateway: Gateway, raw: bytes) -> 
     r.error(400, "invalid_request", "invalid_request_error")
 
 
+@pytest.mark.parametrize("raw", [b"GET /v1/models#frag HTTP/1.1\r\nHost: x\r\n\r\n",
+                                 b"GET /v1/models HTTP/1.1\r\n\r\n",
+                                 b"GET /v1/models HTTP/1.1\r\nHost: a b\r\n\r\n"],
+                         ids=["fragment_in_path", "no_host", "host_not_an_authority"])
+def test_requests_envoy_refuses_before_routing_get_spec_errors(gateway: Gateway, org: tuple[str, str, str],
+                                                               raw: bytes) -> None:
+    """Refused by Envoy itself before a route or the ext_proc saw them: SPEC's JSON error and a request id
+    all the same (Envoy's own reply was an empty or plain-text 400)."""
+    r = exchange(gateway, raw.replace(b"\r\n\r\n", f"\r\nAuthorization: Bearer {org[2]}\r\n\r\n".encode(), 1))
+    assert r is not None, "closed without a reply"
+    r.error(400, "invalid_request", "invalid_request_error")
+
+
+@pytest.mark.parametrize("line", ["FOO /v1/chat/completions", "get /v1/models", "QUERY /v1/models", "OPTIONS *"])
+def test_methods_and_targets_not_offered_404_unsupported_endpoint(gateway: Gateway, org: tuple[str, str, str],
+                                                                  line: str) -> None:
+    """Any method token is a method (HTTP/1.1 as over HTTP/2): one not offered is SPEC's 404
+    unsupported_endpoint, as is a request for no path at all; Envoy refused a QUERY without a Content-Type
+    and OPTIONS * itself, with an empty reply."""
+    r = exchange(gateway, f"{line} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {org[2]}\r\n\r\n".encode())
+    assert r is not None, "closed without a reply"
+    r.error(404, "unsupported_endpoint", "invalid_request_error")
+
+
+def test_unknown_method_without_key_401(gateway: Gateway) -> None:
+    r = exchange(gateway, b"FOO /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert r is not None
+    r.error(401, "invalid_api_key", "authentication_error")
+
+
+@pytest.mark.parametrize("host", ["Host: gateway\r\n", ""], ids=["host", "no_host"])
+def test_http_1_0_served(gateway: Gateway, org: tuple[str, str, str], host: str) -> None:
+    """An HTTP/1.0 client is served (Envoy's default answer was 426 Upgrade Required, no JSON)."""
+    r = exchange(gateway, f"GET /v1/models HTTP/1.0\r\n{host}Authorization: Bearer {org[2]}\r\n\r\n".encode())
+    assert r is not None
+    assert r.status == 200 and r.headers["x-request-id"], (r.status, r.body[:200])
+    doc = json.loads(r.body)
+    assert doc["object"] == "list" and {m["id"] for m in doc["data"]} >= {"polish-pro"}, doc
+
+
 def test_connect_method_401(gateway: Gateway) -> None:
     """A CONNECT has no path a route matches: the ext_proc still sees it (401 before anything else)."""
     r = exchange(gateway, b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
