@@ -52,13 +52,9 @@ def estimate_embedding_prompt(inputs: list[str]) -> int:
     return sum(estimate_tokens(len(s.encode())) for s in inputs)
 
 
-def estimate_reply_completion(body: bytes) -> int:
-    """Estimated completion tokens of a complete chat reply that reports no usage: the estimator over
-    the text of each choice's message (its content and its tool calls' arguments)."""
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return 0
+def estimate_reply_completion(doc: Any) -> int:
+    """Estimated completion tokens of a complete chat reply (its JSON, parsed) that reports no usage:
+    the estimator over the text of each choice's message (its content and its tool calls' arguments)."""
     choices = doc.get("choices") if isinstance(doc, dict) else None
     total = 0
     for c in choices if isinstance(choices, list) else []:

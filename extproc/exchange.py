@@ -17,12 +17,12 @@ from typing import Any, Awaitable, Callable, Coroutine
 
 from . import logs, metrics
 from .catalog import Alias, Catalog
-from .cost import Prices, cost_micro_pln, estimate_reply_completion
+from .cost import Prices, cost_micro_pln
 from .decisions import Admission, UsageRecord
 from .directory import Directory
 from .errors import INTERNAL_ERROR, MODEL_NOT_FOUND, UPSTREAM_TIMEOUT, ApiError
 from .keys import bearer_key, key_hash
-from .responses import rewrite_body, upstream_error
+from .responses import rewrite_body, upstream_error, with_estimated_usage
 from .rules import CHAT, Prepared, prepare_chat, prepare_embeddings
 from .store import INVALID_KEY, Late, Miss, Store
 
@@ -469,8 +469,8 @@ class Exchange:
             self._finish(None)  # the model server produced no output
             return answer
         new, usage = rewrite_body(body, p.upstream_model, p.alias.id, embeddings=p.endpoint != CHAT)
-        if usage is None:  # a complete reply without usage: its input and its output estimated
-            output = estimate_reply_completion(body) if p.endpoint == CHAT else 0
+        if usage is None:  # a complete reply without usage: its input and its output estimated, and shown
+            new, output = with_estimated_usage(new, p.estimated_prompt_tokens, embeddings=p.endpoint != CHAT)
             self._finish((p.estimated_prompt_tokens, output), estimated=True)
         else:
             self._finish(usage)

@@ -1,7 +1,8 @@
 """Model-server replies, translated for the client.  Pure.
 
 - ``rewrite_body``: a successful JSON reply with the alias put back in ``model`` and its usage read,
-  at the bytes level (no full JSON parse of a possibly large embeddings reply).
+  at the bytes level (no full JSON parse of a possibly large embeddings reply);
+  ``with_estimated_usage``: one that reports none given the estimate it is billed.
 - ``upstream_error``: a model-server error reply mapped to SPEC section 7, with a message of our own:
   nothing of the model server's text (which may quote the prompt) reaches the client.
 """
@@ -12,6 +13,7 @@ import json
 from typing import Any
 import re
 
+from .cost import estimate_reply_completion
 from .errors import NO_CAPACITY, UPSTREAM_TIMEOUT, ApiError
 
 _USAGE_KEY = b'"usage"'
@@ -38,6 +40,25 @@ def rewrite_body(body: bytes, upstream_model: str, alias: str, *, embeddings: bo
         at = new.rfind(_USAGE_KEY)
         new = new[:at] + _EMB_COMPLETION.sub(b"", new[at:], count=1)
     return new, usage
+
+
+def with_estimated_usage(body: bytes, prompt_tokens: int, *, embeddings: bool = False) -> tuple[bytes, int]:
+    """A successful reply that reports no usage, given the usage it is billed (SPEC section 2: a reply
+    has ``usage``): the estimated input, and for chat the estimate of its output.  (body, completion
+    tokens).  The one JSON parse of such a reply; one that is not a JSON object is passed on as it is."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return body, 0
+    if not isinstance(doc, dict):
+        return body, 0
+    completion = 0 if embeddings else estimate_reply_completion(doc)
+    usage: dict[str, int] = {"prompt_tokens": prompt_tokens}
+    if not embeddings:
+        usage["completion_tokens"] = completion
+    usage["total_tokens"] = prompt_tokens + completion
+    doc["usage"] = usage
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode(), completion
 
 
 def read_usage(body: bytes) -> tuple[int, int] | None:

@@ -159,14 +159,32 @@ def test_complete_reply_without_usage_has_its_output_estimated(gateway: Gateway,
     org, _, key = fresh
     r = httpx.post(gateway.v1 + "/chat/completions", headers=_h(key),
                    json={"model": "polish-pro", "messages": MSGS, "sim": {"no_usage": True, "output_tokens": 9}})
-    assert r.status_code == 200 and "usage" not in r.json()
+    assert r.status_code == 200
     text = r.json()["choices"][0]["message"]["content"]
     out = estimate_tokens(len(text.encode()))
     assert out > 0
+    # the client is shown the usage it is billed (SPEC section 2: a reply has ``usage``)
+    assert r.json()["usage"] == {"prompt_tokens": EST_PROMPT, "completion_tokens": out,
+                                 "total_tokens": EST_PROMPT + out}
     row = _record(gateway, r.headers["x-request-id"])
     assert (row["estimated"], row["status"], row["prompt_tokens"], row["completion_tokens"]) == (
         True, 200, EST_PROMPT, out)
     assert row["cost_micro_pln"] == _ceil(EST_PROMPT * 1_500_000, 10**6) + _ceil(out * 3_000_000, 10**6)
+
+
+def test_embeddings_without_usage_show_and_bill_the_estimated_input(gateway: Gateway,
+                                                                    fresh: tuple[str, str, str]) -> None:
+    org, _, key = fresh
+    inputs = ["abcdefgh", "xyz"]  # 8 and 3 bytes: 2 + 1 tokens at 4 bytes a token, rounded up
+    r = httpx.post(gateway.v1 + "/embeddings", headers=_h(key),
+                   json={"model": "embed", "input": inputs, "sim": {"no_usage": True}})
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert doc["usage"] == {"prompt_tokens": 3, "total_tokens": 3} and doc["model"] == "embed"
+    assert len(doc["data"]) == 2
+    row = _record(gateway, r.headers["x-request-id"])
+    assert (row["estimated"], row["status"], row["prompt_tokens"], row["completion_tokens"]) == (True, 200, 3, 0)
+    assert row["cost_micro_pln"] == _ceil(3 * 200_000, 10**6)
 
 
 def test_stream_broken_before_any_output_bills_nothing(gateway: Gateway, fresh: tuple[str, str, str]) -> None:

@@ -240,8 +240,13 @@ def test_reply_without_usage_is_estimated() -> None:
         doc = json.loads(chat_reply())
         del doc["usage"]
         doc["choices"][0]["message"]["content"] = "x" * 40  # 40 bytes: 10 tokens at 4 bytes a token
-        await ex.response_body(json.dumps(doc).encode(), True)
+        answer = await ex.response_body(json.dumps(doc).encode(), True)
         await ex.close()
+        # the client gets the usage it is billed (SPEC section 2: a reply has one), the rest as it came
+        assert answer.body is not None and answer.set_headers["content-length"] == str(len(answer.body))
+        got = json.loads(answer.body)
+        assert got.pop("usage") == {"prompt_tokens": EST, "completion_tokens": 10, "total_tokens": EST + 10}
+        assert got == {**doc, "model": "polish-pro"}
     run(go())
     [rec] = store(gw).records  # a complete reply: its input and its output are estimated (SPEC section 4)
     assert (rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (EST, 10, True)
