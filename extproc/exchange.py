@@ -14,6 +14,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Coroutine
+from urllib.parse import unquote
 
 from . import logs, metrics
 from .catalog import Alias, Catalog
@@ -326,7 +327,8 @@ class Exchange:
         if self.method == "GET" and self.path == _MODELS_PATH:
             return self._ok(self.gw.models_body())
         if self.method == "GET" and self.path.startswith(_MODELS_PATH + "/"):
-            alias = self.gw.catalog.aliases.get(self.path[len(_MODELS_PATH) + 1:])
+            # the id as the client meant it: percent-encoding undone (RFC 3986; /v1/models/%65mbed is embed)
+            alias = self.gw.catalog.aliases.get(unquote(self.path[len(_MODELS_PATH) + 1:]))
             if alias is None:
                 return self._reject(MODEL_NOT_FOUND)
             return self._ok(_json(alias.model_object(self.gw.clock())))

@@ -229,6 +229,8 @@ def test_models_skip_balance_check(gateway: Gateway) -> None:
         assert {"polish-fast", "polish-pro", "advanced", "embed"} <= {m["id"] for m in doc["data"]}
         m = ok(c.get("/models/polish-pro"))
         assert m["id"] == "polish-pro"
+        # the id percent-encoded is the same id (RFC 3986)
+        assert ok(c.get("/models/%70olish%2Dpro"))["id"] == "polish-pro"
         err(c.get("/models/no-such-alias"), 404, "model_not_found", "invalid_request_error", "model")
 
 
