@@ -316,7 +316,7 @@ class Exchange:
             # a body-less or chunked POST (others skip this message: see request_body's attributes)
             length = headers.get("content-length", "")
             if length.isdigit() and int(length) > self.gw.max_body_bytes:
-                return self._too_large()
+                return await self._too_large()
             if end_of_stream:
                 return await self.request_body(b"")
             return Answer()
@@ -336,7 +336,12 @@ class Exchange:
                                      "This endpoint or method is not offered by the service."))
 
     # ---- request body ----------------------------------------------------------------------
-    def _too_large(self) -> Answer:
+    async def _too_large(self) -> Answer:
+        """A body over the cap: 400, once the key is known good (SPEC section 5: authentication first;
+        a body over Envoy's buffer limit gets Envoy's 413, mapped to the same 400, before any key check)."""
+        adm = await self._admit(limits=False)
+        if adm.error is not None:
+            return self._reject(adm.error)
         return self._reject(ApiError("invalid_request", "The request body is larger than the size limit."))
 
     async def request_body(self, body: bytes, attributes: dict[str, str] | None = None) -> Answer:
@@ -347,7 +352,7 @@ class Exchange:
                 attributes.get(ATTR_AUTH)):
             return self._reject(INVALID_KEY)
         if len(body) > self.gw.max_body_bytes:
-            return self._too_large()
+            return await self._too_large()
         prepare = prepare_chat if self.path == _CHAT_PATH else prepare_embeddings
         prepared = prepare(body, self.gw.catalog, self.gw.upstream_for)
         if isinstance(prepared, Prepared):

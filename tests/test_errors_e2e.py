@@ -532,6 +532,15 @@ def test_body_over_20_mib_400(client: httpx.Client, path: str) -> None:
 
 
 @pytest.mark.parametrize("path", ["/chat/completions", "/embeddings"])
+def test_body_over_20_mib_with_an_unknown_key_401_first(anon: httpx.Client, path: str) -> None:
+    """SPEC section 5: authentication before everything, the size cap too (a key of the right shape
+    that no organisation has: found out in Redis/PostgreSQL, not by its form)."""
+    r = anon.post(path, content=_padded(path, BODY_LIMIT + 1),
+                  headers={"Content-Type": "application/json", "Authorization": "Bearer sk-service-" + "A" * 40})
+    err(r, 401, "invalid_api_key", "authentication_error")
+
+
+@pytest.mark.parametrize("path", ["/chat/completions", "/embeddings"])
 def test_body_at_20_mib_accepted(client: httpx.Client, path: str) -> None:
     r = client.post(path, content=_padded(path, BODY_LIMIT), headers={"Content-Type": "application/json"})
     ok(r)

@@ -94,7 +94,8 @@ def test_chunked_post_waits_for_its_body_and_a_declared_oversize_is_refused() ->
     post = {**HEADERS, ":method": "POST", ":path": "/v1/chat/completions"}
     assert run(Exchange(gw).request_headers(post, False)) == Answer()  # the body comes next
     error_of(run(Exchange(gw).request_headers({**post, "content-length": "1001"}, False)), 400, "invalid_request")
-    assert store(gw).admits == []
+    assert [limits for _, limits in store(gw).admits] == [False]  # the key checked first, no slot taken
+    assert store(gw).held() == 0
 
 
 # ---- request body ----------------------------------------------------------------------------------
@@ -163,6 +164,13 @@ def test_body_over_the_limit() -> None:
     gw = gateway(max_body_bytes=len(CHAT_BODY) - 1)
     error_of(run(_forwarded(Exchange(gw))), 400, "invalid_request")
     assert store(gw).held() == 0
+    # the key is checked first (SPEC section 5), without taking a slot
+    assert store(gw).admits == [("rid-1", False)]
+    ex = Exchange(gw)
+    a = run(ex.request_body(CHAT_BODY, {
+        "request.id": "rid-1", "request.method": "POST", "request.path": "/v1/chat/completions",
+        "request.headers['authorization']": "Bearer " + OTHER_KEY}))
+    error_of(a, 401, "invalid_api_key")
 
 
 # ---- the order of the checks (SPEC section 5) ------------------------------------------------------
