@@ -186,42 +186,30 @@ class Processor:
                 log.exception("closing request %s failed", ex.request_id)
 
     async def watch(self, call: Call) -> None:
-        """The stream watch's call (``observer``): copies of a streamed reply's chunks, never answered.
-        They are fed to the watch as they arrive (``Call.consume``): no wake-up of this task per chunk."""
+        """The stream watch's call (``observer``): copies of a streamed reply's chunks, never answered."""
         w = StreamWatch(self.gateway)
         try:
-            try:
-                await call.consume(_WatchSink(w))
-            except TimeoutError:
-                w.stalled()
-                await w.close()
-                # an error ends the call: Envoy resets the client's stream (it ends without [DONE])
-                raise Status(UNAVAILABLE, "the model server went idle") from None
-            # the stream's end (Envoy passed it on before it sent this copy: billed now, and the call
-            # ends here rather than when Envoy's deferred close, 1 s later, would end it), or EOF
+            while True:
+                try:
+                    req = await call.read(w.idle)
+                except TimeoutError:
+                    w.stalled()
+                    await w.close()
+                    # an error ends the call: Envoy resets the client's stream (it ends without [DONE])
+                    raise Status(UNAVAILABLE, "the model server went idle") from None
+                if req is EOF:
+                    break
+                assert isinstance(req, ep.ProcessingRequest)
+                phase = req.WhichOneof("request")
+                if phase == "response_body":
+                    b = req.response_body
+                    w.response_body(b.body, b.end_of_stream)
+                    if b.end_of_stream:
+                        # Envoy passed the stream's end on before it sent this copy: billed now, and the
+                        # call ends here rather than when Envoy's deferred close (1 s) would end it
+                        await w.close()
+                        break
+                elif phase == "response_headers":
+                    w.response_headers(_headers(req.response_headers.headers))
         finally:
             await w.close()
-
-
-class _WatchSink:
-    """Envoy's copies of a streamed reply, as ``Call.consume`` hands them over, to a ``StreamWatch``."""
-
-    __slots__ = ("w",)
-
-    def __init__(self, w: StreamWatch) -> None:
-        self.w = w
-
-    @property
-    def idle(self) -> float | None:
-        return self.w.idle
-
-    def feed(self, req: ep.ProcessingRequest) -> bool:
-        """True at the stream's end."""
-        phase = req.WhichOneof("request")
-        if phase == "response_body":
-            b = req.response_body
-            self.w.response_body(b.body, b.end_of_stream)
-            return bool(b.end_of_stream)
-        if phase == "response_headers":
-            self.w.response_headers(_headers(req.response_headers.headers))
-        return False

@@ -262,21 +262,6 @@ class FakeCall:
             self.ended = True
         return item
 
-    async def consume(self, sink: Any) -> None:
-        """``Call.consume`` over the script: each message to ``sink.feed`` until it returns True."""
-        while self.script:
-            item = self.script.pop(0)
-            self.timeouts.append(sink.idle)
-            if item is STALL:
-                assert sink.idle is not None, "the server waits for a stalled reply with no idle timer"
-                raise TimeoutError
-            if item is EOF:
-                self.ended = True
-                return
-            if sink.feed(item):
-                return
-        self.ended = True
-
     def write(self, message: ep.ProcessingResponse) -> None:
         self.written.append(message)
 
