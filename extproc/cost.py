@@ -1,7 +1,6 @@
 """The billing rule (SPEC section 4, cost computation) and the token estimator. Pure, integers only."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 

@@ -92,7 +92,7 @@ class Call:
 
     def write(self, message: Message) -> None:
         self._proto.conn.send_message(self._sid, message.SerializeToString())
-        self._proto._flush()
+        self._proto.flush()
 
     def _push(self, data: bytes) -> None:
         self._queue.append(data)
@@ -241,9 +241,10 @@ class _Protocol(asyncio.Protocol):
     def flush_soon(self) -> None:
         if not self._flush_pending:
             self._flush_pending = True
-            self._loop.call_soon(self._flush)
+            self._loop.call_soon(self.flush)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """What is framed goes out now (a reply message), not at the end of the turn."""
         self._flush_pending = False
         if self.conn.outbound and self.transport is not None:
             self.transport.write(self.conn.data_to_send())
