@@ -53,3 +53,6 @@ INTERNAL_ERROR = ApiError("internal_error", "The gateway failed unexpectedly; re
 MODEL_NOT_FOUND = ApiError("model_not_found", "The requested model does not exist.", "model")
 NO_CAPACITY = ApiError("no_capacity", "No capacity for this model right now; retry with backoff.")
 UPSTREAM_TIMEOUT = ApiError("upstream_timeout", "The model server timed out; retry with backoff.")
+UPSTREAM_FAILED = ApiError("upstream_unavailable", "The model server could not complete the request; retry with backoff.")
+UNSUPPORTED_ENDPOINT = ApiError("unsupported_endpoint", "This endpoint or method is not offered by the service.")
+BODY_TOO_LARGE = ApiError("invalid_request", "The request body is larger than the size limit.")

@@ -21,7 +21,8 @@ from .catalog import Alias, Catalog
 from .cost import Prices, cost_micro_pln
 from .decisions import Admission, UsageRecord
 from .directory import Directory
-from .errors import INTERNAL_ERROR, MODEL_NOT_FOUND, UPSTREAM_TIMEOUT, ApiError
+from .errors import (BODY_TOO_LARGE, INTERNAL_ERROR, MODEL_NOT_FOUND, UNSUPPORTED_ENDPOINT, UPSTREAM_TIMEOUT,
+                     ApiError)
 from .keys import bearer_key, key_hash
 from .responses import rewrite_body, upstream_error, with_estimated_usage
 from .rules import CHAT, Prepared, prepare_chat, prepare_embeddings
@@ -332,8 +333,7 @@ class Exchange:
             if alias is None:
                 return self._reject(MODEL_NOT_FOUND)
             return self._ok(_json(alias.model_object(self.gw.clock())))
-        return self._reject(ApiError("unsupported_endpoint",
-                                     "This endpoint or method is not offered by the service."))
+        return self._reject(UNSUPPORTED_ENDPOINT)
 
     # ---- request body ----------------------------------------------------------------------
     async def _too_large(self) -> Answer:
@@ -342,7 +342,7 @@ class Exchange:
         adm = await self._admit(limits=False)
         if adm.error is not None:
             return self._reject(adm.error)
-        return self._reject(ApiError("invalid_request", "The request body is larger than the size limit."))
+        return self._reject(BODY_TOO_LARGE)
 
     async def request_body(self, body: bytes, attributes: dict[str, str] | None = None) -> Answer:
         """``attributes``: the request-headers message was skipped and what is needed of the headers

@@ -14,7 +14,7 @@ from typing import Any
 import re
 
 from .cost import estimate_reply_completion
-from .errors import NO_CAPACITY, UPSTREAM_TIMEOUT, ApiError
+from .errors import NO_CAPACITY, UPSTREAM_FAILED, UPSTREAM_TIMEOUT, ApiError
 
 _USAGE_KEY = b'"usage"'
 _PROMPT = re.compile(rb'"prompt_tokens":\s*(\d+)')
@@ -107,4 +107,4 @@ def upstream_error(status: int, body: bytes, input_param: str = "messages") -> A
         return NO_CAPACITY
     if status == 504:
         return UPSTREAM_TIMEOUT
-    return ApiError("upstream_unavailable", "The model server could not complete the request; retry with backoff.")
+    return UPSTREAM_FAILED

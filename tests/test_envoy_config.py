@@ -83,3 +83,45 @@ def test_circuit_breakers_follow_the_connection_limit() -> None:
     for c in clusters(catalog_mod.parse(make_catalog(20000)), s):
         assert c["circuit_breakers"]["thresholds"] == [
             {"max_connections": 3000, "max_pending_requests": 3000, "max_requests": 3000}]
+
+
+def test_envoys_own_error_replies_agree_with_the_ext_procs() -> None:
+    """Every reply Envoy writes itself (local_reply_config) is SPEC section 7's error object: the status
+    and type errors.TABLE gives its code, a request id, a message that quotes nothing of the request,
+    and where the ext_proc answers the same error itself, the same message word for word (a client sees
+    one text for one error, whichever part refused it)."""
+    import json
+    import re
+
+    from extproc import errors
+
+    # the ext_proc's own text for the errors Envoy may answer too; Envoy's texts for what only it sees
+    ours = {e.code: e.message for e in (errors.INTERNAL_ERROR, errors.NO_CAPACITY, errors.UPSTREAM_TIMEOUT,
+                                        errors.UPSTREAM_FAILED, errors.UNSUPPORTED_ENDPOINT)}
+    envoy_only = {"The HTTP request is malformed.", "The request headers did not arrive in time.",
+                  "The reply of the model server is larger than the 64 MiB that can be relayed."}
+    mappers = _hcm(_render())["local_reply_config"]["mappers"]
+    assert len(mappers) >= 10
+    seen = set()
+    for m in mappers:
+        text = m["body_format_override"]["text_format_source"]["inline_string"]
+        assert m["body_format_override"]["content_type"] == "application/json"
+        placeholders = re.findall(r"%[A-Z_]+(?:\([A-Z-]+\))?%", text)
+        assert placeholders in (["%REQ(X-REQUEST-ID)%"], ["%RESP(X-REQUEST-ID)%"]), text
+        err = json.loads(text.replace(placeholders[0], "rid"))["error"]
+        assert set(err) == {"message", "type", "code", "param", "request_id"} and err["request_id"] == "rid"
+        code = err["code"]
+        status, kind = errors.TABLE[code]
+        assert err["type"] == kind and err["param"] is None, text
+        f = m["filter"]
+        if "status_code" in m:
+            assert m["status_code"] == status, text
+        else:  # the mapper keeps Envoy's status: its filter matches exactly that status
+            assert f["status_code_filter"]["comparison"]["value"]["default_value"] == status, text
+        if err["message"] == errors.BODY_TOO_LARGE.message:
+            assert code == errors.BODY_TOO_LARGE.code
+        elif err["message"] not in envoy_only:
+            assert err["message"] == ours[code], code
+            seen.add(code)
+        assert "%" not in err["message"]
+    assert seen == set(ours)
