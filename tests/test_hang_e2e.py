@@ -284,3 +284,49 @@ def test_the_budget_runs_from_the_body_not_the_headers(stack: Gateway) -> None:
                    headers={"Authorization": f"Bearer {key}", "content-type": "application/json"})
     assert r.status_code == 200, r.text
     assert stack.sim_record(r.headers["x-request-id"]) is not None
+
+
+def test_an_over_cap_body_with_redis_or_postgresql_hung_is_a_spec_error_within_the_budget(stack: Gateway) -> None:
+    """A body over the size cap is refused only once the key is known good (authentication first): for a
+    key this process has not seen yet, with Redis stopped or PostgreSQL stopped that check cannot finish,
+    and the client gets SPEC's 500 internal_error with its request id within the ext_proc's budget, not
+    Envoy's message timeout, never the 400 before the key was checked; once the server resumes, the same
+    body gets its 400 again.  Nothing reaches the model server, nothing is billed."""
+    org, _, key = stack.new_org(1_000_000)
+
+    async def keys(a: Any) -> list[str]:
+        return [(await a.create_key(org))[1] for _ in range(2)]
+    fresh = stack.admin(keys)
+    big = b'{"model":"polish-pro","messages":[{"role":"user","content":"' + b"a" * (20 * 1024 * 1024) + b'"}]}'
+    headers = {"content-type": "application/json"}
+
+    def post(k: str) -> Got:
+        t0 = time.monotonic()
+        r = httpx.post(stack.v1 + "/chat/completions", content=big, timeout=30,
+                       headers={**headers, "Authorization": f"Bearer {k}"})
+        err = r.json()["error"]
+        assert set(err) == {"message", "type", "code", "param", "request_id"}
+        assert err["request_id"] == r.headers["x-request-id"]
+        return Got(r.headers["x-request-id"], r.status_code, err, time.monotonic() - t0)
+
+    first = post(key)
+    assert first.error is not None and (first.status, first.error["code"], first.error["param"]) == (
+        400, "invalid_request", None)
+    for name, k in (("redis", fresh[0]), ("postgres", fresh[1])):
+        pid = stack.stack.procs[name].popen.pid  # type: ignore[union-attr]
+        pids = [pid, *_children(pid)]  # PostgreSQL: the postmaster and its backends
+        for p in pids:
+            os.kill(p, signal.SIGSTOP)
+        try:
+            g = post(k)
+        finally:
+            for p in pids:
+                os.kill(p, signal.SIGCONT)
+        assert g.error is not None, name
+        assert (g.status, g.error["code"], g.error["type"], g.error["param"]) == (
+            500, "internal_error", "server_error", None), (name, g)
+        assert g.seconds < MESSAGE_TIMEOUT_S - 0.5, (name, g.seconds)  # the ext_proc's budget answered
+        again = post(k)
+        assert again.error is not None and (again.status, again.error["code"]) == (400, "invalid_request"), name
+        assert stack.sim_record(g.rid) is None and stack.sim_record(again.rid) is None
+    assert stack.sql("SELECT 1 FROM usage_records WHERE org_id = $1 AND cost_micro_pln > 0", org) == []
