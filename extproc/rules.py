@@ -31,7 +31,25 @@ class Prepared:
 
 
 def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    """Compact JSON; ``ValueError`` for a number beyond a double's range (it parsed as infinity, which
+    JSON cannot write: no model server could read the body)."""
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+# A number such as 1e400 is valid JSON, but parses to infinity and cannot be forwarded as JSON.
+_OUT_OF_RANGE = ApiError("invalid_request", "A number in the request body is beyond the range of a "
+                         "64-bit floating-point number.")
+
+
+# Python's guard against the quadratic cost of converting huge integers (sys.get_int_max_str_digits()).
+_TOO_MANY_DIGITS = ApiError("invalid_request", "An integer in the request body has more than 4,300 digits.")
+
+
+def _body(doc: dict[str, Any]) -> bytes | ApiError:
+    try:
+        return _dumps(doc)
+    except ValueError:
+        return _OUT_OF_RANGE
 
 
 def _bad(message: str, param: str | None) -> ApiError:
@@ -60,7 +78,9 @@ _LONE_SURROGATE = ApiError("invalid_request", "The request body contains a lone 
 def _parse(raw: bytes) -> dict[str, Any] | ApiError:
     try:
         doc = json.loads(raw, parse_constant=_no_constant)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError) as e:
+        if type(e) is ValueError and "integer string conversion" in str(e):
+            return _TOO_MANY_DIGITS  # valid JSON, but a number out of range (Python's guard, README)
         return ApiError("invalid_json", "The request body is not valid JSON.")
     except RecursionError:  # deeper than the parser's own recursion limit (about 1,000 levels)
         return _TOO_DEEP
@@ -160,8 +180,10 @@ def prepare_chat(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | Non
         doc["stream_options"] = {**opts, "include_usage": True}
     doc["model"] = up
     doc["max_tokens"] = max_tokens
-    return Prepared(CHAT, alias, up, _dumps(doc), bool(stream), wants_usage,
-                    estimate_chat_prompt(messages))
+    body = _body(doc)
+    if isinstance(body, ApiError):
+        return body
+    return Prepared(CHAT, alias, up, body, bool(stream), wants_usage, estimate_chat_prompt(messages))
 
 
 def prepare_embeddings(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | None]) -> Prepared | ApiError:
@@ -187,4 +209,7 @@ def prepare_embeddings(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str
     if isinstance(up, ApiError):
         return up
     doc["model"] = up
-    return Prepared(EMBEDDINGS, alias, up, _dumps(doc), False, False, estimate_embedding_prompt(inputs))
+    body = _body(doc)
+    if isinstance(body, ApiError):
+        return body
+    return Prepared(EMBEDDINGS, alias, up, body, False, False, estimate_embedding_prompt(inputs))

@@ -177,3 +177,40 @@ def test_embeddings_wrong_alias_and_format() -> None:
     assert isinstance(e, ApiError) and (e.code, e.status) == ("model_not_found", 404)
     e = prepare_embeddings(b'{"model":"embed","input":"x","encoding_format":"hex"}', CAT, pick)
     assert isinstance(e, ApiError) and e.param == "encoding_format"
+
+
+@pytest.mark.parametrize("number", [b"1e400", b"-1E999", b"123456789e400"])
+@pytest.mark.parametrize("prepare,head", [
+    (prepare_chat, b'{"model":"polish-pro","messages":[{"role":"user","content":"x"}],"temperature":'),
+    (prepare_embeddings, b'{"model":"embed","input":"x","dimensions":'),
+])
+def test_a_number_beyond_a_doubles_range_is_refused_not_forwarded_as_infinity(  # type: ignore[no-untyped-def]
+        prepare, head: bytes, number: bytes) -> None:
+    """Valid JSON that Python reads as infinity: re-written it would be ``Infinity``, which is not JSON
+    (no model server could read the body); it is refused as SPEC's invalid_request instead."""
+    r = prepare(head + number + b"}", CAT, pick)
+    assert isinstance(r, ApiError)
+    assert (r.status, r.code, r.type, r.param) == (400, "invalid_request", "invalid_request_error", None)
+    assert number.decode() not in r.message
+
+
+def test_large_but_finite_numbers_are_forwarded_as_json() -> None:
+    p = prepare_chat(b'{"model":"polish-pro","messages":[{"role":"user","content":"x"}],"temperature":1e308,'
+                     b'"logit_bias":{"5":-1.5e-320},"seed":123456789012345678901234567890}', CAT, pick)
+    assert not isinstance(p, ApiError)
+    assert b"Infinity" not in p.body and b"NaN" not in p.body
+    sent = json.loads(p.body)
+    assert (sent["temperature"], sent["logit_bias"], sent["seed"]) == (
+        1e308, {"5": -1.5e-320}, 123456789012345678901234567890)
+
+
+def test_an_integer_over_pythons_digit_limit_is_out_of_range_not_malformed() -> None:
+    """4,300 digits parse; more is valid JSON that Python refuses to convert (its guard, kept): SPEC's
+    "parameter out of range", invalid_request, not invalid_json."""
+    head = b'{"model":"polish-pro","messages":[{"role":"user","content":"x"}],"seed":'
+    assert not isinstance(prepare_chat(head + b"9" * 4300 + b"}", CAT, pick), ApiError)
+    r = prepare_chat(head + b"9" * 4301 + b"}", CAT, pick)
+    assert isinstance(r, ApiError)
+    assert (r.status, r.code, r.param) == (400, "invalid_request", None) and "4,300" in r.message
+    bad = prepare_chat(head + b"NaN}", CAT, pick)  # a constant that is not JSON is still malformed
+    assert isinstance(bad, ApiError) and bad.code == "invalid_json"
