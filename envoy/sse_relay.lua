@@ -2,9 +2,12 @@
 -- run by Envoy on every chunk of a streamed reply as it passes: nothing is held back but an event not
 -- complete yet, so every event the model server sent before it failed reaches the client.
 --
--- It passes whole events only, with the upstream model name replaced by the alias, and the usage (the
--- gateway always asks the model server for it) shown as SPEC streaming rule 3 wants it or taken out when
--- the client did not ask for it.  The ext_proc reads the same bytes for billing (extproc/sse.py), without
+-- It passes whole events only, each as SPEC streaming rule 1 writes it (one "data: " line and a blank line:
+-- comments, other fields and events without data are left out, data over several lines joined into one),
+-- with the upstream model name replaced by the alias, and the usage (the gateway always asks the model
+-- server for it) shown as SPEC streaming rule 3 wants it or taken out when the client did not ask for it;
+-- when it asked and the model server reported none, the usage the request is billed (the estimated input,
+-- one output token per event with content: extproc/observer.py) comes as the last chunk before [DONE].  The ext_proc reads the same bytes for billing (extproc/sse.py), without
 -- holding them.  It works on bytes; only an event that carries a usage object is taken apart, by a small
 -- JSON scanner (Envoy's Lua has no JSON library).
 --
@@ -14,7 +17,8 @@
 -- event the stream never ends with a blank line is not relayed: SSE clients discard it too.
 --
 -- The ext_proc names the stream in the response header x-gateway-stream (a JSON object: "a" the alias and
--- "u" the upstream model as JSON strings, "w" 1 when the client asked for usage); it is removed here.  The
+-- "u" the upstream model as JSON strings, "w" 1 when the client asked for usage, "p" the estimated input
+-- tokens); it is removed here.  The
 -- file is also loaded by the unit tests (tests/test_sse_relay.py) through lupa, outside Envoy.
 
 local find, sub, gsub, byte = string.find, string.sub, string.gsub, string.byte
@@ -142,13 +146,70 @@ local function escape_pattern(s)
   return (gsub(s, "[%^%$%(%)%%%.%[%]%*%+%-%?]", "%%%0"))
 end
 
+-- Events with a content piece, as extproc/sse.py's StreamMeter counts them (the same rule on the same
+-- bytes, so that a usage chunk of our own says what the request is billed): spaced JSON by a pattern, vLLM's
+-- compact JSON by plain searches; an empty content is no piece.
+local function count_content(block)
+  local n, pos = 0, 1
+  if find(block, '"content": ', 1, true) or find(block, '"usage": ', 1, true) then
+    while true do
+      local _, j = find(block, '"content":%s*"', pos)
+      if j == nil then return n end
+      if byte(block, j + 1) ~= 34 then n = n + 1 end
+      pos = j + 1
+    end
+  end
+  while true do
+    local i = find(block, '"content":"', pos, true)
+    if i == nil then return n end
+    if byte(block, i + 11) ~= 34 then n = n + 1 end
+    pos = i + 11
+  end
+end
+
+-- Whether every event of an LF-framed block is one "data: " line and a blank line (what vLLM writes).
+local function canonical(block)
+  local pos = 1
+  while true do
+    if sub(block, pos, pos + 5) ~= "data: " then return false end
+    local i = find(block, "\n", pos, true)
+    if i == nil or byte(block, i + 1) ~= 10 then return false end
+    pos = i + 2
+    if pos > #block then return true end
+  end
+end
+
+-- The block's events as SPEC streaming rule 1 writes them: one "data: " line each, the data of several
+-- lines joined (by a space: a line break inside JSON can only fall between tokens), comments, other
+-- fields and events without data left out.
+local function canonicalize(block)
+  local out = {}
+  for event in string.gmatch(block, "(.-\n)\n") do
+    local data = event_data(event)
+    if data ~= nil then out[#out + 1] = "data: " .. gsub(data, "\n", " ") .. "\n\n" end
+  end
+  return table.concat(out)
+end
+
+-- A "usage": null member (sent on every chunk by some servers) taken out: SPEC shows usage only on the
+-- final chunk, and only when it was asked for.
+local function drop_null_usage(block)
+  if not (find(block, '"usage":null', 1, true) or find(block, '"usage": null', 1, true)) then return block end
+  block = gsub(block, ',%s*"usage"%s*:%s*null', "")
+  return (gsub(block, '"usage"%s*:%s*null%s*,%s*', ""))
+end
+
 local Relay = {}
 Relay.__index = Relay
 
 -- upstream_model, alias: JSON string tokens (quotes included) as they appear in the model server's JSON
-function Relay.new(upstream_model, alias, show_usage)
+function Relay.new(upstream_model, alias, show_usage, prompt_estimate)
   return setmetatable({
     buf = "", cr = false, show = show_usage, held = nil,
+    -- for a usage chunk of our own: whether the model server reported usage, the events with content,
+    -- the stream's id and created (JSON tokens), the alias (a JSON string token), the estimated input
+    reported = false, content = 0, id = nil, created = nil, alias_token = alias,
+    prompt = tonumber(prompt_estimate or "0") or 0,
     compact = '"model":' .. upstream_model, renamed = '"model":' .. alias,
     model = '"model"%s*:%s*' .. escape_pattern(upstream_model),
     alias = gsub('"model":' .. alias, "%%", "%%%%"),
@@ -215,9 +276,63 @@ local function find_usage(block, i)
 end
 
 function Relay:events(block)
-  local at = find_usage(block, 1)
-  if at ~= nil or self.held ~= nil then block = self:take_usage(block, at) end
+  if self.show and not self.reported then
+    -- counted as the ext_proc's meter counts them (extproc/sse.py), on the same bytes
+    self.content = self.content + count_content(block)
+    if self.id == nil then self:stream_ids(block) end
+  end
+  if not canonical(block) then
+    block = canonicalize(block)
+    if block == "" then return "" end
+  end
+  if find(block, '"usage"', 1, true) then
+    block = drop_null_usage(block)
+    local at = find_usage(block, 1)
+    if at ~= nil or self.held ~= nil then block = self:take_usage(block, at) end
+  elseif self.held ~= nil then
+    block = self:take_usage(block, nil)
+  end
+  if self.show and not self.reported and find(block, "[DONE]", 1, true) then
+    block = self:own_usage(block)
+  end
   return self:rename(block)
+end
+
+-- The id and created of the stream's first event that has them (JSON tokens), for a usage chunk of our own.
+function Relay:stream_ids(block)
+  local _, e = find(block, '"id"%s*:%s*')
+  if e == nil then return end
+  local stop = skip_value(block, e + 1)
+  if stop == nil then return end
+  self.id = sub(block, e + 1, stop - 1)
+  local _, c = find(block, '"created"%s*:%s*', stop)
+  local cstop = c and skip_value(block, c + 1)
+  if cstop then self.created = sub(block, c + 1, cstop - 1) end
+end
+
+-- The position of the "data: [DONE]" line in an LF-framed block, or nil.
+local function done_at(block, from)
+  local d = from
+  while true do
+    d = find(block, "data:", d, true)
+    if d == nil then return nil end
+    if (d == 1 or byte(block, d - 1) == 10) and find(block, "^data: ?%[DONE%]\n", d) then return d end
+    d = d + 5
+  end
+end
+
+-- The client asked for usage and the model server reported none by [DONE]: the usage the request is
+-- billed (observer.outcome: the estimated input, one output token per event with content) in a chunk
+-- of our own, the last before [DONE] as SPEC streaming rule 3 wants it.
+function Relay:own_usage(block)
+  local d = done_at(block, 1)
+  if d == nil then return block end
+  self.reported = true
+  local p, c = self.prompt, self.content
+  local event = string.format('data: {"id":%s,"object":"chat.completion.chunk","created":%s,"model":%s,'
+    .. '"choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}\n\n',
+    self.id or '"chatcmpl-usage"', self.created or "0", self.alias_token, p, c, p + c)
+  return sub(block, 1, d - 1) .. event .. sub(block, d)
 end
 
 -- Each event of the block that carries a usage object: the usage moved where SPEC streaming rule 3 wants
@@ -239,17 +354,11 @@ function Relay:take_usage(block, at)
     at = find_usage(block, pos)
   end
   if self.held ~= nil then
-    local d = pos
-    while true do
-      d = find(block, "data:", d, true)
-      if d == nil then break end
-      if (d == 1 or byte(block, d - 1) == 10) and find(block, "^data: ?%[DONE%]\n", d) then
-        out[#out + 1] = sub(block, pos, d - 1)
-        out[#out + 1] = self.held
-        pos, self.held = d, nil
-        break
-      end
-      d = d + 5
+    local d = done_at(block, pos)
+    if d ~= nil then
+      out[#out + 1] = sub(block, pos, d - 1)
+      out[#out + 1] = self.held
+      pos, self.held = d, nil
     end
   end
   out[#out + 1] = sub(block, pos)
@@ -269,12 +378,13 @@ function Relay:usage_event(event)
   local choices = f.choices and items(f.choices, 1, false)
   if f.choices == nil or falsy(f.choices) then
     -- vLLM's and SGLang's own usage chunk, choices: []: the final report (any earlier one is stale)
-    self.held = nil
+    self.held, self.reported = nil, true
     return self.show and event or ""
   end
   -- llama.cpp's and TGI's usage on the finish chunk, LiteLLM's on a chunk with an empty choice, running
   -- usage on every chunk: the chunk goes on without it, the usage (when asked) on a chunk of its own
   -- before [DONE], and a chunk left with nothing to say is dropped.
+  self.reported = true
   local u = m[k]
   local rest
   if k > 1 then rest = sub(data, 1, m[k - 1][4] - 1) .. sub(data, u[4])
@@ -312,7 +422,7 @@ function envoy_on_response(handle)
   headers:remove("x-gateway-stream")
   local upstream, alias = ctx_field(ctx, "u"), ctx_field(ctx, "a")
   if upstream == nil or alias == nil then return end
-  local relay = Relay.new(upstream, alias, ctx_field(ctx, "w") == "1")
+  local relay = Relay.new(upstream, alias, ctx_field(ctx, "w") == "1", ctx_field(ctx, "p"))
   for chunk in handle:bodyChunks() do
     local n = chunk:length()
     chunk:setBytes(relay:feed(n > 0 and chunk:getBytes(0, n) or ""))

@@ -19,9 +19,9 @@ class Relay:
     """``feed`` returns what Envoy passes on for a chunk; ``usage`` and ``content_events`` are what the
     ext_proc read of the same chunks."""
 
-    def __init__(self, upstream_model: str, alias: str, show_usage: bool) -> None:
+    def __init__(self, upstream_model: str, alias: str, show_usage: bool, prompt_estimate: int = 0) -> None:
         self._lua = _module[b"Relay"][b"new"](json.dumps(upstream_model).encode(), json.dumps(alias).encode(),
-                                               show_usage)
+                                               show_usage, str(prompt_estimate).encode())
         self._feed = self._lua[b"feed"]
         self.meter = StreamMeter()
 

@@ -1,6 +1,8 @@
 """Billing through the real stack: the cost rule, the ledger, and billing on failure (SPEC section 4)."""
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -88,6 +90,21 @@ def test_stream_without_usage_from_model_server_is_estimated(gateway: Gateway, f
     assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
     row = _record(gateway, r.headers["x-request-id"])
     assert (row["estimated"], row["prompt_tokens"], row["completion_tokens"]) == (True, EST_PROMPT, 5)
+    # SPEC streaming rule 3: the client asked for usage, so the last chunk before [DONE] carries it, and
+    # it is what the request is billed (the model server reported none)
+    events = [e[len("data: "):] for e in r.text.split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])
+    assert (last["object"], last["model"], last["choices"]) == ("chat.completion.chunk", "polish-pro", [])
+    assert last["usage"] == {"prompt_tokens": EST_PROMPT, "completion_tokens": 5, "total_tokens": EST_PROMPT + 5}
+    first = json.loads(events[0])
+    assert (last["id"], last["created"]) == (first["id"], first["created"])
+    assert sum(1 for e in events[:-1] if "usage" in json.loads(e)) == 1
+    # not asked: no usage chunk
+    r2 = httpx.post(gateway.v1 + "/chat/completions", headers=_h(key),
+                    json={"model": "polish-pro", "messages": MSGS, "stream": True,
+                          "sim": {"no_usage": True, "output_tokens": 5}})
+    assert r2.status_code == 200 and r2.text.rstrip().endswith("data: [DONE]") and '"usage"' not in r2.text
 
 
 def test_model_server_error_bills_nothing(gateway: Gateway, fresh: tuple[str, str, str]) -> None:

@@ -265,3 +265,79 @@ def test_shapes_framings_and_cuts_property(shape: str, framing: tuple[bytes, boo
     assert relay.usage == whole.usage == (11, 3)
     chunks = _docs(sse_data(out))[:-1]
     assert [c for c in chunks if c.get("usage")] == (chunks[-1:] if show_usage else [])  # type: ignore[union-attr]
+
+
+# ---- SPEC streaming rules 1 and 3 whatever the model server writes ------------------------------------
+
+def _without_usage(data: bytes) -> bytes:
+    return b"".join(e + b"\n\n" for e in data.split(b"\n\n") if e and b'"usage"' not in e)
+
+
+@pytest.mark.parametrize("eol,comments,multiline", FRAMINGS)
+def test_every_event_leaves_as_one_data_line(eol: bytes, comments: bool, multiline: bool) -> None:
+    """SPEC streaming rule 1: each event is "data: " + JSON + a blank line, whatever the framing the
+    model server used (line endings, comments, keep-alives, data over several lines), at any cut."""
+    data = _frame(_stream(), eol, comments=comments, multiline=multiline)
+    for step in (1, 3, 17, len(data)):
+        out = _relay_all(StreamRelay("up-pro", "polish-pro", True), data, step)
+        assert out.endswith(b"\n\n") and b"\r" not in out
+        events = out[:-2].split(b"\n\n")
+        assert all(e.startswith(b"data: ") and b"\n" not in e for e in events), (eol, step, out[:200])
+        assert [e[6:] for e in events][-1] == b"[DONE]"
+        assert _docs([e[6:].decode() for e in events]) == _docs(_expected(True))
+
+
+@pytest.mark.parametrize("eol,comments,multiline", FRAMINGS)
+@pytest.mark.parametrize("n", [1, 3])
+def test_asked_usage_the_model_server_did_not_report_is_the_billed_estimate(
+        eol: bytes, comments: bool, multiline: bool, n: int) -> None:
+    """SPEC streaming rule 3 for a model server that reports no usage: the client that asked gets, as the
+    last chunk before [DONE], the usage the request is billed (observer.outcome: the estimated input,
+    one output token per event with content, as the ext_proc's meter counts them on the same bytes)."""
+    base = {"id": "c9", "object": "chat.completion.chunk", "created": 77, "model": "up-pro"}
+    events = [_event({**base, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+                                           "finish_reason": None}]}) for i in range(n)]
+    events += [_event({**base, "choices": [{"index": i, "delta": {"content": w}, "finish_reason": None}]})
+               for w in ("Ala", " ma", " kota") for i in range(n)]
+    events += [_event({**base, "choices": [{"index": i, "delta": {}, "finish_reason": "stop"}]}) for i in range(n)]
+    data = _frame(b"".join(events) + b"data: [DONE]\n\n", eol, comments=comments, multiline=multiline)
+    for step in (1, 5, len(data)):
+        relay = StreamRelay("up-pro", "polish-pro", True, prompt_estimate=42)
+        out = _events(_relay_all(relay, data, step))
+        assert relay.usage is None and relay.content_events == 3 * n
+        assert out[-1] == "[DONE]"
+        assert out[-2] == {"id": "c9", "object": "chat.completion.chunk", "created": 77, "model": "polish-pro",
+                           "choices": [], "usage": {"prompt_tokens": 42, "completion_tokens": 3 * n,
+                                                    "total_tokens": 42 + 3 * n}}, (step, out[-2])
+        assert sum(1 for e in out[:-1] if "usage" in e) == 1  # type: ignore[operator]
+        # not asked: no usage chunk at all
+        quiet = _events(_relay_all(StreamRelay("up-pro", "polish-pro", False, 42), data, step))
+        assert all("usage" not in e for e in quiet[:-1]) and len(quiet) == len(out) - 1  # type: ignore[operator]
+
+
+def test_reported_usage_is_never_doubled_by_an_estimate() -> None:
+    relay = StreamRelay("up-pro", "polish-pro", True, prompt_estimate=99)
+    out = _events(_relay_all(relay, _stream(), 4))
+    assert [e["usage"] for e in out[:-1] if "usage" in e] == [  # type: ignore[index,operator]
+        {"prompt_tokens": 11, "completion_tokens": 2, "total_tokens": 13}]
+
+
+def test_a_stream_cut_before_done_gets_no_usage_of_ours() -> None:
+    """Without [DONE] the stream is incomplete (SPEC rule 4): nothing is added to it."""
+    data = _without_usage(_stream()).replace(b"data: [DONE]\n\n", b"")
+    out = _events(_relay_all(StreamRelay("up-pro", "polish-pro", True, 5), data, 3))
+    assert all("usage" not in e for e in out)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("show_usage", [True, False])
+def test_a_null_usage_on_every_chunk_is_taken_out(show_usage: bool) -> None:
+    """Some servers (SGLang) write "usage": null on every chunk; SPEC shows usage only on the final chunk
+    and only when asked."""
+    data = _stream().replace(b',"model":"up-pro","choices":[{', b',"model":"up-pro","usage":null,"choices":[{')
+    data = data.replace(b'"finish_reason":"stop"}]}', b'"finish_reason":"stop"}],"usage": null}')
+    assert data.count(b'"usage":null') == 4 and data.count(b'"usage": null}') == 1
+    relay = StreamRelay("up-pro", "polish-pro", show_usage)
+    out = _events(_relay_all(relay, data, 6))
+    assert [e for e in out[:-1] if "usage" in e] == (  # type: ignore[operator]
+        [out[-2]] if show_usage else [])
+    assert relay.usage == (11, 2)

@@ -118,6 +118,9 @@ def test_stream_framings(gateway: Gateway, client: httpx.Client, knobs: dict[str
             "stream_options": {"include_usage": include_usage}, "sim": {"output_tokens": 6, **knobs}}
     r = client.post("/chat/completions", json=body)
     assert r.status_code == 200, r.text
+    # SPEC streaming rule 1, whatever the model server's framing: each event one "data: " line + a blank line
+    assert r.text.endswith("\n\n") and "\r" not in r.text
+    assert all(e.startswith("data: ") and "\n" not in e for e in r.text[:-2].split("\n\n")), r.text[:300]
     events = _sse(r.text)
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
@@ -135,6 +138,23 @@ def test_stream_framings(gateway: Gateway, client: httpx.Client, knobs: dict[str
 
 
 # ---- usage by content (issue 22 part 2) ----------------------------------------------------------------
+
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_a_null_usage_on_every_chunk_never_reaches_the_client(gateway: Gateway, client: httpx.Client,
+                                                               include_usage: bool) -> None:
+    """SGLang writes "usage": null on every chunk; SPEC shows usage only on the final chunk, only when
+    asked (the SDK reads null as no usage, a raw client sees the member)."""
+    r = client.post("/chat/completions", json={
+        "model": "polish-pro", "messages": MSGS, "stream": True, "stream_options": {"include_usage": include_usage},
+        "sim": {"usage_shape": "sglang", "output_tokens": 3}})
+    assert r.status_code == 200, r.text
+    assert "null" not in r.text.replace('"finish_reason":null', "").replace('"logprobs":null', "")
+    events = _sse(r.text)
+    carrying = [e for e in events[:-1] if "usage" in e]
+    assert carrying == ([events[-2]] if include_usage else [])
+    if include_usage:
+        assert events[-2]["choices"] == [] and events[-2]["usage"]["completion_tokens"] == 3
+
 
 SHAPES = ["vllm", "sglang", "llamacpp", "tgi", "litellm"]
 
