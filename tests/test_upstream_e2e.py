@@ -64,11 +64,16 @@ def test_embeddings_forwarded_as_json(gateway: Gateway, client: httpx.Client) ->
 
 def test_only_what_the_model_server_needs_is_forwarded(client: httpx.Client, org: tuple[str, str, str]) -> None:
     """Client credentials, vendor organisation/project headers, SDK telemetry, cookies, the client's
-    address and its accept-encoding (a compressed reply could not be relayed event by event) stay here."""
+    address, its accept-encoding (a compressed reply could not be relayed event by event) and its
+    content-encoding stay here."""
     sent = {"OpenAI-Organization": "org-abc", "OpenAI-Project": "proj-xyz", "OpenAI-Beta": "assistants=v2",
             "X-Api-Key": "xk-secret", "Api-Key": "ak-secret", "Proxy-Authorization": "Basic cHJveHk=",
             "Cookie": "session=c00kie", "X-Stainless-Lang": "stainless-lang-x", "X-Stainless-Os": "stainless-os-x",
-            "Accept-Encoding": "gzip, br", "X-Forwarded-For": "203.0.113.9"}
+            "Accept-Encoding": "gzip, br", "X-Forwarded-For": "203.0.113.9", "X-Real-IP": "203.0.113.10",
+            "Forwarded": "for=203.0.113.11", "X-Forwarded-Host": "evil.example", "User-Agent": "OpenAI/Python 9.9",
+            # a plain JSON body said to be compressed: the ext_proc read it as JSON; what it forwards is its
+            # own JSON, never compressed (the model server would fail to inflate it: a 502 for nothing)
+            "Content-Encoding": "gzip"}
     body = {"model": "polish-pro", "messages": MSGS, "sim": {"echo": True}}
     r = client.post("/chat/completions", json=body, headers=sent)
     assert r.status_code == 200, r.text
