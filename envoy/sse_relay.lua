@@ -147,24 +147,27 @@ local function escape_pattern(s)
 end
 
 -- Events with a content piece, as extproc/sse.py's StreamMeter counts them (the same rule on the same
--- bytes, so that a usage chunk of our own says what the request is billed): spaced JSON by a pattern, vLLM's
--- compact JSON by plain searches; an empty content is no piece.
+-- bytes, so that a usage chunk of our own says what the request is billed): a "content" member whose
+-- value is a string that is not empty.  The meter reads vLLM's compact JSON by plain searches
+-- ("content":" then no quote) and spaced JSON (a block with "content": or "usage": ) by a pattern that
+-- allows white space before the string; one pass counts both ways and picks the meter's.
 local function count_content(block)
-  local n, pos = 0, 1
-  if find(block, '"content": ', 1, true) or find(block, '"usage": ', 1, true) then
-    while true do
-      local _, j = find(block, '"content":%s*"', pos)
-      if j == nil then return n end
-      if byte(block, j + 1) ~= 34 then n = n + 1 end
-      pos = j + 1
-    end
-  end
+  local compact, spaced, pos, space = 0, 0, 1, false
   while true do
-    local i = find(block, '"content":"', pos, true)
-    if i == nil then return n end
-    if byte(block, i + 11) ~= 34 then n = n + 1 end
-    pos = i + 11
+    local _, j = find(block, '"content":', pos, true)
+    if j == nil then break end
+    local q = j + 1
+    local c = byte(block, q)
+    if c == 32 then space = true end
+    while c == 32 or (c ~= nil and c >= 9 and c <= 13) do q = q + 1; c = byte(block, q) end
+    if c == 34 and byte(block, q + 1) ~= 34 then
+      spaced = spaced + 1
+      if q == j + 1 then compact = compact + 1 end
+    end
+    pos = q
   end
+  if compact == spaced then return compact end
+  return (space or find(block, '"usage": ', 1, true)) and spaced or compact
 end
 
 -- Whether every event of an LF-framed block is one "data: " line and a blank line (what vLLM writes).

@@ -36,6 +36,11 @@ class Relay:
         return b""
 
     @property
+    def lua_content_events(self) -> int:
+        """The relay's own count (kept while the client asked for usage and none was reported)."""
+        return int(self._lua[b"content"])
+
+    @property
     def usage(self) -> tuple[int, int] | None:
         return self.meter.usage
 
