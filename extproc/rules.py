@@ -186,6 +186,13 @@ def prepare_chat(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | Non
     return Prepared(CHAT, alias, up, body, bool(stream), wants_usage, estimate_chat_prompt(messages))
 
 
+def _tokens(x: Any) -> bool:
+    """A token id, or an array of token ids (pre-tokenized input); a boolean is neither."""
+    if type(x) is int:
+        return True
+    return type(x) is list and bool(x) and all(type(t) is int for t in x)
+
+
 def prepare_embeddings(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | None]) -> Prepared | ApiError:
     doc = _parse(raw)
     if isinstance(doc, ApiError):
@@ -198,7 +205,7 @@ def prepare_embeddings(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str
         inputs = [inp]
     elif isinstance(inp, list) and inp and all(isinstance(s, str) for s in inp):
         inputs = inp
-    elif isinstance(inp, list) and inp and all(isinstance(s, (int, list)) for s in inp):
+    elif isinstance(inp, list) and inp and all(_tokens(s) for s in inp):
         return _bad("Pre-tokenized (integer) input is not accepted; send strings.", "input")
     else:
         return _bad("'input' must be a string or a non-empty array of strings.", "input")

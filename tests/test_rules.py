@@ -214,3 +214,14 @@ def test_an_integer_over_pythons_digit_limit_is_out_of_range_not_malformed() -> 
     assert (r.status, r.code, r.param) == (400, "invalid_request", None) and "4,300" in r.message
     bad = prepare_chat(head + b"NaN}", CAT, pick)  # a constant that is not JSON is still malformed
     assert isinstance(bad, ApiError) and bad.code == "invalid_json"
+
+
+@pytest.mark.parametrize("inp,pretokenized", [([1, 2], True), ([[1, 2], [3]], True), ([1, [2]], True),
+                                             ([True], False), ([[True]], False), ([["a"]], False), ([[]], False),
+                                             ([1.5], False)])
+def test_only_token_ids_are_called_pre_tokenized(inp: object, pretokenized: bool) -> None:
+    """SPEC: arrays of integers (pre-tokenized input) are rejected; other wrong arrays get the general
+    message (a boolean is no token id)."""
+    e = prepare_embeddings(json.dumps({"model": "embed", "input": inp}).encode(), CAT, pick)
+    assert isinstance(e, ApiError) and (e.status, e.code, e.param) == (400, "invalid_request", "input")
+    assert ("Pre-tokenized" in e.message) is pretokenized, e.message
