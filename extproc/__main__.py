@@ -66,7 +66,7 @@ async def serve(settings: GatewaySettings) -> None:
                  total_timeout_s=settings.total_timeout_s)
     spans = tracing.tracer(settings.otlp_endpoint)
     server = Server({PROCESS_PATH: (Processor(gw, spans).process, ep.ProcessingRequest.FromString),
-                     access_log.ALS_PATH: (access_log.ClientsLeft(store).stream, access_log.parse)})
+                     access_log.ALS_PATH: (access_log.ClientsLeft(store, gw.leaving).stream, access_log.parse)})
     metrics.serve(settings.metrics_http_port, settings.metrics_host,
                   settings.envoy_admin_port if settings.metrics_envoy else None)
     try:

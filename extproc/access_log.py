@@ -3,14 +3,18 @@ whose client went away (envoy/envoy.yaml filters them by response flag: DC, DR).
 
 A model server that breaks a stream and a client that leaves it both end Envoy's stream, at any moment
 between two events: only Envoy knows which it was.  Each such entry marks its request in Redis (any
-ext_proc process may receive it), where the stream watch (``observer``) looks when a stream ended early.
-Only the request id of an entry is read; nothing of it is kept or logged.
+ext_proc process may receive it), where the stream watch (``observer``) looks when a stream ended early;
+a watch in this process is told at once (``Gateway.leaving``), so that it bills the request and frees its
+slot now rather than when Envoy's deferred close of its call would end it.  Only the request id of an
+entry is read; nothing of it is kept or logged.
 """
 from __future__ import annotations
 
 import logging
 
 from envoy.service.accesslog.v3 import als_pb2
+
+from typing import Callable
 
 from .grpc_server import EOF, Call
 from .store import Store
@@ -22,8 +26,9 @@ parse = als_pb2.StreamAccessLogsMessage.FromString
 
 
 class ClientsLeft:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, leaving: dict[str, Callable[[], None]] | None = None) -> None:
         self.store = store
+        self.leaving = {} if leaving is None else leaving  # request id -> its stream watch, told
 
     async def stream(self, call: Call) -> None:
         while True:
@@ -35,8 +40,11 @@ class ClientsLeft:
                 flags = entry.common_properties.response_flags
                 if (flags.downstream_connection_termination or flags.downstream_remote_reset) \
                         and entry.request.request_id:
+                    rid = entry.request.request_id
+                    told = self.leaving.pop(rid, None)
+                    if told is not None:
+                        told()
                     try:
-                        await self.store.mark_left(entry.request.request_id)
+                        await self.store.mark_left(rid)
                     except Exception as e:  # noqa: BLE001 - Redis down or hung: that stream is taken for a break
-                        log.warning("request %s: could not mark its client gone: %s", entry.request.request_id,
-                                    type(e).__name__)
+                        log.warning("request %s: could not mark its client gone: %s", rid, type(e).__name__)

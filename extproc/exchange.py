@@ -92,6 +92,10 @@ class Gateway:
     # streams this process handed over whose stream watch runs in this process too (``observer``): their
     # hand-over needs no finish of its own (``Exchange._handed_over_end``)
     watched: set[str] = field(default_factory=set)
+    # the stream watches running in this process, by request id: told when Envoy's access log says the
+    # client left (``access_log``), so that the request is billed and its slot freed at once, not when
+    # Envoy's deferred close of the watch's call (1 s later) would end it
+    leaving: dict[str, Callable[[], None]] = field(default_factory=dict)
     _retrying: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, refused: bool = False) -> None:

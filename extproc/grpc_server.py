@@ -110,6 +110,11 @@ class Call:
         self.ended = True
         self._wake()
 
+    def end_soon(self, delay: float) -> None:
+        """Take the call as ended by the client in ``delay`` seconds: ``read`` then returns what is queued,
+        then ``EOF`` (for a call whose end the server learns of another way)."""
+        asyncio.get_running_loop().call_later(delay, self._end)
+
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)

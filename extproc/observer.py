@@ -67,7 +67,7 @@ def outcome(*, ended: bool, usage: tuple[int, int] | None, content_events: int, 
 
 
 class StreamWatch:
-    __slots__ = ("gw", "ctx", "meter", "output_seen", "ended", "failure", "last_bytes", "done")
+    __slots__ = ("gw", "ctx", "meter", "output_seen", "ended", "failure", "last_bytes", "done", "left")
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
@@ -78,6 +78,7 @@ class StreamWatch:
         self.failure = ""
         self.last_bytes = gw.clock()
         self.done = False
+        self.left = False  # Envoy's access log said the client left (``access_log``, in this process)
 
     @property
     def idle(self) -> float | None:
@@ -102,6 +103,10 @@ class StreamWatch:
         if end_of_stream:
             self.ended = True
 
+    def client_left(self) -> None:
+        """Envoy's access log says the client went away: the call ends shortly, before Envoy would end it."""
+        self.left = True
+
     def stalled(self) -> None:
         """No chunk came within the idle budget: the stream loop ends the call with an error, which makes
         Envoy reset the client's stream (it ends without [DONE])."""
@@ -114,11 +119,11 @@ class StreamWatch:
             return
         self.done = True
         now = self.gw.clock()
-        end = now if self.ended or self.failure else now - CLOSE_DELAY_S
+        end = now if self.ended or self.failure or self.left else now - CLOSE_DELAY_S
         if not self.ended and not self.failure and end - ctx["s"] >= self.gw.total_timeout_s - TOTAL_SLACK_S:
             self.failure = "upstream_timeout"  # Envoy's total budget ended the stream
-        left = False
-        if not (self.ended or self.failure or self.meter.usage is not None) and self.output_seen:
+        left = self.left
+        if not (self.ended or self.failure or self.meter.usage is not None or left) and self.output_seen:
             try:
                 left = await self.gw.store.client_left(ctx["r"])
             except Exception as e:  # noqa: BLE001 - Redis unreachable: taken for a broken stream

@@ -110,6 +110,10 @@ CUT_WINDOW_S = 0.025
 
 PROCESS_PATH = b"/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 
+# How long a stream watch whose client left (Envoy's access log) goes on reading copies Envoy sent before
+# it: its call is one stream of the connection the access log's is another of (loopback, in order).
+LEFT_GRACE_S = 0.1
+
 
 class Processor:
     """The ``ExternalProcessor.Process`` call (``grpc_server`` routes ``PROCESS_PATH`` here)."""
@@ -188,6 +192,15 @@ class Processor:
     async def watch(self, call: Call) -> None:
         """The stream watch's call (``observer``): copies of a streamed reply's chunks, never answered."""
         w = StreamWatch(self.gateway)
+        leaving = self.gateway.leaving
+        rid = ""
+
+        def client_left() -> None:
+            # Envoy's access log said so: copies Envoy sent before it may still be on their way (another
+            # stream of the connection): read for a moment more, then the call is taken as ended
+            w.client_left()
+            call.end_soon(LEFT_GRACE_S)
+
         try:
             while True:
                 try:
@@ -211,5 +224,10 @@ class Processor:
                         break
                 elif phase == "response_headers":
                     w.response_headers(_headers(req.response_headers.headers))
+                    if w.ctx is not None:
+                        rid = w.ctx["r"]
+                        leaving[rid] = client_left
         finally:
+            if rid:
+                leaving.pop(rid, None)
             await w.close()

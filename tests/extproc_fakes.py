@@ -245,6 +245,7 @@ class FakeCall:
         self.timeouts: list[float | None] = []
         self._metadata = metadata or {}
         self.ended = False  # Envoy ended or reset the call: set once ``read`` has handed out EOF
+        self.ending: list[float] = []  # the delays ``end_soon`` was asked for
 
     def metadata(self, name: str) -> str | None:
         return self._metadata.get(name)
@@ -255,6 +256,9 @@ class FakeCall:
             self.ended = True
             return EOF  # Envoy closed its side after the last message
         item = self.script.pop(0)
+        while callable(item):  # something that happens meanwhile (another call's doing), then the next
+            item()
+            item = self.script.pop(0) if self.script else EOF
         if item is STALL:
             assert timeout is not None, "the server waits for a stalled reply with no idle timer"
             raise TimeoutError
@@ -264,6 +268,9 @@ class FakeCall:
 
     def write(self, message: ep.ProcessingResponse) -> None:
         self.written.append(message)
+
+    def end_soon(self, delay: float) -> None:
+        self.ending.append(delay)
 
 
 def logged_free(store: "FakeStore") -> tuple[int, str]:

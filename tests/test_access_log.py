@@ -35,3 +35,17 @@ def test_only_clients_that_left_are_marked_and_a_failed_mark_loses_only_itself()
     marks = Marks(failing={"c"})
     asyncio.run(ClientsLeft(marks).stream(FakeCall(msg)))  # type: ignore[arg-type]
     assert marks.marked == ["a", "d"]
+
+
+def test_a_stream_watch_of_this_process_is_told_at_once_even_when_redis_fails() -> None:
+    """A watch in this process (``Gateway.leaving``) is told as the entry is read, once, and no longer
+    listed; an entry of a client that did not leave tells nobody; a failed Redis mark does not stop it."""
+    msg = als_pb2.StreamAccessLogsMessage()
+    msg.http_logs.log_entry.extend([_entry("a", left=True), _entry("b", left=False), _entry("c", left=True),
+                                    _entry("a", left=True)])
+    told: list[str] = []
+    leaving = {rid: (lambda rid=rid: told.append(rid)) for rid in ("a", "b", "c", "z")}
+    marks = Marks(failing={"c"})
+    asyncio.run(ClientsLeft(marks, leaving).stream(FakeCall(msg)))  # type: ignore[arg-type]
+    assert told == ["a", "c"] and set(leaving) == {"b", "z"}
+    assert marks.marked == ["a", "a"]

@@ -6,6 +6,7 @@ costs nothing."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -106,6 +107,32 @@ def test_a_client_that_leaves_a_flowing_stream_is_billed_the_estimated_input(gat
     served = gateway.sim_record(rid)
     assert served is not None and served["completed"] is False
     assert gateway.slots_held(org) == 0
+
+
+def test_a_client_that_leaves_a_stream_frees_its_concurrency_slot_at_once(gateway: Gateway) -> None:
+    """A client that stops a stream and sends its next request at once is not refused for the slot the
+    stopped stream held: Envoy's access log tells the stream watch, which bills the request and frees
+    the slot then, not when Envoy's deferred close of the watch's call (1 s later) would end it."""
+    org, _, key = gateway.new_org(10_000_000)
+    gateway.admin(lambda a: a.set_limits(org, None, 1))
+    body = {"model": "polish-pro", "messages": MSGS, "stream": True, "sim": {"itl_ms": 20, "output_tokens": 2000}}
+    got = b""
+    with httpx.stream("POST", gateway.v1 + "/chat/completions", json=body, headers=_h(key), timeout=30) as s:
+        rid = s.headers["x-request-id"]
+        for chunk in s.iter_bytes():
+            got += chunk
+            if got.count(b"\n\n") >= 3:
+                break
+    left = time.monotonic()  # the connection is closed on leaving the block
+    wait_for(lambda: gateway.slots_held(org) == 0, 5)
+    freed = time.monotonic() - left
+    assert freed < 0.7, f"the slot was held {freed:.2f} s after the client left"  # was about 1.1 s
+    r = httpx.post(gateway.v1 + "/chat/completions", headers=_h(key),
+                   json={"model": "polish-pro", "messages": MSGS, "sim": {"output_tokens": 2}})
+    assert r.status_code == 200, r.text
+    row = _settled(gateway, rid)
+    assert (row["status"], row["error_code"], row["estimated"], row["prompt_tokens"], row["completion_tokens"]) == (
+        499, None, True, EST_PROMPT, 0), row
 
 
 def _watch_calls(gateway: Gateway) -> int:

@@ -17,7 +17,7 @@ from extproc.cost import estimate_chat_prompt
 from extproc import exchange
 from extproc.exchange import CLUSTER_HEADER, STREAM_HEADER, Gateway
 from extproc.grpc_server import EOF, UNAVAILABLE, Status
-from extproc.server import ROLE_HEADER, WATCH_ROLE, Processor
+from extproc.server import LEFT_GRACE_S, ROLE_HEADER, WATCH_ROLE, Processor
 from extproc_fakes import (CHAT_BODY, OTHER_KEY, STALL, FakeCall, chat_reply, chunk, gateway, logged_free,
                            request_body, request_headers, response_body, response_headers, sse, store,
                            usage_chunk)
@@ -242,6 +242,34 @@ def test_a_stream_the_client_left_bills_the_estimated_input() -> None:
     [rec] = store(gw).records
     assert (rec.status, rec.error_code, rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (
         499, "", EST, 0, True)
+
+
+def test_a_client_that_left_per_envoys_access_log_ends_the_watch_at_once() -> None:
+    """Envoy's access log reaches this process (``Gateway.leaving``): the watch bills the request 499 at
+    once, from its own knowledge (no Redis look-up), after a short grace for copies still on their way,
+    not when Envoy's deferred close of its call (1 s) would end it."""
+    gw = gateway()
+    told: list[str] = []
+
+    def access_log_says_left() -> None:
+        [rid] = gw.leaving
+        told.append(rid)
+        gw.leaving.pop(rid)()
+
+    call, failed = watched(gw, response_body(sse(chunk("a"), chunk("b"), done=False), end_of_stream=False),
+                           access_log_says_left, response_body(sse(chunk("c"), done=False), end_of_stream=False),
+                           EOF)
+    assert failed is None and told == ["rid-1"] and call.ending == [LEFT_GRACE_S] and gw.leaving == {}
+    [rec] = store(gw).records
+    assert (rec.status, rec.error_code, rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (
+        499, "", EST, 0, True)
+    assert "rid-1" not in store(gw).left and store(gw).held() == 0  # told, not looked up
+
+
+def test_a_watch_that_ended_is_no_longer_told() -> None:
+    gw = gateway()
+    watched(gw, response_body(sse(chunk("a"), chunk(None, finish="stop")), end_of_stream=True))
+    assert gw.leaving == {}
 
 
 def test_a_reply_that_ends_on_its_headers_ends_the_stream() -> None:
