@@ -7,9 +7,10 @@
 -- with the upstream model name replaced by the alias, and the usage (the gateway always asks the model
 -- server for it) shown as SPEC streaming rule 3 wants it or taken out when the client did not ask for it;
 -- when it asked and the model server reported none, the usage the request is billed (the estimated input,
--- one output token per event with content: extproc/observer.py) comes as the last chunk before [DONE].  The ext_proc reads the same bytes for billing (extproc/sse.py), without
--- holding them.  It works on bytes; only an event that carries a usage object is taken apart, by a small
--- JSON scanner (Envoy's Lua has no JSON library).
+-- one output token per event with content: extproc/observer.py) comes as the last chunk before [DONE].
+-- The ext_proc reads the same bytes for billing (extproc/sse.py), without holding them.  It works on
+-- bytes; only an event that carries a usage object is taken apart, by a small JSON scanner (Envoy's Lua
+-- has no JSON library).
 --
 -- Framing (the SSE format): lines end with LF, CRLF or CR; a blank line ends an event; lines starting with
 -- a colon are comments; an event's data may span several "data:" lines (joined by LF).  A stream with CRs
@@ -18,8 +19,8 @@
 --
 -- The ext_proc names the stream in the response header x-gateway-stream (a JSON object: "a" the alias and
 -- "u" the upstream model as JSON strings, "w" 1 when the client asked for usage, "p" the estimated input
--- tokens); it is removed here.  The
--- file is also loaded by the unit tests (tests/test_sse_relay.py) through lupa, outside Envoy.
+-- tokens); it is removed here.  The file is also loaded by the unit tests (tests/test_sse.py, through
+-- tests/lua_relay.py) in LuaJIT through lupa, outside Envoy.
 
 local find, sub, gsub, byte = string.find, string.sub, string.gsub, string.byte
 

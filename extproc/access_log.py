@@ -11,10 +11,9 @@ entry is read; nothing of it is kept or logged.
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 from envoy.service.accesslog.v3 import als_pb2
-
-from typing import Callable
 
 from .grpc_server import EOF, Call
 from .store import Store
