@@ -30,24 +30,19 @@ class Prepared:
     estimated_prompt_tokens: int
 
 
-def _dumps(obj: Any) -> bytes:
-    """Compact JSON; ``ValueError`` for a number beyond a double's range (it parsed as infinity, which
-    JSON cannot write: no model server could read the body)."""
-    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
-
-
-# A number such as 1e400 is valid JSON, but parses to infinity and cannot be forwarded as JSON.
+# A number such as 1e400 is valid JSON, but parses to infinity, which JSON cannot write: no model
+# server could read the body.
 _OUT_OF_RANGE = ApiError("invalid_request", "A number in the request body is beyond the range of a "
                          "64-bit floating-point number.")
-
 
 # Python's guard against the quadratic cost of converting huge integers (sys.get_int_max_str_digits()).
 _TOO_MANY_DIGITS = ApiError("invalid_request", "An integer in the request body has more than 4,300 digits.")
 
 
 def _body(doc: dict[str, Any]) -> bytes | ApiError:
+    """The body to forward: compact JSON, or the refusal of a number out of range."""
     try:
-        return _dumps(doc)
+        return json.dumps(doc, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
     except ValueError:
         return _OUT_OF_RANGE
 

@@ -40,6 +40,18 @@ def _stream(gateway: Gateway, key: str, sim: dict[str, object]) -> tuple[httpx.R
     return s, got, broke
 
 
+def _leave(gateway: Gateway, key: str, sim: dict[str, object], after: int) -> str:
+    """A stream the client closes once ``after`` events have come: its request id."""
+    body = {"model": "polish-pro", "messages": MSGS, "stream": True, "sim": sim}
+    got = b""
+    with httpx.stream("POST", gateway.v1 + "/chat/completions", json=body, headers=_h(key), timeout=30) as s:
+        for chunk in s.iter_bytes():
+            got += chunk
+            if got.count(b"\n\n") >= after:
+                break  # the client closes the connection mid-stream (on leaving this block)
+    return s.headers["x-request-id"]
+
+
 def _settled(gateway: Gateway, rid: str) -> dict:
     """The usage record of ``rid`` (every request is listed, billed or not).  A broken stream is billed
     once Envoy closed the stream watch's call (1 s after the stream ended), or, when the client got
@@ -91,15 +103,7 @@ def test_a_client_that_leaves_a_flowing_stream_is_billed_the_estimated_input(gat
     """SPEC: "A client disconnect at any point after the request reached the model server is billed the
     estimated input tokens": told from a model server's break by Envoy's access log, whatever the gap."""
     org, _, key = gateway.new_org(10_000_000)
-    body = {"model": "polish-pro", "messages": MSGS, "stream": True,
-            "sim": {"itl_ms": gap_ms or 1, "output_tokens": 2000}}
-    got = b""
-    with httpx.stream("POST", gateway.v1 + "/chat/completions", json=body, headers=_h(key), timeout=30) as s:
-        rid = s.headers["x-request-id"]
-        for chunk in s.iter_bytes():
-            got += chunk
-            if got.count(b"\n\n") >= 4:
-                break  # the client closes the connection mid-stream
+    rid = _leave(gateway, key, {"itl_ms": gap_ms or 1, "output_tokens": 2000}, after=4)
     row = _settled(gateway, rid)
     assert (row["status"], row["error_code"], row["estimated"]) == (499, None, True), row
     assert (row["prompt_tokens"], row["completion_tokens"]) == (EST_PROMPT, 0), row
@@ -115,15 +119,8 @@ def test_a_client_that_leaves_a_stream_frees_its_concurrency_slot_at_once(gatewa
     the slot then, not when Envoy's deferred close of the watch's call (1 s later) would end it."""
     org, _, key = gateway.new_org(10_000_000)
     gateway.admin(lambda a: a.set_limits(org, None, 1))
-    body = {"model": "polish-pro", "messages": MSGS, "stream": True, "sim": {"itl_ms": 20, "output_tokens": 2000}}
-    got = b""
-    with httpx.stream("POST", gateway.v1 + "/chat/completions", json=body, headers=_h(key), timeout=30) as s:
-        rid = s.headers["x-request-id"]
-        for chunk in s.iter_bytes():
-            got += chunk
-            if got.count(b"\n\n") >= 3:
-                break
-    left = time.monotonic()  # the connection is closed on leaving the block
+    rid = _leave(gateway, key, {"itl_ms": 20, "output_tokens": 2000}, after=3)
+    left = time.monotonic()
     wait_for(lambda: gateway.slots_held(org) == 0, 5)
     freed = time.monotonic() - left
     assert freed < 0.7, f"the slot was held {freed:.2f} s after the client left"  # was about 1.1 s
