@@ -227,6 +227,33 @@ def test_connect_method_401(gateway: Gateway) -> None:
     r.error(401, "invalid_api_key", "authentication_error")
 
 
+_UPGRADES = {"websocket": "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+                          "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n",
+             "h2c": "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n",
+             "other": "Connection: Upgrade\r\nUpgrade: foo/2\r\n"}
+
+
+@pytest.mark.parametrize("upgrade", sorted(_UPGRADES))
+def test_upgrade_requests_are_served_as_plain_requests(gateway: Gateway, org: tuple[str, str, str],
+                                                       upgrade: str) -> None:
+    """A request that asks to switch protocols is the plain request it also is: the key checked first
+    (Envoy's own refusal was an empty 403 before any filter), then served; never a 101."""
+    head = _UPGRADES[upgrade]
+    r = exchange(gateway, f"GET /v1/models HTTP/1.1\r\nHost: gateway\r\n{head}\r\n".encode())
+    assert r is not None
+    r.error(401, "invalid_api_key", "authentication_error")
+    r = exchange(gateway, f"GET /v1/models HTTP/1.1\r\nHost: gateway\r\nAuthorization: Bearer {org[2]}\r\n"
+                          f"{head}\r\n".encode())
+    assert r is not None and r.status == 200 and r.headers["x-request-id"], (r.status, r.body[:200])
+    assert "upgrade" not in r.headers and json.loads(r.body)["object"] == "list"
+    body = json.dumps({"model": "polish-pro", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    raw = post(CHAT, str(len(body)), body, org[2]).replace(b"\r\n\r\n", b"\r\n" + head.encode() + b"\r\n", 1)
+    r = exchange(gateway, raw)
+    assert r is not None and r.status == 200, (r and r.status, r and r.body[:300])
+    doc = json.loads(r.body)
+    assert doc["object"] == "chat.completion" and doc["model"] == "polish-pro", doc
+
+
 @pytest.mark.parametrize("length", ["0", "00", "000"])
 def test_h2_zero_length_without_key_401(gateway: Gateway, length: str) -> None:
     r = h2_exchange(gateway, h2_post(CHAT, length), None)
