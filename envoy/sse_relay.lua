@@ -127,6 +127,35 @@ local function says_nothing(choice)
   return true
 end
 
+-- A chunk's data with each choice that carries a finish_reason and a delta saying nothing new (a role,
+-- empty content: TGI's finish chunk) closed by an empty delta, as SPEC streaming rule 2 has it.  A delta
+-- with content is left as it came.
+local function empty_closing_deltas(data)
+  local top = items(data, 1, true)
+  local cuts = {}
+  for _, x in ipairs(top or {}) do
+    if x[1] == "choices" then
+      for _, c in ipairs(items(data, x[3], false) or {}) do
+        local delta, finish = nil, nil
+        for _, m in ipairs(items(data, c[3], true) or {}) do
+          if m[1] == "delta" then delta = m elseif m[1] == "finish_reason" then finish = m end
+        end
+        if delta ~= nil and finish ~= nil and value(data, finish) ~= "null" then
+          local members, idle = items(data, delta[3], true), true
+          for _, d in ipairs(members or {}) do
+            if d[1] ~= "role" and not falsy(value(data, d)) then idle = false break end
+          end
+          if members ~= nil and #members > 0 and idle then cuts[#cuts + 1] = delta end
+        end
+      end
+    end
+  end
+  for k = #cuts, 1, -1 do
+    data = sub(data, 1, cuts[k][3] - 1) .. "{}" .. sub(data, cuts[k][4])
+  end
+  return data
+end
+
 -- the data of one LF-framed event (its "data:" lines joined by LF), nil when it has none
 local function event_data(event)
   local parts = {}
@@ -386,8 +415,9 @@ function Relay:usage_event(event)
     return self.show and event or ""
   end
   -- llama.cpp's and TGI's usage on the finish chunk, LiteLLM's on a chunk with an empty choice, running
-  -- usage on every chunk: the chunk goes on without it, the usage (when asked) on a chunk of its own
-  -- before [DONE], and a chunk left with nothing to say is dropped.
+  -- usage on every chunk: the chunk goes on without it (a finish chunk's delta that says nothing new
+  -- emptied), the usage (when asked) on a chunk of its own before [DONE], and a chunk left with nothing
+  -- to say is dropped.
   self.reported = true
   local u = m[k]
   local rest
@@ -406,7 +436,7 @@ function Relay:usage_event(event)
     end
     if nothing then return "" end
   end
-  return data_lines(rest)
+  return data_lines(empty_closing_deltas(rest))
 end
 
 -- a member of the x-gateway-stream header's JSON object, as its JSON text

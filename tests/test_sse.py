@@ -207,6 +207,10 @@ def test_usage_read_whatever_the_chunk_holds(shape: str, n: int) -> None:
                 assert text == "Dzień dobry!", (shape, text)
                 assert [ch["finish_reason"] for c in chunks for ch in c["choices"]
                         if ch["index"] == i and ch.get("finish_reason")] == ["stop"]
+                # SPEC streaming rule 2: the chunk that closes a choice has an empty delta (TGI's says
+                # role and empty content)
+                assert [ch["delta"] for c in chunks for ch in c["choices"]
+                        if ch["index"] == i and ch.get("finish_reason")] == [{}], (shape, chunks)
             carrying = [c for c in chunks if c.get("usage")]
             if show_usage:  # SPEC streaming rule 3: the last chunk before [DONE], with empty choices
                 assert len(carrying) == 1 and carrying[0] is chunks[-1], (shape, chunks[-2:])
@@ -216,6 +220,30 @@ def test_usage_read_whatever_the_chunk_holds(shape: str, n: int) -> None:
                 assert carrying == [], (shape, step)
                 assert all(any(ch.get("delta") or ch.get("finish_reason") for ch in c["choices"])
                            for c in chunks), (shape, chunks)
+
+
+@pytest.mark.parametrize("delta, closed", [
+    ({"role": "assistant", "content": ""}, {}), ({"role": "assistant"}, {}), ({"content": None}, {}),
+    ({}, {}), ({"content": "!"}, {"content": "!"}), ({"role": "assistant", "content": "!"},
+                                                     {"role": "assistant", "content": "!"}),
+    ({"tool_calls": [{"index": 0}]}, {"tool_calls": [{"index": 0}]})])
+def test_a_finish_chunk_that_says_nothing_new_has_an_empty_delta(delta: dict, closed: dict) -> None:
+    """The finish chunk that carries the usage (TGI's, llama.cpp's): a delta with nothing new in it (a
+    role, empty content) becomes the empty delta of SPEC streaming rule 2; one with content stays."""
+    base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "up-pro"}
+    data = (_event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                         "finish_reason": None}]})
+            + _event({**base, "choices": [{"index": 0, "delta": {"content": "Dzień"}, "finish_reason": None}]})
+            + _event({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": "stop"}],
+                      "usage": {"prompt_tokens": 11, "completion_tokens": 2, "total_tokens": 13}})
+            + b"data: [DONE]\n\n")
+    for show_usage in (False, True):
+        relay = StreamRelay("up-pro", "polish-pro", show_usage)
+        chunks = _docs(sse_data(_relay_all(relay, data, 7)))[:-1]
+        assert relay.usage == (11, 2)
+        closing = [ch for c in chunks for ch in c["choices"] if ch["finish_reason"]]  # type: ignore[index]
+        assert [ch["delta"] for ch in closing] == [closed], chunks
+        assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}  # type: ignore[index]
 
 
 def test_llamacpp_timings_stay_on_the_finish_chunk() -> None:

@@ -63,14 +63,18 @@ def test_embeddings_forwarded_as_json(gateway: Gateway, client: httpx.Client) ->
 
 
 def test_only_what_the_model_server_needs_is_forwarded(client: httpx.Client, org: tuple[str, str, str]) -> None:
-    """Client credentials, vendor organisation/project headers, SDK telemetry, cookies, the client's
-    address, its accept-encoding (a compressed reply could not be relayed event by event) and its
+    """Client credentials (other vendors' too), vendor organisation/project headers, SDK telemetry,
+    cookies, the client's address, an expectation, its accept-encoding (a compressed reply could not be relayed event by event) and its
     content-encoding stay here."""
     sent = {"OpenAI-Organization": "org-abc", "OpenAI-Project": "proj-xyz", "OpenAI-Beta": "assistants=v2",
             "X-Api-Key": "xk-secret", "Api-Key": "ak-secret", "Proxy-Authorization": "Basic cHJveHk=",
             "Cookie": "session=c00kie", "X-Stainless-Lang": "stainless-lang-x", "X-Stainless-Os": "stainless-os-x",
             "Accept-Encoding": "gzip, br", "X-Forwarded-For": "203.0.113.9", "X-Real-IP": "203.0.113.10",
             "Forwarded": "for=203.0.113.11", "X-Forwarded-Host": "evil.example", "User-Agent": "OpenAI/Python 9.9",
+            "X-OpenAI-Client-User-Agent": "{\"lang\": \"python-x\"}", "Anthropic-Version": "2023-06-01-x",
+            "X-Goog-Api-Key": "goog-secret", "Ocp-Apim-Subscription-Key": "apim-secret",
+            # an expectation Envoy does not meet itself: the model server would refuse it (417)
+            "Expect": "fancy-x",
             # a plain JSON body said to be compressed: the ext_proc read it as JSON; what it forwards is its
             # own JSON, never compressed (the model server would fail to inflate it: a 502 for nothing)
             "Content-Encoding": "gzip"}
@@ -186,6 +190,8 @@ def test_usage_chunk_shapes_with_the_sdk(gateway: Gateway, org: tuple[str, str, 
             texts[ch.index] += ch.delta.content or ""
             if ch.finish_reason:
                 finishes.append((ch.index, ch.finish_reason))
+                # SPEC streaming rule 2: an empty delta closes the choice (TGI's says role and "")
+                assert ch.delta.content is None and ch.delta.role is None, (shape, ch)
     assert all(len(t) > 0 for t in texts) and sorted(finishes) == [(0, "stop"), (1, "stop")]
     carrying = [c for c in chunks if c.usage is not None]
     if include_usage:
