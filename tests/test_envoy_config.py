@@ -52,8 +52,8 @@ def test_a_streamed_reply_goes_through_the_relay_and_the_stream_watch_only() -> 
     which no model server can send (removed from every upstream reply before the filters see it)."""
     hcm = _hcm(_render(extproc_workers=2))
     names = [f["name"] for f in hcm["http_filters"]]
-    assert names[:3] == ["sse-relay", "stream-watch", "envoy.filters.http.ext_proc"]
-    relay, watch = hcm["http_filters"][:2]
+    assert names[:4] == ["local-reply-mark", "sse-relay", "stream-watch", "envoy.filters.http.ext_proc"]
+    relay, watch = hcm["http_filters"][1:3]
     for f in (relay, watch):
         [m] = f["typed_config"]["xds_matcher"]["matcher_list"]["matchers"]
         single = m["predicate"]["not_matcher"]["single_predicate"]
@@ -67,6 +67,28 @@ def test_a_streamed_reply_goes_through_the_relay_and_the_stream_watch_only() -> 
     assert "retry_policy" in ext["grpc_service"]  # several ext_proc processes: opened on another if refused
     [vhost] = hcm["route_config"]["virtual_hosts"]
     assert vhost["response_headers_to_remove"] == ["x-gateway-stream"]
+
+
+def test_the_reply_to_a_request_envoy_could_not_read_skips_the_ext_proc() -> None:
+    """Envoy's reply to a routed request whose body its codec could not read is marked by
+    local_reply_config; the mark has the ext_proc skipped (Envoy closes the connection at once, and a
+    reply held for the ext_proc was lost) and is taken off by the first filter, last on the way out."""
+    hcm = _hcm(_render(extproc_workers=2))
+    mark, ext = hcm["http_filters"][0], hcm["http_filters"][3]
+    assert mark["typed_config"]["mutations"] == {"response_mutations": [{"remove": "x-gateway-local"}]}
+    [m] = ext["typed_config"]["xds_matcher"]["matcher_list"]["matchers"]
+    single = m["predicate"]["single_predicate"]
+    assert single["input"]["typed_config"]["header_name"] == "x-gateway-local"
+    assert single["value_match"] == {"exact": "malformed"}
+    assert m["on_match"]["action"]["typed_config"]["@type"].endswith("SkipFilter")
+    inner = ext["typed_config"]["extension_config"]
+    assert inner["name"] == "envoy.filters.http.ext_proc"
+    assert inner["typed_config"]["@type"].endswith("ext_proc.v3.ExternalProcessor")
+    assert "retry_policy" in inner["typed_config"]["grpc_service"]
+    marking = [mp for mp in hcm["local_reply_config"]["mappers"]
+               if any(h["header"]["key"] == "x-gateway-local" for h in mp.get("headers_to_add", []))]
+    assert len(marking) == 1 and marking[0]["headers_to_add"][0]["header"]["value"] == "malformed"
+    assert "xds.route_name" in marking[0]["filter"]["extension_filter"]["typed_config"]["expression"]
 
 
 def test_circuit_breakers_follow_the_connection_limit() -> None:
