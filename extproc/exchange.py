@@ -43,6 +43,10 @@ STREAM_HEADER = "x-gateway-stream"
 # How long after the end of a call a stream it handed over may still be billed by the stream watch
 # (Envoy keeps the watch's call open 1 s after the stream ended, envoy/envoy.yaml deferred_close_timeout).
 HAND_OVER_GRACE_S = 5.0
+# How long a non-streaming reply that ended before its end waits for Envoy's access log to say whether the
+# client left (logged 499) or the model server broke it (502): both end the call alike, the access log's
+# entry comes right after.
+LEFT_WAIT_S = 0.25
 
 _CHAT_PATH = "/v1/chat/completions"
 _EMB_PATH = "/v1/embeddings"
@@ -520,8 +524,30 @@ class Exchange:
         if self.handed_over:
             self._handed_over_end()
         elif not self.finished and p is not None:
-            self._bill_failure(p)
+            self._bill_failure(p, await self._client_left() if 200 <= self.status < 400 else False)
         await self.send_finish()
+
+    async def _client_left(self) -> bool:
+        """Whether Envoy's access log says this request's client went away (``access_log``): told here
+        (``Gateway.leaving``) within ``LEFT_WAIT_S``, else marked in Redis (another process was told, or
+        the entry came first).  Asked only of a reply that ended before its end."""
+        told: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+        def left() -> None:
+            if not told.done():
+                told.set_result(True)
+
+        self.gw.leaving[self.request_id] = left
+        try:
+            return await asyncio.wait_for(told, LEFT_WAIT_S)
+        except TimeoutError:
+            try:
+                return await self.gw.store.client_left(self.request_id)
+            except Exception as e:  # noqa: BLE001 - Redis unreachable: taken for a broken reply
+                log.warning("request %s: could not tell how its reply ended: %s", self.request_id, type(e).__name__)
+                return False
+        finally:
+            self.gw.leaving.pop(self.request_id, None)
 
     def _handed_over_end(self) -> None:
         """A stream handed over to Envoy's relay is the stream watch's to bill, once Envoy passed its
@@ -545,11 +571,12 @@ class Exchange:
         record = self._record(tokens, tokens != (0, 0), adm.identity.org_id, adm.identity.key_id)
         self.gw.finish_later(adm.identity.org_id, self.request_id, record)
 
-    def _bill_failure(self, p: Prepared) -> None:
+    def _bill_failure(self, p: Prepared, client_left: bool) -> None:
         """The reply ended abnormally; SPEC section 4, "Billing on failure" (README, Billing)."""
         est_input = p.estimated_prompt_tokens
-        if self.status == 0:
-            # no reply yet: the client left (or gave up) after the request reached the model server
+        if self.status == 0 or (client_left and 200 <= self.status < 400):
+            # no reply yet, or one the client did not wait for: the client left (or gave up) after the
+            # request reached the model server
             self.status = 499
             self._finish((est_input, 0), estimated=True)
         elif self.status >= 400 or self.status < 200:

@@ -132,6 +132,24 @@ def test_a_client_that_leaves_a_stream_frees_its_concurrency_slot_at_once(gatewa
         499, None, True, EST_PROMPT, 0), row
 
 
+def test_a_client_that_leaves_a_non_streaming_reply_it_began_to_get_is_logged_499(gateway: Gateway) -> None:
+    """A client that gives up while the model server is half-way through a non-streaming reply (the
+    simulator's pause mid-body): billed the estimated input and logged 499 as every client that left, not
+    as a reply the model server broke (502): Envoy's access log tells the two apart."""
+    org, _, key = gateway.new_org(10_000_000)
+    body = {"model": "polish-pro", "messages": MSGS, "sim": {"stall_ms": 3000, "output_tokens": 40}}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(gateway.v1 + "/chat/completions", json=body, headers=_h(key), timeout=httpx.Timeout(10, read=1.0))
+    rows = wait_for(lambda: gateway.sql("SELECT * FROM usage_records WHERE org_id = $1", org), 15)
+    [row] = [dict(r) for r in rows]
+    assert (row["status"], row["error_code"], row["estimated"], row["prompt_tokens"], row["completion_tokens"]) == (
+        499, None, True, EST_PROMPT, 0), row
+    assert row["cost_micro_pln"] == _ceil(EST_PROMPT * 1_500_000, 10**6)
+    served = gateway.sim_record(row["request_id"])
+    assert served is not None and served["completed"] is False
+    assert gateway.slots_held(org) == 0
+
+
 def _watch_calls(gateway: Gateway) -> int:
     stats = httpx.get(f"http://127.0.0.1:{gateway.stack.s.envoy_admin_port}/stats?filter=stream_watch").text
     return sum(int(line.split(": ")[1]) for line in stats.splitlines() if line.endswith("streams_started") or

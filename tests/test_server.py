@@ -345,6 +345,24 @@ def test_stream_reset_by_envoy_mid_request_releases_and_bills_estimated_input() 
     assert store(gw).held() == 0
 
 
+@pytest.mark.parametrize("how", ["told", "marked", "neither"])
+def test_a_non_streaming_reply_cut_after_it_began_is_499_if_the_client_left(how: str) -> None:
+    """The client leaving and the model server breaking a reply both end the call after the reply's
+    headers: Envoy's access log, told here (``Gateway.leaving``) or marked in Redis by another process,
+    says which.  Billed the estimated input either way; logged 499 or 502."""
+    gw = gateway()
+    script: list[Any] = [request_body(CHAT_BODY), response_headers(200)]
+    if how == "told":  # the access log's entry arrives while the call's end waits for it
+        script.append(lambda: asyncio.get_running_loop().call_later(0.05, lambda: gw.leaving.pop("rid-1")()))
+    elif how == "marked":
+        store(gw).left.add("rid-1")
+    process(gw, *script, EOF)
+    [rec] = store(gw).records
+    assert (rec.status, rec.error_code, rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (
+        (502, "upstream_unavailable") if how == "neither" else (499, "")) + (EST, 0, True)
+    assert gw.leaving == {} and store(gw).held() == 0
+
+
 def test_a_failing_phase_is_spec_500_never_a_hang() -> None:
     gw = gateway()
 
