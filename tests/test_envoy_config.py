@@ -66,7 +66,7 @@ def test_a_streamed_reply_goes_through_the_relay_and_the_stream_watch_only() -> 
     assert ext["grpc_service"]["initial_metadata"] == [{"key": "x-gateway-role", "value": "stream-watch"}]
     assert "retry_policy" in ext["grpc_service"]  # several ext_proc processes: opened on another if refused
     [vhost] = hcm["route_config"]["virtual_hosts"]
-    assert vhost["response_headers_to_remove"] == ["x-gateway-stream"]
+    assert vhost["response_headers_to_remove"] == ["x-gateway-stream", "x-gateway-local"]
 
 
 def test_the_reply_to_a_request_envoy_could_not_read_skips_the_ext_proc() -> None:
