@@ -92,6 +92,17 @@ def test_only_what_the_model_server_needs_is_forwarded(client: httpx.Client, org
         assert value not in dump, value
 
 
+def test_no_envoy_internal_header_reaches_the_client(client: httpx.Client) -> None:
+    """Replies a model server served (JSON, a stream, embeddings) carry no x-envoy-* header (Envoy's
+    router added x-envoy-upstream-service-time) and no internal header of the gateway."""
+    replies = [client.post("/chat/completions", json={"model": "polish-pro", "messages": MSGS}),
+               client.post("/chat/completions", json={"model": "polish-pro", "messages": MSGS, "stream": True}),
+               client.post("/embeddings", json={"model": "embed", "input": "zdanie"})]
+    for r in replies:
+        assert r.status_code == 200, r.text
+        assert not [k for k in r.headers if k.lower().startswith(("x-envoy-", "x-gateway-"))], dict(r.headers)
+
+
 # ---- SSE framings through the stack (issue 18 part 6) ------------------------------------------------
 
 def _usage_row(gateway: Gateway, rid: str) -> dict[str, Any]:
