@@ -89,17 +89,24 @@ def _upstream_message_and_param(body: bytes) -> tuple[str, str | None]:
         param if isinstance(param, str) and _SAFE_PARAM.fullmatch(param) else None)
 
 
+# How model servers say the input does not fit the context: vLLM ("maximum context length", v1's "longer
+# than the maximum model length"), SGLang ("longer than the model's context length"), TGI ("`inputs`
+# tokens + `max_new_tokens` must be <= N"), llama.cpp ("exceeds the available context size").
+_CONTEXT_WORDS = ("context length", "context_length", "maximum context", "maximum model length",
+                  "context size", "context window", "max_new_tokens` must be", "max_model_len")
+
+
 def upstream_error(status: int, body: bytes, input_param: str = "messages") -> ApiError:
     """Map a model server's error status and body to SPEC section 7; ``input_param`` names the
     request field that carries the input (``messages`` for chat, ``input`` for embeddings)."""
     message, param = _upstream_message_and_param(body)
     low = message.lower()
     if status in (400, 413, 422):
-        if "context length" in low or "context_length" in low or "maximum context" in low:
+        if any(words in low for words in _CONTEXT_WORDS):
             return ApiError("context_length_exceeded",
                             "The input is longer than the model's context length.", input_param)
         if "multimodal" in low or "image" in low or "vision" in low:
-            return ApiError("invalid_request", "This model does not accept image content.", input_param)
+            return ApiError("invalid_request", "This model accepts text content only.", input_param)
         return ApiError("invalid_request",
                         "The model server rejected the request" + (f" (parameter '{param}')." if param else "."),
                         param)

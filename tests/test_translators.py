@@ -21,6 +21,13 @@ def test_rewrite_body_puts_alias_back_and_reads_usage() -> None:
 
 @pytest.mark.parametrize("status,msg,code,http", [
     (400, "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens", "context_length_exceeded", 400),
+    # vLLM v1, SGLang, TGI, llama.cpp
+    (400, "The decoder prompt (length 9000) is longer than the maximum model length of 8192.", "context_length_exceeded", 400),
+    (400, "The input (9000 tokens) is longer than the model's context length (8192 tokens).", "context_length_exceeded", 400),
+    (422, "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 8192. Given: 9000 `inputs` tokens "
+          "and 100 `max_new_tokens`", "context_length_exceeded", 400),
+    (400, "the request exceeds the available context size, try increasing it", "context_length_exceeded", 400),
+    (400, "Input audio is not supported: m is not a multimodal model", "invalid_request", 400),
     (400, "temperature must be non-negative, got -1.0.", "invalid_request", 400),
     (400, "m is not a multimodal model", "invalid_request", 400),
     (422, "bad", "invalid_request", 400),
