@@ -171,7 +171,11 @@ def prepare_chat(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | Non
             opts = {"include_usage": True} if "stream_options" in doc else {}
         elif not isinstance(opts, dict):
             return _bad("'stream_options' must be an object.", "stream_options")
-        wants_usage = opts.get("include_usage") is True
+        # a boolean (null: not asked); the model server never sees the client's, so it is checked here
+        asked = opts.get("include_usage")
+        if asked is not None and not isinstance(asked, bool):
+            return _bad("'stream_options.include_usage' must be a boolean.", "stream_options")
+        wants_usage = asked is True
         doc["stream_options"] = {**opts, "include_usage": True}
     doc["model"] = up
     doc["max_tokens"] = max_tokens

@@ -76,6 +76,9 @@ def test_bad_max_tokens(value: object) -> None:
     ({"model": "polish-pro", "messages": [{"content": "x"}]}, "invalid_request", "messages"),
     ({"model": "polish-pro", "messages": MSG, "stream": True, "stream_options": "yes"},
      "invalid_request", "stream_options"),
+    # the model server never sees the client's include_usage (always true upstream): checked here
+    *[({"model": "polish-pro", "messages": MSG, "stream": True, "stream_options": {"include_usage": v}},
+       "invalid_request", "stream_options") for v in (1, 0, "yes", "true", [], {})],
 ])
 def test_chat_rejections(doc: dict, code: str, param: str) -> None:
     e = chat(doc)
@@ -133,7 +136,7 @@ def test_many_brackets_nesting_shallow_accepted() -> None:
 
 def test_stream_usage_always_requested_upstream_shown_only_when_asked() -> None:
     for opts, shown in [(None, False), ({"include_usage": False}, False), ({"include_usage": True}, True),
-                        ({}, False)]:
+                        ({}, False), ({"include_usage": None}, False), ({"include_usage": True, "x": 1}, True)]:
         doc = {"model": "polish-pro", "messages": MSG, "stream": True}
         if opts is not None or shown:
             doc["stream_options"] = opts
