@@ -114,7 +114,8 @@ def start_gateway(tmp: Path, up: Upstream, workers: int = 1, event_loop: str | N
     only Envoy's worker count is set to 1 like every other Envoy here (the launcher uses 2).
     ``workers``: GATEWAY_EXTPROC_WORKERS (ext_proc processes behind that one Envoy)."""
     from control.admin import Admin
-    from control.launcher import Stack, free_port_base
+    from control.envoy_config import extproc_workers
+    from control.launcher import Stack, bindable, free_port_base
     from control.procs import Proc
     from control.settings import Settings
 
@@ -127,15 +128,20 @@ def start_gateway(tmp: Path, up: Upstream, workers: int = 1, event_loop: str | N
                 p.argv += ["--concurrency", "1"]
             return p
 
-    base = free_port_base()
     cat = tmp / "gateway-catalog.yaml"
     cat.write_text(yaml.safe_dump(gateway_catalog(up)))
-    # A later stack (another worker count) reuses the state directory: no second initdb.
-    settings = Settings.from_env(gateway_port=base, gateway_host="127.0.0.1", state_dir=str(tmp / "gateway"),
-                                 extproc_workers=workers, **({"event_loop": event_loop} if event_loop else {}),
-                                 catalog=str(cat), database_url="", redis_url="", extproc_port=0,
-                                 admin_port=0, pg_port=0, redis_port=0, run_sim=False, dev=True,
-                                 default_rpm=1_000_000_000, default_concurrency=1_000_000)
+    while True:
+        base = free_port_base()
+        # A later stack (another worker count) reuses the state directory: no second initdb.
+        settings = Settings.from_env(gateway_port=base, gateway_host="127.0.0.1", state_dir=str(tmp / "gateway"),
+                                     extproc_workers=workers, **({"event_loop": event_loop} if event_loop else {}),
+                                     catalog=str(cat), database_url="", redis_url="", extproc_port=0,
+                                     admin_port=0, pg_port=0, redis_port=0, run_sim=False, dev=True,
+                                     default_rpm=1_000_000_000, default_concurrency=1_000_000)
+        # the ports derived beyond the base's span (the metrics ports; each further ext_proc process's) free
+        # too: a taken one failed a whole `make bench` run at its 2-process cell
+        if all(bindable(p) for _, grpc, metrics in extproc_workers(settings) for p in (grpc, metrics)):
+            break
     # The ext_proc child reads its limits from the environment; earlier launchers passed it only
     # ports, state, catalog and URLs, so the overrides are put in the environment too (same values).
     os.environ["GATEWAY_DEFAULT_RPM"] = str(settings.default_rpm)

@@ -30,7 +30,7 @@ from .restarts import GiveUp, Restarts
 from .settings import Settings
 
 
-def _bindable(port: int) -> bool:
+def bindable(port: int) -> bool:
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))
@@ -45,7 +45,7 @@ def free_port_base(span: int = 20) -> int:
     component that is being restarted."""
     for _ in range(200):
         base = random.randrange(10000, 32000, span)
-        if all(_bindable(base + i) for i in range(span)):
+        if all(bindable(base + i) for i in range(span)):
             return base
     raise RuntimeError("no free port range")
 
