@@ -249,6 +249,27 @@ def test_connect_method_401(gateway: Gateway) -> None:
     r.error(401, "invalid_api_key", "authentication_error")
 
 
+def test_a_400_of_the_gateways_own_keeps_the_connection(gateway: Gateway, org: tuple[str, str, str]) -> None:
+    """A refused request (invalid JSON, a parameter out of range) ends that request, not the connection:
+    the next request on it is served (Envoy closed an HTTP/1.1 connection after any 400 it sent)."""
+    ok = json.dumps({"model": "polish-pro", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    bad = [b"{nope", json.dumps({"model": "polish-pro", "messages": []}).encode(),
+           json.dumps({"model": "polish-pro", "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 0}).encode()]
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as s:
+        for body, code in zip(bad, ["invalid_json", "invalid_request", "invalid_request"]):
+            s.sendall(post(CHAT, str(len(body)), body, org[2]))
+            r = read_reply(s)
+            assert r is not None, "closed without a reply"
+            err = json.loads(r.body)["error"]
+            assert (r.status, err["code"], err["request_id"]) == (400, code, r.headers["x-request-id"]), err
+            assert r.headers.get("connection") != "close", r.headers
+        s.sendall(post(CHAT, str(len(ok)), ok, org[2]))
+        r = read_reply(s)
+        assert r is not None and r.status == 200, (r and r.status, r and r.body[:200])
+        assert json.loads(r.body)["model"] == "polish-pro"
+
+
 _UPGRADES = {"websocket": "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
                           "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n",
              "h2c": "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n",
