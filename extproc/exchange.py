@@ -96,11 +96,20 @@ class Gateway:
     # streams this process handed over whose stream watch runs in this process too (``observer``): their
     # hand-over needs no finish of its own (``Exchange._handed_over_end``)
     watched: set[str] = field(default_factory=set)
-    # the stream watches running in this process, by request id: told when Envoy's access log says the
-    # client left (``access_log``), so that the request is billed and its slot freed at once, not when
-    # Envoy's deferred close of the watch's call (1 s later) would end it
+    # what in this process waits on Envoy's access log to say a client left (``access_log``), by request
+    # id: a stream watch (billed and its slot freed at once, not when Envoy's deferred close of its call,
+    # 1 s later, would end it) or a non-streaming reply that ended before its end (499 or 502)
     leaving: dict[str, Callable[[], None]] = field(default_factory=dict)
     _retrying: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def client_left(self, request_id: str) -> bool:
+        """Whether Envoy's access log marked this request's client gone in Redis (any process may have
+        received the entry); Redis unreachable: taken for a reply the model server broke."""
+        try:
+            return await self.store.client_left(request_id)
+        except Exception as e:  # noqa: BLE001
+            log.warning("request %s: could not tell how its reply ended: %s", request_id, type(e).__name__)
+            return False
 
     async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, refused: bool = False) -> None:
         """Release and record through the store; while Redis is unreachable, keep retrying in the
@@ -524,7 +533,8 @@ class Exchange:
         if self.handed_over:
             self._handed_over_end()
         elif not self.finished and p is not None:
-            self._bill_failure(p, await self._client_left() if 200 <= self.status < 400 else False)
+            # a reply under way that ended before its end: the client left, or the model server broke it
+            self._bill_failure(p, 200 <= self.status < 400 and await self._client_left())
         await self.send_finish()
 
     async def _client_left(self) -> bool:
@@ -541,11 +551,7 @@ class Exchange:
         try:
             return await asyncio.wait_for(told, LEFT_WAIT_S)
         except TimeoutError:
-            try:
-                return await self.gw.store.client_left(self.request_id)
-            except Exception as e:  # noqa: BLE001 - Redis unreachable: taken for a broken reply
-                log.warning("request %s: could not tell how its reply ended: %s", self.request_id, type(e).__name__)
-                return False
+            return await self.gw.client_left(self.request_id)
         finally:
             self.gw.leaving.pop(self.request_id, None)
 
@@ -574,7 +580,7 @@ class Exchange:
     def _bill_failure(self, p: Prepared, client_left: bool) -> None:
         """The reply ended abnormally; SPEC section 4, "Billing on failure" (README, Billing)."""
         est_input = p.estimated_prompt_tokens
-        if self.status == 0 or (client_left and 200 <= self.status < 400):
+        if self.status == 0 or client_left:
             # no reply yet, or one the client did not wait for: the client left (or gave up) after the
             # request reached the model server
             self.status = 499

@@ -21,7 +21,6 @@ Envoy's access log tells them apart (``access_log``: the client's requests it ma
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +30,6 @@ from .decisions import UsageRecord
 from .exchange import STREAM_HEADER, Gateway, account, count
 from .sse import StreamMeter
 
-log = logging.getLogger("extproc")
 
 # Envoy keeps the watch's call open this long after the stream ended (envoy/envoy.yaml
 # deferred_close_timeout), so that the last chunks still arrive: the end of the call comes that much
@@ -124,10 +122,7 @@ class StreamWatch:
             self.failure = "upstream_timeout"  # Envoy's total budget ended the stream
         left = self.left
         if not (self.ended or self.failure or self.meter.usage is not None or left) and self.output_seen:
-            try:
-                left = await self.gw.store.client_left(ctx["r"])
-            except Exception as e:  # noqa: BLE001 - Redis unreachable: taken for a broken stream
-                log.warning("request %s: could not tell how its stream ended: %s", ctx["r"], type(e).__name__)
+            left = await self.gw.client_left(ctx["r"])
         o = outcome(ended=self.ended, usage=self.meter.usage, content_events=self.meter.content_events,
                     output_seen=self.output_seen, estimated_input=ctx["p"], failure=self.failure,
                     client_left=left)
