@@ -127,26 +127,30 @@ local function says_nothing(choice)
   return true
 end
 
--- A chunk's data with each choice that carries a finish_reason and a delta saying nothing new (a role,
--- empty content: TGI's finish chunk) closed by an empty delta, as SPEC streaming rule 2 has it.  A delta
--- with content is left as it came.
+-- The delta of a choice that carries a finish_reason and a delta saying nothing new (a role, empty
+-- content: TGI's finish chunk), as an item of ``items``; nil for any other choice.
+local function idle_closing_delta(data, choice)
+  local delta, finish = nil, nil
+  for _, m in ipairs(items(data, choice[3], true) or {}) do
+    if m[1] == "delta" then delta = m elseif m[1] == "finish_reason" then finish = m end
+  end
+  if delta == nil or finish == nil or value(data, finish) == "null" then return nil end
+  local members = items(data, delta[3], true)
+  if members == nil or #members == 0 then return nil end
+  for _, d in ipairs(members) do
+    if d[1] ~= "role" and not falsy(value(data, d)) then return nil end
+  end
+  return delta
+end
+
+-- A chunk's data with each such delta emptied: the choice closed by an empty delta, as SPEC streaming
+-- rule 2 has it.  A delta with content is left as it came.
 local function empty_closing_deltas(data)
-  local top = items(data, 1, true)
   local cuts = {}
-  for _, x in ipairs(top or {}) do
+  for _, x in ipairs(items(data, 1, true) or {}) do
     if x[1] == "choices" then
       for _, c in ipairs(items(data, x[3], false) or {}) do
-        local delta, finish = nil, nil
-        for _, m in ipairs(items(data, c[3], true) or {}) do
-          if m[1] == "delta" then delta = m elseif m[1] == "finish_reason" then finish = m end
-        end
-        if delta ~= nil and finish ~= nil and value(data, finish) ~= "null" then
-          local members, idle = items(data, delta[3], true), true
-          for _, d in ipairs(members or {}) do
-            if d[1] ~= "role" and not falsy(value(data, d)) then idle = false break end
-          end
-          if members ~= nil and #members > 0 and idle then cuts[#cuts + 1] = delta end
-        end
+        cuts[#cuts + 1] = idle_closing_delta(data, c)
       end
     end
   end
