@@ -391,6 +391,9 @@ MAX_EXAMPLES = 300
 ALIASES = ["polish-fast", "polish-pro", "advanced", "embed"]
 
 
+STREAM_EVENTS = 10_000
+
+
 def _bounded(doc: dict[str, Any]) -> dict[str, Any]:
     """The document steered for a short run: schema-valid `model` and `id` are the test catalog's aliases
     (the schema-violating half of the run sends any other value), so requests get past the alias check
@@ -414,6 +417,9 @@ def fuzz_schema(doc: dict[str, Any], gateway: Gateway, key: str) -> Any:
 
     schema = schemathesis.openapi.from_dict(_bounded(doc))
     schema.config.update(base_url=gateway.url, headers={"Authorization": f"Bearer {key}"}, request_timeout=30)
+    # schemathesis reads 20 events of a stream by default, then closes it: a 3-choice stream is longer,
+    # and the check that it ends with [DONE] needs all of it (``_spec_reply`` fails one cut short)
+    schema.config.max_stream_events = STREAM_EVENTS
     schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
                                     max_examples=MAX_EXAMPLES, database="none", deterministic=True)
     return schema
@@ -443,6 +449,7 @@ def _spec_reply(response: Any, case: Any, chunk_validator: Any) -> None:
         assert TABLE[err["code"]] == (status, err["type"]), where
         assert err["request_id"] == rid, where
     elif ctype.startswith("text/event-stream"):
+        assert not response.stream_cut_short, where  # read whole (STREAM_EVENTS)
         events = sse_events(response.content)
         assert events and events[-1] == {"data": "[DONE]"}, where
         for e in events[:-1]:
