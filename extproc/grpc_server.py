@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import Any, Awaitable, Callable, cast
+from typing import Any, Awaitable, Callable, Protocol, cast
 
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2
@@ -47,7 +47,7 @@ class Status(Exception):
 
 
 class Call:
-    __slots__ = ("_proto", "_sid", "_queue", "_waiter", "ended", "headers", "_parse")
+    __slots__ = ("_proto", "_sid", "_queue", "_waiter", "ended", "headers", "_parse", "_sink", "_last", "_timer")
 
     def __init__(self, proto: "_Protocol", sid: int, headers: list[tuple[bytes, bytes]],
                  parse: Callable[[bytes], Any]) -> None:
@@ -58,6 +58,9 @@ class Call:
         self.ended = False  # the client ended or reset the call: an answer written now is never read
         self.headers = headers
         self._parse = parse
+        self._sink: Sink | None = None  # ``consume``'s, while it waits
+        self._last = 0.0  # when ``consume`` was last fed a message (the loop's clock)
+        self._timer: asyncio.TimerHandle | None = None  # ``consume``'s idle timer
 
     def metadata(self, name: str) -> str | None:
         key = name.encode()
@@ -90,13 +93,80 @@ class Call:
             proto.after_read()
         return self._parse(message)
 
+    async def consume(self, sink: "Sink") -> None:
+        """Hand every request message to ``sink.feed`` as it arrives, in the connection's own callback:
+        no wake-up of this task and no timer per message (a call that only listens: the stream watch's
+        copies of every chunk).  Returns once ``feed`` returned True or the client ended the call;
+        ``TimeoutError`` once ``sink.idle`` seconds (None: no limit) passed since the last message (one
+        timer, moved on only when it fires); an exception of ``feed`` ends it too.  Messages after the
+        end are left unread."""
+        loop = asyncio.get_running_loop()
+        self._last = loop.time()
+        while self._queue:  # what came before
+            if self._feed(sink, self._queue.popleft()):
+                return
+        if self.ended:
+            return
+        waiter = self._waiter = loop.create_future()
+        self._sink = sink
+        self._arm()
+        try:
+            await waiter
+        finally:
+            self._sink = self._waiter = None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+    def _arm(self) -> None:
+        """The idle timer, at ``idle`` after the last message (none while ``idle`` is None)."""
+        sink, waiter = self._sink, self._waiter
+        if sink is None or waiter is None or (idle := sink.idle) is None:
+            return
+        self._timer = waiter.get_loop().call_at(self._last + idle, self._check)
+
+    def _check(self) -> None:
+        self._timer = None
+        waiter, sink = self._waiter, self._sink
+        if waiter is None or sink is None or waiter.done() or (idle := sink.idle) is None:
+            return
+        if waiter.get_loop().time() - self._last >= idle:
+            expire(waiter)
+        else:
+            self._arm()  # messages came meanwhile: the wait starts from the last of them
+
+    def _feed(self, sink: "Sink", data: bytes) -> bool:
+        proto = self._proto
+        if proto.conn.consumed(self._sid, len(data)) or proto.read_paused:
+            proto.after_read()
+        return sink.feed(self._parse(data))
+
     def write(self, message: Message) -> None:
         self._proto.conn.send_message(self._sid, message.SerializeToString())
         self._proto.flush()
 
     def _push(self, data: bytes) -> None:
-        self._queue.append(data)
-        self._wake()
+        sink = self._sink
+        if sink is None:
+            self._queue.append(data)
+            self._wake()
+            return
+        waiter = self._waiter
+        assert waiter is not None
+        self._last = waiter.get_loop().time()
+        try:
+            done = self._feed(sink, data)
+        except Exception as e:  # noqa: BLE001 - the consuming handler fails, not the connection
+            self._sink = None
+            if not waiter.done():
+                waiter.set_exception(e)
+            return
+        if done:
+            self._sink = None
+            if not waiter.done():
+                waiter.set_result(None)
+        elif self._timer is None:
+            self._arm()  # the sink may know its ``idle`` only now
 
     def _drop_unread(self) -> None:
         """The handler is done: messages it did not read are given back to the windows unread."""
@@ -118,6 +188,17 @@ class Call:
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+
+class Sink(Protocol):
+    """What ``Call.consume`` feeds: ``feed`` takes each parsed message and says whether it was the
+    last one wanted; ``idle`` is the longest wait for the next (None: no limit), read when a wait starts
+    and when its timer fires."""
+
+    @property
+    def idle(self) -> float | None: ...
+
+    def feed(self, message: Any) -> bool: ...
 
 
 Handler = Callable[[Call], Awaitable[None]]

@@ -6,6 +6,7 @@ Each gRPC stream is one HTTP request; its messages become calls on an ``Exchange
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from time import perf_counter, time_ns
 from google.protobuf import struct_pb2
 from envoy.config.core.v3 import base_pb2
@@ -190,44 +191,56 @@ class Processor:
                 log.exception("closing request %s failed", ex.request_id)
 
     async def watch(self, call: Call) -> None:
-        """The stream watch's call (``observer``): copies of a streamed reply's chunks, never answered."""
-        w = StreamWatch(self.gateway)
-        leaving = self.gateway.leaving
-        rid = ""
-
-        def client_left() -> None:
-            # Envoy's access log said so: copies Envoy sent before it may still be on their way (another
-            # stream of the connection): read for a moment more, then the call is taken as ended
-            w.client_left()
-            call.end_soon(LEFT_GRACE_S)
-
+        """The stream watch's call (``observer``): copies of a streamed reply's chunks, never answered.
+        They are fed to the watch as they arrive (``Call.consume``): no wake-up of this task per chunk."""
+        sink = _WatchSink(StreamWatch(self.gateway), self.gateway.leaving, call)
         try:
-            while True:
-                try:
-                    req = await call.read(w.idle)
-                except TimeoutError:
-                    w.stalled()
-                    await w.close()
-                    # an error ends the call: Envoy resets the client's stream (it ends without [DONE])
-                    raise Status(UNAVAILABLE, "the model server went idle") from None
-                if req is EOF:
-                    break
-                assert isinstance(req, ep.ProcessingRequest)
-                phase = req.WhichOneof("request")
-                if phase == "response_body":
-                    b = req.response_body
-                    w.response_body(b.body, b.end_of_stream)
-                    if b.end_of_stream:
-                        # Envoy passed the stream's end on before it sent this copy: billed now, and the
-                        # call ends here rather than when Envoy's deferred close (1 s) would end it
-                        await w.close()
-                        break
-                elif phase == "response_headers":
-                    w.response_headers(_headers(req.response_headers.headers))
-                    if w.ctx is not None:
-                        rid = w.ctx["r"]
-                        leaving[rid] = client_left
+            try:
+                await call.consume(sink)
+            except TimeoutError:
+                sink.w.stalled()
+                await sink.w.close()
+                # an error ends the call: Envoy resets the client's stream (it ends without [DONE])
+                raise Status(UNAVAILABLE, "the model server went idle") from None
+            # the stream's end (Envoy passed it on before it sent this copy: billed now, and the call
+            # ends here rather than when Envoy's deferred close, 1 s later, would end it), or EOF
         finally:
-            if rid:
-                leaving.pop(rid, None)
-            await w.close()
+            if sink.rid:
+                self.gateway.leaving.pop(sink.rid, None)
+            await sink.w.close()
+
+
+class _WatchSink:
+    """Envoy's copies of a streamed reply, as ``Call.consume`` hands them over, to a ``StreamWatch``."""
+
+    __slots__ = ("w", "leaving", "call", "rid")
+
+    def __init__(self, w: StreamWatch, leaving: dict[str, Callable[[], None]], call: Call) -> None:
+        self.w = w
+        self.leaving = leaving
+        self.call = call
+        self.rid = ""  # the request, once its headers named it
+
+    @property
+    def idle(self) -> float | None:
+        return self.w.idle
+
+    def client_left(self) -> None:
+        # Envoy's access log said so: copies Envoy sent before it may still be on their way (another
+        # stream of the connection): read for a moment more, then the call is taken as ended
+        self.w.client_left()
+        self.call.end_soon(LEFT_GRACE_S)
+
+    def feed(self, req: ep.ProcessingRequest) -> bool:
+        """True at the stream's end."""
+        phase = req.WhichOneof("request")
+        if phase == "response_body":
+            b = req.response_body
+            self.w.response_body(b.body, b.end_of_stream)
+            return bool(b.end_of_stream)
+        if phase == "response_headers":
+            self.w.response_headers(_headers(req.response_headers.headers))
+            if self.w.ctx is not None:
+                self.rid = self.w.ctx["r"]
+                self.leaving[self.rid] = self.client_left
+        return False

@@ -266,6 +266,14 @@ class FakeCall:
             self.ended = True
         return item
 
+    async def consume(self, sink: Any) -> None:
+        """``Call.consume`` over the script: each message to ``sink.feed`` until it returns True (the
+        idle limit asked before each is kept in ``timeouts``, as ``read`` keeps its timeout)."""
+        while True:
+            item = await self.read(sink.idle)
+            if item is EOF or sink.feed(item):
+                return
+
     def write(self, message: ep.ProcessingResponse) -> None:
         self.written.append(message)
 

@@ -5,7 +5,9 @@ server is tested with grpcio's own client, the other HTTP/2 + gRPC implementatio
 (``gateway status`` and the Kubernetes probe use it; Envoy's client is exercised by every e2e test)."""
 from __future__ import annotations
 
+import asyncio
 import struct
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -258,3 +260,76 @@ def test_a_stopping_server_refuses_new_calls_but_answers_health(running: Running
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE  # REFUSED_STREAM: Envoy may retry elsewhere
         assert health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2).status == \
             health_pb2.HealthCheckResponse.SERVING
+
+
+# ---- Call.consume: a call that only listens (the stream watch's) --------------------------------
+CONSUME_PATH = b"/test.Listen/Consume"
+
+
+class _Counting:
+    """A sink that keeps the bodies it is fed (and when it was fed last), ends at b"end", fails at b"fail", and allows ``idle``
+    seconds between messages once it saw b"arm" (None before: no limit)."""
+
+    def __init__(self, idle: float) -> None:
+        self.bodies: list[bytes] = []
+        self.fed_at = 0.0
+        self._idle = idle
+        self.armed = False
+
+    @property
+    def idle(self) -> float | None:
+        return self._idle if self.armed else None
+
+    def feed(self, req: ep.ProcessingRequest) -> bool:
+        body = bytes(req.request_body.body)
+        if body == b"fail":
+            raise ValueError("a sink that fails")
+        self.bodies.append(body)
+        self.fed_at = time.monotonic()
+        self.armed = self.armed or body == b"arm"
+        return body == b"end"
+
+
+def test_consume_feeds_every_message_until_the_sink_is_done_or_the_client_ends_or_goes_idle() -> None:
+    """What came before ``consume`` and what comes while it waits reach the sink in order; its answer
+    ends the call (OK, the reply says how it ended: done, eof, idle after how long, or the failure)."""
+    async def listen(call: Any) -> None:
+        await asyncio.sleep(0.2)  # messages queue meanwhile
+        sink = _Counting(idle=0.3)
+        try:
+            await call.consume(sink)
+            how = b"done" if sink.bodies[-1:] == [b"end"] else b"eof"
+        except TimeoutError:
+            how = b"idle %.3f" % (time.monotonic() - sink.fed_at)
+        except ValueError:
+            how = b"failed"
+        call.write(ep.ProcessingResponse(request_body=ep.BodyResponse(response=ep.CommonResponse(
+            body_mutation=ep.BodyMutation(body=how + b":" + b",".join(sink.bodies))))))
+
+    r = Running({CONSUME_PATH: (listen, ep.ProcessingRequest.FromString)})
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{r.port}") as ch:
+            method = ch.stream_stream(CONSUME_PATH.decode(), request_serializer=ep.ProcessingRequest.SerializeToString,
+                                      response_deserializer=ep.ProcessingResponse.FromString)
+
+            def run(*items: bytes | float) -> bytes:
+                def requests() -> Iterator[ep.ProcessingRequest]:
+                    for item in items:
+                        if isinstance(item, float):
+                            time.sleep(item)
+                        else:
+                            yield ep.ProcessingRequest(request_body=ep.HttpBody(body=item))
+                    time.sleep(1.5)  # the call stays open unless the server ends it
+                [reply] = list(method(requests(), timeout=10))
+                return bytes(reply.request_body.response.body_mutation.body)
+
+            assert run(b"a", b"b", 0.3, b"c", b"end", b"after") == b"done:a,b,c,end"
+            assert run(b"a", 0.4, b"b") == b"eof:a,b"  # (no idle limit before b"arm")
+            # idle counts from the last message: 0.25 s gaps pass, then 0.3 s without one ends it
+            how, fed = run(b"arm", 0.25, b"x", 0.25, b"y", 0.25, b"z").split(b":")
+            assert fed == b"arm,x,y,z" and how.startswith(b"idle ")
+            assert 0.3 <= float(how[5:]) < 0.45, how
+            assert run(b"a", b"fail", b"b") == b"failed:a"
+            assert run(b"a", b"b", b"end") == b"done:a,b,end"  # all of it queued before ``consume``
+    finally:
+        r.stop()
