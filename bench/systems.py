@@ -130,7 +130,7 @@ def start_gateway(tmp: Path, up: Upstream, workers: int = 1, event_loop: str | N
 
     cat = tmp / "gateway-catalog.yaml"
     cat.write_text(yaml.safe_dump(gateway_catalog(up)))
-    while True:
+    for _ in range(50):
         base = free_port_base()
         # A later stack (another worker count) reuses the state directory: no second initdb.
         settings = Settings.from_env(gateway_port=base, gateway_host="127.0.0.1", state_dir=str(tmp / "gateway"),
@@ -142,6 +142,8 @@ def start_gateway(tmp: Path, up: Upstream, workers: int = 1, event_loop: str | N
         # too: a taken one failed a whole `make bench` run at its 2-process cell
         if all(bindable(p) for _, grpc, metrics in extproc_workers(settings) for p in (grpc, metrics)):
             break
+    else:
+        raise RuntimeError("no free port range for the gateway's ext_proc processes")
     # The ext_proc child reads its limits from the environment; earlier launchers passed it only
     # ports, state, catalog and URLs, so the overrides are put in the environment too (same values).
     os.environ["GATEWAY_DEFAULT_RPM"] = str(settings.default_rpm)

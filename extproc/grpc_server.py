@@ -88,7 +88,11 @@ class Call:
                 self._waiter = None
                 if timer is not None:
                     timer.cancel()
-        message = self._queue.popleft()
+        return self._take(self._queue.popleft())
+
+    def _take(self, message: bytes) -> Any:
+        """A message read: its bytes back to the client's windows, then parsed."""
+        proto = self._proto
         if proto.conn.consumed(self._sid, len(message)) or proto.read_paused:
             proto.after_read()
         return self._parse(message)
@@ -103,7 +107,7 @@ class Call:
         loop = asyncio.get_running_loop()
         self._last = loop.time()
         while self._queue:  # what came before
-            if self._feed(sink, self._queue.popleft()):
+            if sink.feed(self._take(self._queue.popleft())):
                 return
         if self.ended:
             return
@@ -135,12 +139,6 @@ class Call:
         else:
             self._arm()  # messages came meanwhile: the wait starts from the last of them
 
-    def _feed(self, sink: "Sink", data: bytes) -> bool:
-        proto = self._proto
-        if proto.conn.consumed(self._sid, len(data)) or proto.read_paused:
-            proto.after_read()
-        return sink.feed(self._parse(data))
-
     def write(self, message: Message) -> None:
         self._proto.conn.send_message(self._sid, message.SerializeToString())
         self._proto.flush()
@@ -153,9 +151,9 @@ class Call:
             return
         waiter = self._waiter
         assert waiter is not None
-        self._last = waiter.get_loop().time()
+        self._last = self._proto.loop.time()
         try:
-            done = self._feed(sink, data)
+            done = sink.feed(self._take(data))
         except Exception as e:  # noqa: BLE001 - the consuming handler fails, not the connection
             self._sink = None
             if not waiter.done():
@@ -251,7 +249,7 @@ class _Protocol(asyncio.Protocol):
         self.calls: dict[int, Call] = {}
         self.transport: asyncio.Transport | None = None
         self._flush_pending = False
-        self._loop = asyncio.get_running_loop()
+        self.loop = asyncio.get_running_loop()
         self.write_paused = False  # the transport's write buffer is full: the client is not reading
         self.read_paused = False
         self._writable: list[asyncio.Future[None]] = []  # handlers waiting in ``Call.read`` for that to pass
@@ -314,7 +312,7 @@ class _Protocol(asyncio.Protocol):
 
     async def writable(self) -> None:
         while self.write_paused and self.transport is not None:
-            waiter = self._loop.create_future()
+            waiter = self.loop.create_future()
             self._writable.append(waiter)
             await waiter
 
@@ -327,7 +325,7 @@ class _Protocol(asyncio.Protocol):
     def flush_soon(self) -> None:
         if not self._flush_pending:
             self._flush_pending = True
-            self._loop.call_soon(self.flush)
+            self.loop.call_soon(self.flush)
 
     def flush(self) -> None:
         """What is framed goes out now (a reply message), not at the end of the turn."""
@@ -374,7 +372,7 @@ class _Protocol(asyncio.Protocol):
             return
         handler, parse = route
         call = self.calls[sid] = Call(self, sid, headers, parse)
-        task = self._loop.create_task(self._run(sid, call, handler))
+        task = self.loop.create_task(self._run(sid, call, handler))
         self.server.calls.add(task)
         task.add_done_callback(self.server.calls.discard)
 

@@ -205,21 +205,20 @@ class Processor:
             # the stream's end (Envoy passed it on before it sent this copy: billed now, and the call
             # ends here rather than when Envoy's deferred close, 1 s later, would end it), or EOF
         finally:
-            if sink.rid:
-                self.gateway.leaving.pop(sink.rid, None)
+            if sink.w.ctx is not None:
+                self.gateway.leaving.pop(sink.w.ctx["r"], None)
             await sink.w.close()
 
 
 class _WatchSink:
     """Envoy's copies of a streamed reply, as ``Call.consume`` hands them over, to a ``StreamWatch``."""
 
-    __slots__ = ("w", "leaving", "call", "rid")
+    __slots__ = ("w", "leaving", "call")
 
     def __init__(self, w: StreamWatch, leaving: dict[str, Callable[[], None]], call: Call) -> None:
         self.w = w
         self.leaving = leaving
         self.call = call
-        self.rid = ""  # the request, once its headers named it
 
     @property
     def idle(self) -> float | None:
@@ -240,7 +239,6 @@ class _WatchSink:
             return bool(b.end_of_stream)
         if phase == "response_headers":
             self.w.response_headers(_headers(req.response_headers.headers))
-            if self.w.ctx is not None:
-                self.rid = self.w.ctx["r"]
-                self.leaving[self.rid] = self.client_left
+            if self.w.ctx is not None:  # the request, named by its headers
+                self.leaving[self.w.ctx["r"]] = self.client_left
         return False
