@@ -104,7 +104,7 @@ class Call:
         ``TimeoutError`` once ``sink.idle`` seconds (None: no limit) passed since the last message (one
         timer, moved on only when it fires); an exception of ``feed`` ends it too.  Messages after the
         end are left unread."""
-        loop = asyncio.get_running_loop()
+        loop = self._proto.loop
         self._last = loop.time()
         while self._queue:  # what came before
             if sink.feed(self._take(self._queue.popleft())):
@@ -127,14 +127,14 @@ class Call:
         sink, waiter = self._sink, self._waiter
         if sink is None or waiter is None or (idle := sink.idle) is None:
             return
-        self._timer = waiter.get_loop().call_at(self._last + idle, self._check)
+        self._timer = self._proto.loop.call_at(self._last + idle, self._check)
 
     def _check(self) -> None:
         self._timer = None
         waiter, sink = self._waiter, self._sink
         if waiter is None or sink is None or waiter.done() or (idle := sink.idle) is None:
             return
-        if waiter.get_loop().time() - self._last >= idle:
+        if self._proto.loop.time() - self._last >= idle:
             expire(waiter)
         else:
             self._arm()  # messages came meanwhile: the wait starts from the last of them
@@ -149,22 +149,26 @@ class Call:
             self._queue.append(data)
             self._wake()
             return
-        waiter = self._waiter
-        assert waiter is not None
         self._last = self._proto.loop.time()
         try:
             done = sink.feed(self._take(data))
         except Exception as e:  # noqa: BLE001 - the consuming handler fails, not the connection
-            self._sink = None
-            if not waiter.done():
-                waiter.set_exception(e)
+            self._stop_consuming(e)
             return
         if done:
-            self._sink = None
-            if not waiter.done():
-                waiter.set_result(None)
+            self._stop_consuming(None)
         elif self._timer is None:
             self._arm()  # the sink may know its ``idle`` only now
+
+    def _stop_consuming(self, error: Exception | None) -> None:
+        """``consume`` returns (or raises ``error``): no message is fed to its sink after this one."""
+        self._sink = None
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            if error is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(error)
 
     def _drop_unread(self) -> None:
         """The handler is done: messages it did not read are given back to the windows unread."""

@@ -206,7 +206,7 @@ class Processor:
             # ends here rather than when Envoy's deferred close, 1 s later, would end it), or EOF
         finally:
             if sink.w.ctx is not None:
-                self.gateway.leaving.pop(sink.w.ctx["r"], None)
+                sink.leaving.pop(sink.w.ctx["r"], None)
             await sink.w.close()
 
 

@@ -267,8 +267,8 @@ CONSUME_PATH = b"/test.Listen/Consume"
 
 
 class _Counting:
-    """A sink that keeps the bodies it is fed (and when it was fed last), ends at b"end", fails at b"fail", and allows ``idle``
-    seconds between messages once it saw b"arm" (None before: no limit)."""
+    """A sink that keeps the bodies it is fed (and when it was fed last), ends at b"end", fails at
+    b"fail", and allows ``idle`` seconds between messages once it saw b"arm" (None before: no limit)."""
 
     def __init__(self, idle: float) -> None:
         self.bodies: list[bytes] = []
