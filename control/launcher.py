@@ -50,6 +50,11 @@ def free_port_base(span: int = 20) -> int:
     raise RuntimeError("no free port range")
 
 
+def _redis_quoted(text: str) -> str:
+    """``text`` as one argument of a redis.conf line (a path with spaces, quotes or other letters)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 T = TypeVar("T")
 
 
@@ -143,7 +148,7 @@ class Stack:
         # append-only file before it answers a command, so only an operating-system crash could lose
         # the last second (fsync every second): "always" costs an fsync per request.
         password = self.credentials.redis
-        embedded.write_private(conf, f"port {port}\nbind 127.0.0.1\ndir {d}\nappendonly yes\n"
+        embedded.write_private(conf, f"port {port}\nbind 127.0.0.1\ndir {_redis_quoted(str(d))}\nappendonly yes\n"
                                f"appendfsync everysec\nsave \"\"\ndaemonize no\nloglevel warning\n"
                                f"maxmemory-policy noeviction\nrequirepass {password}\n")
         self.redis_url = f"redis://:{password}@127.0.0.1:{port}/0"
