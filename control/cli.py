@@ -101,7 +101,8 @@ def _print(args: argparse.Namespace, data: Any, text: str) -> None:
 
 
 async def ensure_demo(admin: Admin, s: Settings) -> dict[str, str]:
-    """First start: a demo organisation with the trial balance and a key, remembered in the state dir."""
+    """Development mode's first start: a demo organisation with the trial balance and a key, remembered in
+    the state dir (a production start makes none: the operator's first key comes from `gateway key create`)."""
     f = s.state / "demo.json"
     if f.exists():
         return dict(json.loads(f.read_text()))
@@ -112,8 +113,47 @@ async def ensure_demo(admin: Admin, s: Settings) -> dict[str, str]:
     return demo
 
 
+READY_TIMEOUT_S = 60.0  # for every alias's first request (a model server still loading gets this long)
+
+
+async def _start_keys(admin: Admin, s: Settings) -> tuple[str, dict[str, str] | None]:
+    """The readiness probes' key and, in development mode only, the demo organisation."""
+    from .readiness import probe_key
+    return await probe_key(admin, s.state), (await ensure_demo(admin, s) if s.dev else None)
+
+
+def _banner(s: Settings, heading: str, demo: dict[str, str] | None) -> str:
+    base = f"http://{s.gateway_host}:{s.gateway_port}/v1"
+    console = f"  console:           http://{s.gateway_host}:{s.console_http_port}/"
+    if demo is None:
+        return f"""
+{heading}
+{console}
+  No key is printed outside development mode. The first organisation and key:
+    gateway org create NAME --balance PLN
+    gateway key create ORG
+
+Ctrl-C stops every process."""
+    return f"""
+{heading}
+{console}
+  DEVELOPMENT MODE (GATEWAY_DEV=1): e-mails captured at /dev/mail, sandbox payments; both on loopback only. Never in a deployment.
+  demo organisation: {demo['org']}
+  API key:           {demo['key']}
+
+Try it:
+  curl -s {base}/chat/completions -H "Authorization: Bearer {demo['key']}" \\
+    -H "Content-Type: application/json" \\
+    -d '{{"model": "polish-pro", "messages": [{{"role": "user", "content": "Dzień dobry!"}}]}}'
+
+Ctrl-C stops every process."""
+
+
 def cmd_up(args: argparse.Namespace, s: Settings) -> int:
+    from extproc import catalog as catalog_mod
+
     from .launcher import GaveUp, Stack
+    from .readiness import wait_ready
     if args.port:
         s = Settings.from_env(gateway_port=args.port)
     stack = Stack(s)
@@ -129,58 +169,26 @@ def cmd_up(args: argparse.Namespace, s: Settings) -> int:
         stack.start()
         s2 = Settings.from_env(gateway_port=s.gateway_port, database_url=stack.database_url,
                                redis_url=stack.redis_url)
-        demo = asyncio.run(_with_admin(s2, lambda a: ensure_demo(a, s2)))
-        first_request(s, demo["key"], stack.logs)
-        base = f"http://{s.gateway_host}:{s.gateway_port}/v1"
-        dev = ("\n  DEVELOPMENT MODE (GATEWAY_DEV=1): e-mails captured at /dev/mail, sandbox payments;"
-               " both on loopback only. Never in a deployment.") if s.dev else ""
-        print(f"""
-Gateway ready on {base}
-  console:           http://{s.gateway_host}:{s.console_http_port}/{dev}
-  demo organisation: {demo['org']}
-  API key:           {demo['key']}
-
-Try it:
-  curl -s {base}/chat/completions -H "Authorization: Bearer {demo['key']}" \\
-    -H "Content-Type: application/json" \\
-    -d '{{"model": "polish-pro", "messages": [{{"role": "user", "content": "Dzień dobry!"}}]}}'
-
-Ctrl-C stops every process.""", flush=True)
+        key, demo = asyncio.run(_with_admin(s2, lambda a: _start_keys(a, s2)))
+        host = "127.0.0.1" if s.gateway_host in ("", "0.0.0.0", "::") else s.gateway_host
+        outcomes = wait_ready(f"http://{host}:{s.gateway_port}/v1", key, catalog_mod.load(s.catalog),
+                              s.gateway_port, s.run_sim, READY_TIMEOUT_S, lambda: stopping)
+        if not stopping:
+            failed = [f"{a}: {o.detail}" for a, o in sorted(outcomes.items()) if not o.ok]
+            base = f"http://{s.gateway_host}:{s.gateway_port}/v1"
+            heading = (f"Gateway ready on {base}" if not failed else
+                       f"Gateway up on {base} but NOT READY: " + "; ".join(failed) + f" (see {stack.logs})")
+            print(_banner(s, heading, demo), flush=True)
         stack.supervise(lambda: stopping)
     except GaveUp as e:
         print(f"gateway: stopping: {e}", file=sys.stderr)
         return 1
-    except (StartError, RuntimeError, OSError) as e:
+    except (StartError, RuntimeError, OSError, CatalogError) as e:
         print(f"gateway: not started: {e}", file=sys.stderr)
         return 1
     finally:
         stack.stop()
     return 0
-
-
-def first_request(s: Settings, key: str, logs: Path, timeout: float = 30.0) -> None:
-    """Ready means a real request went through: GET /v1/models with the demo key, through Envoy, the
-    ext_proc (key lookup) and Redis and back, answered 200."""
-    import time
-    import urllib.error
-    import urllib.request
-    host = "127.0.0.1" if s.gateway_host in ("", "0.0.0.0", "::") else s.gateway_host
-    req = urllib.request.Request(f"http://{host}:{s.gateway_port}/v1/models",
-                                 headers={"Authorization": f"Bearer {key}"})
-    deadline, last = time.monotonic() + timeout, ""
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(req, timeout=5) as r:
-                if r.status == 200:
-                    return
-                last = f"HTTP {r.status}"
-        except urllib.error.HTTPError as e:
-            last = f"HTTP {e.code}"
-        except OSError as e:
-            last = type(e).__name__
-        time.sleep(0.1)
-    raise StartError(f"no request with the demo key went through Envoy, the ext_proc and Redis in {timeout:.0f} s "
-                     f"(last: {last}); see {logs}")
 
 
 async def status(s: Settings) -> dict[str, dict[str, Any]]:
@@ -244,7 +252,7 @@ async def status(s: Settings) -> dict[str, dict[str, Any]]:
         out["redis"] = {"ok": False, "detail": redis_problem(rd, e) if rd else type(e).__name__}
     if s.run_sim:
         cat = catalog_mod.load(s.catalog)
-        ports = sorted({(d.name, d.port) for deps in cat.deployments.values() for d in deps
+        ports = sorted({(d.name, d.port_at(s.gateway_port)) for deps in cat.deployments.values() for d in deps
                         if d.host in ("127.0.0.1", "localhost")})
         for name, port in ports:
             out[f"sim:{name}"] = http(f"http://127.0.0.1:{port}/health")
@@ -266,7 +274,8 @@ def cmd_status(args: argparse.Namespace, s: Settings) -> int:
 
 def cmd_sim(args: argparse.Namespace, s: Settings) -> int:
     import sim
-    port = [] if any(a == "--port" or a.startswith("--port=") for a in args.rest) else ["--port", "9100"]
+    given = any(a == "--port" or a.startswith("--port=") for a in args.rest)
+    port = [] if given else ["--port", str(args.port or s.gateway_port + 15)]
     sim.main(port + args.rest)
     return 0
 
@@ -279,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up", help="start the whole stack in the foreground")
     up.add_argument("--port", type=int)
     sm = sub.add_parser("sim", help="run the model-server simulator")
-    sm.add_argument("--port", type=int, default=9100)
+    sm.add_argument("--port", type=int, help="default: GATEWAY_PORT + 15, the demo catalog's sim-a")
     sm.add_argument("rest", nargs=argparse.REMAINDER)
     org = sub.add_parser("org").add_subparsers(dest="sub", required=True)
     oc = org.add_parser("create"); oc.add_argument("name"); oc.add_argument("--balance", default="0")

@@ -116,11 +116,11 @@ def _unprivileged_ids() -> tuple[int, int]:
     with contextlib.suppress(KeyError):
         pw = pwd.getpwnam("nobody")
         return pw.pw_uid, pw.pw_gid
-    pw = next((p for p in pwd.getpwall() if p.pw_uid != 0), None)
-    if pw is None:
+    other = next((p for p in pwd.getpwall() if p.pw_uid != 0), None)
+    if other is None:
         raise StartError("as root the embedded PostgreSQL needs an account other than root in /etc/passwd "
                          "(such as nobody) to run as; or set DATABASE_URL")
-    return pw.pw_uid, pw.pw_gid
+    return other.pw_uid, other.pw_gid
 
 
 def _own(data: Path) -> None:

@@ -24,7 +24,7 @@ from typing import Awaitable, Callable, TypeVar
 
 from extproc import catalog as catalog_mod
 
-from . import embedded, envoy_config
+from . import embedded, envoy_config, ports
 from .procs import Proc, http_ok, port_open
 from .restarts import GiveUp, Restarts
 from .settings import Settings
@@ -162,13 +162,8 @@ class Stack:
             for u in a.upstreams:
                 kinds[u.model] = "embed" if "embeddings" in a.capabilities else "chat"
                 contexts[u.model] = max(contexts.get(u.model, 0), a.context_length)
-        by_addr: dict[tuple[str, int], list[str]] = {}
-        for model, deps in cat.deployments.items():
-            for d in deps:
-                if d.host in ("127.0.0.1", "localhost"):
-                    by_addr.setdefault((d.name, d.port), []).append(model)
         procs = []
-        for (name, port), models in sorted(by_addr.items(), key=lambda x: x[0][1]):
+        for (name, port), models in sorted(ports.simulators(cat, self.s).items(), key=lambda x: x[0][1]):
             argv = [sys.executable, "-m", "sim", "--port", str(port), "--name", name]
             for m in models:
                 argv += [f"--{kinds.get(m, 'chat')}-model", f"{m}@{contexts.get(m, 8192)}"]
@@ -242,6 +237,10 @@ class Stack:
     def start(self) -> None:
         from .console.launch import check, console_proc, smtp_proc
         check(self.s)  # no development convenience outside development mode: refuse before starting anything
+        problem = ports.first_problem(ports.planned(self.s, catalog_mod.load(self.s.catalog) if self.s.run_sim
+                                                    else None))
+        if problem is not None:
+            raise embedded.StartError(problem)
         embedded.make_private(self.state)
         if not self.s.database_url:
             self.start_proc(self._pg_proc())

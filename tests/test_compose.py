@@ -248,7 +248,7 @@ def expected_sims() -> dict[tuple[str, int], dict[str, Any]]:
                 continue
             ctx = max((a.context_length for a in cat.aliases.values()
                        if any(u.model == model for u in a.upstreams)), default=8192)
-            entry = out.setdefault((d.name, d.port), {"chat": {}, "embed": {}})
+            entry = out.setdefault((d.name, d.port_at(Settings().gateway_port)), {"chat": {}, "embed": {}})
             entry[kinds.get(model, "chat")][model] = ctx
     return out
 

@@ -121,7 +121,10 @@ def test_gateway_up_as_an_ordinary_account(account: tuple[pwd.struct_passwd, Pat
     user, work, python, extra_env = account
     base = free_base()
     catalog = work / "catalog.yaml"
-    catalog.write_text(yaml.safe_dump(make_catalog(base)))
+    doc = make_catalog(base)
+    for alias in ("dead-alias", "empty-alias"):  # every alias served: "Gateway ready"
+        del doc["aliases"][alias]
+    catalog.write_text(yaml.safe_dump(doc))
     os.chown(catalog, user.pw_uid, user.pw_gid)
     state = work / ".gateway"
     before = _modes(work)
@@ -149,11 +152,13 @@ def test_gateway_up_as_an_ordinary_account(account: tuple[pwd.struct_passwd, Pat
                     if line.strip().startswith("API key:") and out.endswith(b"every process.\n"):
                         key = line.split(":", 1)[1].strip()
         assert "Gateway ready" in out.decode()
-        # ready was said after a real request: the demo key's GET /v1/models went through Envoy, the
-        # ext_proc and Redis, answered 200
+        # ready was said after a real request for every alias went through Envoy, the ext_proc, Redis and
+        # PostgreSQL to the simulators, answered 200: three chat aliases and one embeddings alias
         m = httpx.get(f"http://127.0.0.1:{base + 19}/metrics").text
-        assert any('endpoint="models"' in ln and 'status="200"' in ln and not ln.endswith(" 0.0")
-                   for ln in m.splitlines() if ln.startswith("gateway_requests_total{")), m[-3000:]
+        served = {ln.split('alias="')[1].split('"')[0]: ln.split('endpoint="')[1].split('"')[0]
+                  for ln in m.splitlines() if ln.startswith("gateway_requests_total{") and 'status="200"' in ln
+                  and not ln.endswith(" 0.0")}
+        assert served == {"polish-fast": "chat", "polish-pro": "chat", "advanced": "chat", "embed": "embeddings"}, m
 
         h = {"Authorization": f"Bearer {key}"}
         v1 = f"http://127.0.0.1:{base}/v1"

@@ -113,3 +113,24 @@ def test_up_with_credentials_refused_says_so_in_one_line(gw: Gateway) -> None:
         assert len(lines) == 1 and lines[0].startswith("gateway: "), (name, err)
         assert says in lines[0], (name, lines[0])
         assert secret is None or secret not in err + out, name
+
+
+def test_ready_means_this_stacks_simulator_saw_the_request(gateway: Gateway) -> None:
+    """"Gateway ready" needs every alias's request to reach this stack's own model server (its request id
+    seen there), not any 200: the same 200 counts for nothing when the id is not in the given simulators."""
+    from control.readiness import Outcome, probe, sim_ports_of, wait_ready
+    from extproc import catalog as catalog_mod
+    _, _, key = gateway.new_org()
+    cat = catalog_mod.load(gateway.stack.s.catalog)
+    port = gateway.stack.s.gateway_port
+    pro = cat.aliases["polish-pro"]
+    assert sim_ports_of(cat, pro, port, True) == [int(gateway.sim_a.rsplit(":", 1)[1]), int(gateway.sim_b.rsplit(":", 1)[1])]
+    assert probe(gateway.v1, key, pro, sim_ports_of(cat, pro, port, True)).ok
+    elsewhere = probe(gateway.v1, key, pro, [free_base() + 3])  # a port where no simulator of this stack is
+    assert not elsewhere.ok and elsewhere.detail.startswith("HTTP 200, but none of this stack's simulators")
+    dead = probe(gateway.v1, key, cat.aliases["dead-alias"], [])
+    assert dead == Outcome(False, "HTTP 502 upstream_unavailable")
+    out = wait_ready(gateway.v1, key, cat, port, True, timeout=1.0, should_stop=lambda: False)
+    assert {a for a, o in out.items() if o.ok} == {"polish-fast", "polish-pro", "advanced", "embed"}
+    assert out["empty-alias"] == Outcome(False, "no deployments (503 no_capacity)")
+    assert out["dead-alias"] == Outcome(False, "HTTP 502 upstream_unavailable")
