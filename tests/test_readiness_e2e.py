@@ -5,6 +5,7 @@ the URL with its password masked."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -134,3 +135,42 @@ def test_ready_means_this_stacks_simulator_saw_the_request(gateway: Gateway) -> 
     assert {a for a, o in out.items() if o.ok} == {"polish-fast", "polish-pro", "advanced", "embed"}
     assert out["empty-alias"] == Outcome(False, "no deployments (503 no_capacity)")
     assert out["dead-alias"] == Outcome(False, "HTTP 502 upstream_unavailable")
+
+
+def test_production_start_makes_no_demo_organisation_and_prints_no_key(gateway: Gateway, tmp_path: Path) -> None:
+    """Outside development mode `gateway up` creates no demo organisation and prints no key (a deployment's
+    standard output ends up in its logs); the operator's first key comes from `gateway key create`."""
+    import signal
+    import time
+    base = free_base()
+    doc = make_catalog(gateway.stack.s.gateway_port)  # the session's simulators, reached over loopback
+    for alias in ("dead-alias", "empty-alias"):
+        del doc["aliases"][alias]
+    cat = tmp_path / "catalog.yaml"
+    cat.write_text(yaml.safe_dump(doc))
+    env = dict(os.environ, GATEWAY_PORT=str(base), GATEWAY_METRICS_PORT=str(base + 19), GATEWAY_DEV="0",
+               GATEWAY_STATE_DIR=str(tmp_path / "state"), GATEWAY_CATALOG=str(cat), GATEWAY_RUN_SIM="0",
+               DATABASE_URL=gateway.stack.database_url, REDIS_URL=gateway.stack.redis_url,
+               GATEWAY_SMTP_HOST="127.0.0.1", GATEWAY_SMTP_PORT=str(base + 18), GATEWAY_PAYMENT_PROVIDER="p24",
+               GATEWAY_P24_MERCHANT_ID="1", GATEWAY_P24_CRC="c", GATEWAY_P24_API_KEY="k",
+               GATEWAY_CONSOLE_URL=f"https://127.0.0.1:{base + 1}")
+    t0 = gateway.sql("SELECT now() AS t")[0]["t"]
+    up = subprocess.Popen([sys.executable, "-m", "control.cli", "up"], env=env, text=True, start_new_session=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert up.stdout is not None
+    try:
+        out, deadline = "", time.monotonic() + 90
+        while not out.endswith("every process.\n") and up.poll() is None and time.monotonic() < deadline:
+            out += up.stdout.readline()
+        assert f"Gateway ready on http://0.0.0.0:{base}/v1" in out or f"Gateway ready on http://127.0.0.1:{base}/v1" in out, out
+        assert "sk-service-" not in out and "API key" not in out and "demo" not in out, out
+        assert "gateway key create ORG" in out
+        assert not (tmp_path / "state" / "demo.json").exists()
+        made = gateway.sql("SELECT name FROM orgs WHERE created_at >= $1 AND id = $2", t0,
+                           json.loads((tmp_path / "state" / "readiness.json").read_text())["org"])
+        assert made == [{"name": "gateway readiness probes"}]
+        assert gateway.sql("SELECT count(*) AS n FROM orgs WHERE name = 'demo' AND created_at >= $1", t0) == [{"n": 0}]
+        assert (tmp_path / "state" / "readiness.json").stat().st_mode & 0o777 == 0o600
+    finally:
+        os.killpg(up.pid, signal.SIGINT)
+        assert up.wait(60) == 0
