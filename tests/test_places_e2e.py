@@ -162,14 +162,14 @@ def test_make_run_from_private_folders_two_stacks_side_by_side(places: list[Path
                     st = os.lstat(Path(root) / n)
                     assert st.st_uid == os.geteuid(), (root, n)
         # Ctrl-C: make reports the interrupt (exit by SIGINT) once `gateway up` has stopped every process
-        assert [r.stop() for r in runs] == [-signal.SIGINT] * 2, [r.out.decode()[-1500:] for r in runs]
+        assert [run.stop() for run in runs] == [-signal.SIGINT] * 2, [run.out.decode()[-1500:] for run in runs]
         for run in runs:
             for port in (run.base, run.base + 1, run.base + 12, run.base + 13, run.base + 15, run.base + 16):
                 with socket.socket() as s:
                     assert s.connect_ex(("127.0.0.1", port)) != 0, port
     finally:
-        for r in runs:
-            r.stop()
+        for run in runs:
+            run.stop()
 
 
 def test_a_port_taken_stops_the_start_in_one_line(tmp_path: Path) -> None:
