@@ -28,6 +28,7 @@ import httpx
 import pytest
 
 from conftest import free_base
+from docs_blocks import marked, sample_matches
 
 REPO = Path(__file__).resolve().parent.parent
 SITE = Path(sysconfig.get_paths()["purelib"])
@@ -96,6 +97,9 @@ class Run:
                 self.out += os.read(self.proc.stdout.fileno(), 65536)
         text = self.out.decode()
         assert f"Gateway ready on http://127.0.0.1:{self.base}/v1" in text, self.failed("not ready")
+        (sample,) = marked("output of: make run")  # README's sample of this output, as it stands
+        expected = sample.text.replace(":8080/", f":{self.base}/").replace(":8081/", f":{self.base + 1}/")
+        assert not sample_matches(expected, text), (sample_matches(expected, text), text)
         m = re.search(r"API key:\s+(sk-service-\S+)", text)
         assert m, text
         return m.group(1)
