@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from . import catalog as catalog_mod
-from . import access_log, metrics, tracing
+from . import access_log, envoy_admin, metrics, tracing
 from .directory import Directory
 from .exchange import Gateway
 from .grpc_server import Server
@@ -106,6 +106,9 @@ async def serve(settings: GatewaySettings) -> None:
     await until_stopped()
     beat_task.cancel()
     serving(server, False)
+    if settings.drain_envoy_on_stop:  # compose stops it before its Envoy, Kubernetes both at once: drain
+        # that Envoy, serving what it still relays, before stopping
+        await asyncio.to_thread(envoy_admin.drain, settings.envoy_admin_port, settings.drain_grace_s)
     await server.stop(grace=settings.drain_grace_s)
     watch_task.cancel()
     await pool.close()
