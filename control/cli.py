@@ -394,7 +394,7 @@ def _credit_limit(text: str) -> CreditLimit:
 def _credit_text(b: dict[str, Any]) -> str:
     """The credit limit in force, and why, in words."""
     if not b["paid"]:
-        return "credit limit 0.000000 PLN (trial credit only)"
+        return "credit limit 0.000000 PLN (until the organisation pays: trial credit only)"
     if b["credit_limit_pln"] is None:
         return "no credit limit" + (" (its own)" if b["credit_limit_own"] == "none" else "")
     own = " (its own)" if b["credit_limit_own"] != "default" else " (GATEWAY_CREDIT_LIMIT_PLN)"
