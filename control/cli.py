@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from extproc.catalog import CatalogError
+from extproc.cost import micro_to_pln
+from extproc.settings_base import SettingsError
 from extproc.urls import RedisUrlError
 
-from .admin import Admin, AdminError, micro_to_pln, pln_to_micro
+from .admin import Admin, AdminError, CreditLimit, pln_to_micro
 from .console.launch import ConfigError
 from .embedded import StartError, write_private
 from .settings import Settings
@@ -93,7 +95,7 @@ async def _with_admin(s: Settings, fn: Callable[[Admin], Awaitable[Any]]) -> Any
         except (OSError, asyncio.TimeoutError, RedisUrlError, rx.RedisError) as e:
             raise AdminError(redis_problem(rd, e)) from None
         opened.push_async_callback(r.aclose)
-        return await fn(Admin(pool, r))
+        return await fn(Admin(pool, r, s.credit_limit_micro))
 
 
 def _print(args: argparse.Namespace, data: Any, text: str) -> None:
@@ -106,7 +108,7 @@ async def ensure_demo(admin: Admin, s: Settings) -> dict[str, str]:
     f = s.state / "demo.json"
     if f.exists():
         return dict(json.loads(f.read_text()))
-    org = await admin.create_org("demo", pln_to_micro(s.trial_balance_pln))
+    org = await admin.create_org("demo", pln_to_micro(s.trial_balance_pln), kind="trial")
     kid, key = await admin.create_key(org, "demo")
     demo = {"org": org, "key_id": kid, "key": key}
     write_private(f, json.dumps(demo))
@@ -296,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         org.add_parser(n).add_argument("org")
     ol = org.add_parser("limits"); ol.add_argument("org")
     ol.add_argument("--rpm", type=int); ol.add_argument("--concurrency", type=int)
+    ol.add_argument("--credit-limit", metavar="PLN", help="how far below zero the balance may go once the"
+                    " organisation has paid: an amount in PLN, none (no limit) or default"
+                    " (GATEWAY_CREDIT_LIMIT_PLN's)")
     key = sub.add_parser("key").add_subparsers(dest="sub", required=True)
     key.add_parser("create").add_argument("org")
     key.add_parser("revoke").add_argument("key_id")
@@ -315,12 +320,12 @@ def main(argv: list[str] | None = None) -> int:
         args = argparse.Namespace(cmd="sim", rest=argv[1:])
     else:
         args = p.parse_args(argv)
-    s = Settings.from_env()
     try:
+        s = Settings.from_env()
         if (cmd := {"up": cmd_up, "sim": cmd_sim, "status": cmd_status}.get(args.cmd)) is not None:
             return cmd(args, s)
         return int(asyncio.run(_with_admin(s, lambda a: _admin_cmd(args, a))))
-    except (AdminError, CatalogError, RedisUrlError, ConfigError) as e:
+    except (AdminError, CatalogError, RedisUrlError, ConfigError, SettingsError) as e:
         print(f"gateway: {e}", file=sys.stderr)
         return 2
     except (OSError, asyncio.TimeoutError) as e:  # a server gone in the middle of a command, a port taken
@@ -339,8 +344,13 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
         await a.set_status(args.org, "suspended" if sc == "suspend" else "active")
         _print(args, {"id": args.org, "status": "suspended" if sc == "suspend" else "active"}, "ok")
     elif c == "org" and sc == "limits":
+        limit = None if args.credit_limit is None else _credit_limit(args.credit_limit)
         await a.set_limits(args.org, args.rpm, args.concurrency)
-        _print(args, {"id": args.org, "rpm": args.rpm, "concurrency": args.concurrency}, "ok")
+        if limit is not None:
+            await a.set_credit_limit(args.org, limit)
+        b = await a.balance(args.org)
+        _print(args, {"id": args.org, "rpm": args.rpm, "concurrency": args.concurrency,
+                      **{k: b[k] for k in _CREDIT_FIELDS}}, f"ok; {_credit_text(b)}")
     elif c == "key" and sc == "create":
         kid, k = await a.create_key(args.org)
         _print(args, {"id": kid, "key": k}, f"{kid}\n{k}\n(the key is shown once; store it now)")
@@ -356,7 +366,7 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
         _print(args, {**b, "credited": new}, f"{'credited' if new else 'already credited'}; balance {b['balance_pln']} PLN")
     elif c == "balance" and sc == "show":
         b = await a.balance(args.org)
-        _print(args, b, f"{b['balance_pln']} PLN")
+        _print(args, b, f"{b['balance_pln']} PLN; {_credit_text(b)}")
     elif c == "usage":
         rows = await a.usage(args.org, args.limit, status=args.status, request_id=args.request_id)
         lines = [f"{r['started_at']}  {r['request_id']}  {r['alias'] or '-':<12} {r['status']}"
@@ -366,6 +376,29 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
                  for r in rows]
         _print(args, rows, "\n".join(lines) or "no requests yet")
     return 0
+
+
+_CREDIT_FIELDS = ("paid", "credit_limit_micro_pln", "credit_limit_pln", "credit_limit_own", "held_micro_pln")
+
+
+def _credit_limit(text: str) -> CreditLimit:
+    """--credit-limit's value: none, default, or an amount in PLN."""
+    word = text.strip().lower()
+    if word == "none":
+        return "none"
+    if word == "default":
+        return "default"
+    return pln_to_micro(text)
+
+
+def _credit_text(b: dict[str, Any]) -> str:
+    """The credit limit in force, and why, in words."""
+    if not b["paid"]:
+        return "credit limit 0.000000 PLN (until the organisation pays: trial credit only)"
+    if b["credit_limit_pln"] is None:
+        return "no credit limit" + (" (its own)" if b["credit_limit_own"] == "none" else "")
+    own = " (its own)" if b["credit_limit_own"] != "default" else " (GATEWAY_CREDIT_LIMIT_PLN)"
+    return f"credit limit {b['credit_limit_pln']} PLN{own}"
 
 
 if __name__ == "__main__":

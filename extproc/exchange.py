@@ -23,6 +23,7 @@ from .decisions import Admission, UsageRecord
 from .directory import Directory
 from .errors import (BODY_TOO_LARGE, INTERNAL_ERROR, MODEL_NOT_FOUND, UNSUPPORTED_ENDPOINT, UPSTREAM_TIMEOUT,
                      ApiError)
+from .hold import worst_case
 from .keys import bearer_key, key_hash
 from .responses import rewrite_body, upstream_error, with_estimated_usage
 from .rules import CHAT, Prepared, prepare_chat, prepare_embeddings
@@ -398,7 +399,11 @@ class Exchange:
             if cached is not None:
                 self.admission = cached
                 return cached
-        pending = self._pending() if limits else ""
+        pending, hold = "", None
+        if limits:  # a prepared request: journalled, its worst case held (README, "Billing")
+            assert self.prepared is not None
+            pending = self._pending()
+            hold = worst_case(self.prepared, self.prepared.alias.prices_at(self.started))
         # from now, not the request's start: Envoy's message timeout runs from the message that brought
         # us here (a chunked body may come seconds after the headers)
         deadline = self.gw.clock() + self.gw.dependency_budget_s
@@ -407,7 +412,7 @@ class Exchange:
                 for _ in range(3):
                     try:
                         adm = await self.gw.store.admit(self.key_hash, self.request_id, limits=limits,
-                                                        pending=pending, deadline=deadline)
+                                                        pending=pending, deadline=deadline, hold=hold)
                     except Miss as miss:
                         await self._fill(miss)
                         continue

@@ -17,6 +17,7 @@ from extproc.decisions import Admission, Identity, UsageRecord
 from extproc.errors import ApiError
 from extproc.exchange import ATTR_AUTH, ATTR_ID, ATTR_METHOD, ATTR_PATH, Gateway
 from extproc.grpc_server import EOF
+from extproc.hold import WorstCase
 from extproc.keys import key_hash
 from extproc.store import CONCURRENCY, INVALID_KEY, QUOTA, SUSPENDED, Miss
 
@@ -52,10 +53,12 @@ class FakeStore:
 
     deadlines: list[float | None] = field(default_factory=list)  # each admission's deadline (unix s)
     cancelled: list[str] = field(default_factory=list)
+    holds: list[WorstCase | None] = field(default_factory=list)  # each admission's worst case (the real script holds it)
 
     async def admit(self, key_hash: str, request_id: str, *, limits: bool, pending: str = "",
-                    deadline: float | None = None) -> Admission:
+                    deadline: float | None = None, hold: WorstCase | None = None) -> Admission:
         self.deadlines.append(deadline)
+        self.holds.append(hold)
         if key_hash in self.revoked:
             self.admits.append((request_id, limits))
             return Admission(None, INVALID_KEY)
