@@ -27,9 +27,10 @@ from .errors import ApiError
 from .hold import WorstCase
 from .resp import RespClient, RespSetupError
 from .settings import GatewaySettings
+from . import redis_durability
 from . import redis_keys as rk
 from .redis_keys import USAGE_STREAM
-from .urls import RedisTarget, parse_redis
+from .urls import RedisTarget, mask, parse_redis
 
 
 _ADMIT = rk.lua("""
@@ -202,11 +203,16 @@ async def open_store(settings: GatewaySettings, pool_size: int) -> Store:
                   credit_limit=settings.credit_limit_micro)
     try:
         await store.fast.call("PING")
+        unfit = None if settings.dev else await redis_durability.check(store.fast.call)
     except RespSetupError as e:
         logging.getLogger("extproc").error("%s", e)
         raise SystemExit(2) from None
     except Exception:  # noqa: BLE001 - down or slow: requests get 500 until it is back
-        pass
+        unfit = None
+    if unfit is not None:
+        logging.getLogger("extproc").error("Redis at %s %s (or GATEWAY_DEV=1 for development)",
+                                           mask(settings.redis_url), unfit)
+        raise SystemExit(2)
     return store
 
 
