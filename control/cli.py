@@ -310,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     bc.add_argument("--ref", help="idempotency reference: the same reference credits once")
     bal.add_parser("show").add_argument("org")
     sub.add_parser("status", help="health of every component")
+    sub.add_parser("reconcile", help="compare Redis's working balances with the ledger (a dry run); --apply"
+                   " mends them").add_argument("--apply", action="store_true", help="move each balance by its drift")
     us = sub.add_parser("usage"); us.add_argument("org"); us.add_argument("--limit", type=int, default=50)
     us.add_argument("--status", default="", help="ok, errors, or a status code (e.g. 429)")
     us.add_argument("--request-id", default="", help="the request id of a reply or an error")
@@ -367,6 +369,8 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
     elif c == "balance" and sc == "show":
         b = await a.balance(args.org)
         _print(args, b, f"{b['balance_pln']} PLN; {_credit_text(b)}")
+    elif c == "reconcile":
+        return await _reconcile(args, a)
     elif c == "usage":
         rows = await a.usage(args.org, args.limit, status=args.status, request_id=args.request_id)
         lines = [f"{r['started_at']}  {r['request_id']}  {r['alias'] or '-':<12} {r['status']}"
@@ -376,6 +380,17 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
                  for r in rows]
         _print(args, rows, "\n".join(lines) or "no requests yet")
     return 0
+
+
+async def _reconcile(args: argparse.Namespace, a: Admin) -> int:
+    """Exit 1 when a dry run found balances apart (as diff does), else 0."""
+    from .reconcile import reconcile
+    found = await reconcile(a.pool, a.r, apply=args.apply)
+    lines = [f"{d.org}  Redis {micro_to_pln(d.redis_micro_pln)}  ledger {micro_to_pln(d.ledger_micro_pln)}"
+             f"  queued {micro_to_pln(d.queued_micro_pln)}  drift {micro_to_pln(d.drift_micro_pln)} PLN"
+             f"{'  repaired' if d.repaired else ''}" for d in found]
+    _print(args, [d.as_dict() for d in found], "\n".join(lines) or "every cached balance agrees with the ledger")
+    return 1 if found and not args.apply else 0
 
 
 _CREDIT_FIELDS = ("paid", "credit_limit_micro_pln", "credit_limit_pln", "credit_limit_own", "held_micro_pln")
