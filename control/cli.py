@@ -274,6 +274,17 @@ def cmd_status(args: argparse.Namespace, s: Settings) -> int:
     return 1 if down else 0
 
 
+def cmd_backup(args: argparse.Namespace, s: Settings) -> int:
+    from .backup import backup, restore
+    db, _ = _urls(s)
+    file = Path(args.file).resolve()
+    (backup if args.cmd == "backup" else restore)(db, file)
+    said = {"backup": f"saved to {file}",
+            "restore": f"restored from {file}; now run: gateway reconcile --apply"}[args.cmd]
+    _print(args, {"file": str(file), "done": args.cmd}, said)
+    return 0
+
+
 def cmd_sim(args: argparse.Namespace, s: Settings) -> int:
     import sim
     given = any(a == "--port" or a.startswith("--port=") for a in args.rest)
@@ -310,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     bc.add_argument("--ref", help="idempotency reference: the same reference credits once")
     bal.add_parser("show").add_argument("org")
     sub.add_parser("status", help="health of every component")
+    sub.add_parser("backup", help="save PostgreSQL (the record) to FILE (pg_dump's custom format)").add_argument("file")
+    sub.add_parser("restore", help="put a backup FILE back in place of what PostgreSQL holds; then run"
+                   " gateway reconcile --apply").add_argument("file")
     sub.add_parser("reconcile", help="compare Redis's working balances with the ledger (a dry run); --apply"
                    " mends them").add_argument("--apply", action="store_true", help="move each balance by its drift")
     us = sub.add_parser("usage"); us.add_argument("org"); us.add_argument("--limit", type=int, default=50)
@@ -324,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         args = p.parse_args(argv)
     try:
         s = Settings.from_env()
+        if args.cmd in ("backup", "restore"):
+            return cmd_backup(args, s)
         if (cmd := {"up": cmd_up, "sim": cmd_sim, "status": cmd_status}.get(args.cmd)) is not None:
             return cmd(args, s)
         return int(asyncio.run(_with_admin(s, lambda a: _admin_cmd(args, a))))
@@ -368,7 +384,9 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
         _print(args, {**b, "credited": new}, f"{'credited' if new else 'already credited'}; balance {b['balance_pln']} PLN")
     elif c == "balance" and sc == "show":
         b = await a.balance(args.org)
-        _print(args, b, f"{b['balance_pln']} PLN; {_credit_text(b)}")
+        apart = ("" if b["balance_micro_pln"] == b["ledger_micro_pln"] else
+                 f" (ledger {micro_to_pln(b['ledger_micro_pln'])} PLN: records in flight, or apart - gateway reconcile)")
+        _print(args, b, f"{b['balance_pln']} PLN{apart}; {_credit_text(b)}")
     elif c == "reconcile":
         return await _reconcile(args, a)
     elif c == "usage":
