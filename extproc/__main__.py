@@ -5,6 +5,7 @@ import asyncio
 import gc
 import logging
 import os
+import uuid
 
 import asyncpg
 from grpc_health.v1 import health_pb2
@@ -59,11 +60,12 @@ async def serve(settings: GatewaySettings) -> None:
     cat = catalog_mod.load(settings.catalog)
     # the request path has its own Redis connection (store.fast); the pool serves cache fills and the
     # heartbeat. Usage records go to PostgreSQL from a process of their own (extproc.usage_writer).
-    store = await open_store(settings, REDIS_POOL)
+    owner = uuid.uuid4().hex  # this process, in the in-flight journal and its connection's name
+    store = await open_store(settings, REDIS_POOL, owner)
     r = store.r
     pool = await asyncpg.create_pool(settings.database_url, min_size=PG_POOL, max_size=PG_POOL)
     gw = Gateway(catalog=cat, store=store, directory=Directory(pool), pick=lambda a: a.pick_upstream(),
-                 max_body_bytes=settings.max_body_bytes, idle_timeout_s=settings.idle_timeout_s,
+                 owner=owner, max_body_bytes=settings.max_body_bytes, idle_timeout_s=settings.idle_timeout_s,
                  total_timeout_s=settings.total_timeout_s)
     gw.spool = Spool(settings.state / "spool")
     for pending in gw.spool.pending():  # kept by a process before this one: Redis may take them now
