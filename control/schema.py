@@ -176,6 +176,15 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE users ADD COLUMN lang text NOT NULL DEFAULT 'pl' CHECK (lang IN ('pl', 'en'));
     """,
+    # 8: the trial credit once per person: a hash of the normalised address (control/console/trial.py)
+    # of each one granted from now on (trials granted before are not in it)
+    """
+    CREATE TABLE trial_grants (
+      identity_hash text PRIMARY KEY,
+      org_id text NOT NULL REFERENCES orgs(id),
+      created_at timestamptz NOT NULL DEFAULT now()
+    );
+    """,
 ]
 
 
