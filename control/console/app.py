@@ -14,6 +14,7 @@ from control.admin import Admin
 from extproc.store import redis_client
 
 from . import i18n, low_balance
+from .listener import BODY_MAX, GUARD, Guard, guard_mw, serve
 from .mail import Mailer
 from .payments import make_provider
 from .security import load_secret
@@ -122,7 +123,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 def make_app(settings: ConsoleSettings) -> web.Application:
     from .pages import api_docs, auth, billing, changelog, dev, keys, language, members, usage
-    app = web.Application(middlewares=[lang_mw, session_mw, errors_mw, csrf_mw], client_max_size=64 * 1024)
+    app = web.Application(middlewares=[guard_mw, lang_mw, session_mw, errors_mw, csrf_mw], client_max_size=BODY_MAX)
+    app[GUARD] = Guard(settings)
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
         pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=8)
@@ -153,5 +155,4 @@ def run(settings: ConsoleSettings) -> None:
         raise SystemExit(f"console: {why}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.INFO)
-    web.run_app(make_app(settings), host=settings.gateway_host, port=settings.console_http_port,
-                access_log_class=SafeAccessLogger, print=None, shutdown_timeout=2)
+    asyncio.run(serve(make_app(settings), settings, SafeAccessLogger))
