@@ -25,11 +25,17 @@ class AdminError(Exception):
     pass
 
 
+MAX_PLN = 10**12  # far beyond any balance (bigint micro-PLN holds 9.2e12 PLN)
+
+
 def pln_to_micro(pln: str | int | Decimal) -> int:
     try:
         d = Decimal(str(pln))
     except InvalidOperation:
         raise AdminError(f"not an amount in PLN: {pln!r}") from None
+    # Infinity, NaN and sNaN are Decimals too, and 1e999999999 one whose int() would never end
+    if not d.is_finite() or d.copy_abs() > MAX_PLN:  # copy_abs: no rounding, so no Overflow
+        raise AdminError(f"not an amount in PLN (at most {MAX_PLN} either way)")
     micro = d * 1_000_000
     if micro != micro.to_integral_value():
         raise AdminError("amounts have at most 6 decimal places (1 micro-PLN)")

@@ -150,7 +150,8 @@ def csrf_for(request: web.Request) -> str:
 
 
 def csrf_ok(request: web.Request, sent: str) -> bool:
-    return bool(sent) and hmac.compare_digest(sent, csrf_for(request))
+    # bytes: compare_digest refuses a str with a letter beyond ASCII (a TypeError, answered 500)
+    return bool(sent) and hmac.compare_digest(sent.encode(), csrf_for(request).encode())
 
 
 def render(request: web.Request, name: str, status: int = 200, **ctx: Any) -> web.Response:
