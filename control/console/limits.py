@@ -38,6 +38,7 @@ INVITE_EMAIL = Limit("invite:email", 3, 3600)      # invitations per invited add
 CONFIRM_MAIL = Limit("mail:confirm", 1, 5 * 60)
 CONFIRM_MAIL_DAY = Limit("mail:confirm:day", 5, 86400)
 MAIL_DAY = Limit("mail:day", 10, 86400)
+LOW_BALANCE_MAIL = Limit("mail:low-balance", 3, 86400)  # low-balance mails per owner a day (each save re-arms it)
 TRIAL_CLIENT_WINDOW_S = 86400                      # trial credits per client address: GATEWAY_TRIAL_PER_CLIENT_DAY
 
 
