@@ -4,10 +4,15 @@ confirms nor signs in; a password change kills every link; a newer invitation ki
 confirmation mail limited per recipient, whoever asks (no mail bombing through log-ins)."""
 from __future__ import annotations
 
+import asyncio
 import secrets
+from typing import Any
+
+import asyncpg
 
 from conftest import Gateway, wait_for
 from control.console import trial
+from control.schema import MIGRATIONS, TRIAL_IDENTITY_SQL
 from control.console.limits import CONFIRM_MAIL
 from test_console_accounts import TRIAL_MICRO
 from test_console_members import invite
@@ -45,6 +50,45 @@ def test_normalised_address_names_one_person() -> None:
     assert trial.identity("ann.lee@example.com") != trial.identity("annlee@example.com")
     assert trial.disposable("x@mailinator.com") and trial.disposable("x@eu.mailinator.com")
     assert not trial.disposable("x@gmail.com") and not trial.disposable("x@example.com")
+
+
+def test_the_trials_granted_before_are_recorded_under_the_same_person(gateway: Gateway) -> None:
+    """Migration 8 records the trials granted before it with SQL that must name a person as
+    ``trial.identity_hash`` does."""
+    for email in ("ann.lee+x@example.com", "j.doe+promo@googlemail.com", "jdoe@gmail.com", "żaneta@przykład.pl",
+                  "a+b+c@sub.example.co.uk"):
+        got = gateway.sql(f"SELECT {TRIAL_IDENTITY_SQL} AS h FROM lower($1) AS e", email)[0]["h"]
+        assert got == trial.identity_hash(email), email
+
+
+def test_migration_8_records_the_trials_granted_before_it(gateway: Gateway) -> None:
+    """A database at version 7 with three trials (two of one person, one not given to an owner's
+    address): after migration 8, one row per person, the earliest organisation's."""
+    schema = "mig_" + secrets.token_hex(4)
+
+    async def go() -> list[dict[str, Any]]:
+        conn = await asyncpg.connect(gateway.stack.database_url)
+        try:
+            await conn.execute(f"CREATE SCHEMA {schema}; SET search_path TO {schema}")
+            for sql in MIGRATIONS[:7]:
+                await conn.execute(sql)
+            await conn.execute("""
+                INSERT INTO orgs (id, name) VALUES ('o1', 'a'), ('o2', 'b'), ('o3', 'c');
+                INSERT INTO users (id, email, password_hash) VALUES ('u1', 'j.doe+1@gmail.com', 'x'),
+                  ('u2', 'jdoe@googlemail.com', 'x'), ('u3', 'ann@example.com', 'x');
+                INSERT INTO memberships (user_id, org_id, role) VALUES ('u1', 'o1', 'owner'), ('u2', 'o2', 'owner'),
+                  ('u3', 'o3', 'owner');
+                INSERT INTO ledger (org_id, amount_micro_pln, kind, ref, created_at) VALUES
+                  ('o1', 5000000, 'trial', 'trial:o1', now() - interval '2 days'),
+                  ('o2', 5000000, 'trial', 'trial:o2', now() - interval '1 day'),
+                  ('o3', 5000000, 'topup', 'p:1', now())""")
+            await conn.execute(MIGRATIONS[7])
+            return [dict(r) for r in await conn.fetch("SELECT identity_hash, org_id FROM trial_grants")]
+        finally:
+            await conn.execute(f"DROP SCHEMA {schema} CASCADE")
+            await conn.close()
+
+    assert asyncio.run(go()) == [{"identity_hash": trial.identity_hash("jdoe@gmail.com"), "org_id": "o1"}]
 
 
 def test_trial_once_per_person_whatever_the_tag_case_or_gmail_dots(gateway: Gateway) -> None:
