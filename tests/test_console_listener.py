@@ -21,7 +21,7 @@ from control.console.listener import REFUSAL
 from test_listener_e2e import _reply_of, _until_closed
 
 HEADERS_TIMEOUT = 2.0
-BODY_TIMEOUT = 2.0
+BODY_TIMEOUT = 3.0  # longer than the head's: a 408 at 3 s shows the head's deadline ended with the head
 IDLE_TIMEOUT = 4.0
 MAX_CONNECTIONS = 40
 
@@ -125,6 +125,20 @@ def test_idle_connections_are_closed_at_the_idle_timeout(gateway: Gateway, small
     finally:
         for s in socks:
             s.close()
+
+
+def test_a_keep_alive_connection_is_served_past_the_header_timeout(gateway: Gateway, small: int) -> None:
+    """The head's deadline is each request's own: requests every 1.5 s on one connection, 6 s in all."""
+    s = _connect(small)
+    try:
+        for i in range(5):
+            due = time.monotonic() + (1.5 if i else 0)
+            wait_for(lambda: time.monotonic() >= due, timeout=3)  # noqa: B023 (read at once)
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: console\r\n\r\n")
+            reply = s.recv(65536)
+            assert reply.startswith(b"HTTP/1.1 200 ") and reply.endswith(b"ok"), (i, reply)
+    finally:
+        s.close()
 
 
 def test_a_slow_body_is_answered_408_and_a_big_one_413(gateway: Gateway, small: int) -> None:
