@@ -5,7 +5,7 @@
 #   docker run llm-gateway envoy [ENVOY ARGS]   # render bootstrap + CDS from the settings, exec Envoy
 #   docker run llm-gateway migrate              # apply the PostgreSQL migrations to $DATABASE_URL
 #   docker run llm-gateway python -m extproc    # the default command
-#   docker run llm-gateway python -m sim --port 9100 --chat-model NAME@CTX ...
+#   docker run llm-gateway python -m sim --port 8095 --chat-model NAME@CTX ...
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

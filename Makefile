@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test install clean browser services prometheus bench litellm-env messages screenshots
+.PHONY: run test install clean browser services prometheus bench litellm-env node-clients messages screenshots
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -71,7 +71,19 @@ prometheus:
 litellm-env: $(STAMP)
 	@$(PY) -m bench.litellm_env
 
-test: $(STAMP) browser services prometheus litellm-env
+# The Vercel AI SDK for the README's snippet (tests/test_clients_e2e.py), from the npm registry into
+# .venv/node-clients where node and npm are; otherwise that test is skipped and says why (and fails
+# under CI=true).
+NODE_CLIENTS := $(VENV)/node-clients
+node-clients: $(STAMP)
+	@if [ ! -d $(NODE_CLIENTS)/node_modules/@ai-sdk/openai ] && command -v npm >/dev/null 2>&1; then \
+	  echo "installing the Vercel AI SDK (npm) for the client tests"; \
+	  mkdir -p $(NODE_CLIENTS) && npm install --prefix $(NODE_CLIENTS) --silent --no-audit --no-fund \
+	    ai@7.0.173 @ai-sdk/openai@4.0.118 >/dev/null \
+	    || echo "the Vercel AI SDK could not be installed: its client test will be skipped"; \
+	fi
+
+test: $(STAMP) browser services prometheus litellm-env node-clients
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # make bench [QUICK=1] [SOAK=seconds] [PROFILE=1]: see BENCHMARKS.md (bench/run.py).

@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from extproc.catalog import CatalogError
+from extproc.cost import micro_to_pln
+from extproc.settings_base import SettingsError
 from extproc.urls import RedisUrlError
 
-from .admin import Admin, AdminError, micro_to_pln, pln_to_micro
+from .admin import Admin, AdminError, CreditLimit, pln_to_micro
 from .console.launch import ConfigError
 from .embedded import StartError, write_private
 from .settings import Settings
@@ -93,7 +95,7 @@ async def _with_admin(s: Settings, fn: Callable[[Admin], Awaitable[Any]]) -> Any
         except (OSError, asyncio.TimeoutError, RedisUrlError, rx.RedisError) as e:
             raise AdminError(redis_problem(rd, e)) from None
         opened.push_async_callback(r.aclose)
-        return await fn(Admin(pool, r))
+        return await fn(Admin(pool, r, s.credit_limit_micro))
 
 
 def _print(args: argparse.Namespace, data: Any, text: str) -> None:
@@ -101,19 +103,59 @@ def _print(args: argparse.Namespace, data: Any, text: str) -> None:
 
 
 async def ensure_demo(admin: Admin, s: Settings) -> dict[str, str]:
-    """First start: a demo organisation with the trial balance and a key, remembered in the state dir."""
+    """Development mode's first start: a demo organisation with the trial balance and a key, remembered in
+    the state dir (a production start makes none: the operator's first key comes from `gateway key create`)."""
     f = s.state / "demo.json"
     if f.exists():
         return dict(json.loads(f.read_text()))
-    org = await admin.create_org("demo", pln_to_micro(s.trial_balance_pln))
+    org = await admin.create_org("demo", pln_to_micro(s.trial_balance_pln), kind="trial")
     kid, key = await admin.create_key(org, "demo")
     demo = {"org": org, "key_id": kid, "key": key}
     write_private(f, json.dumps(demo))
     return demo
 
 
+READY_TIMEOUT_S = 60.0  # for every alias's first request (a model server still loading gets this long)
+
+
+async def _start_keys(admin: Admin, s: Settings) -> tuple[str, dict[str, str] | None]:
+    """The readiness probes' key and, in development mode only, the demo organisation."""
+    from .readiness import probe_key
+    return await probe_key(admin, s.state), (await ensure_demo(admin, s) if s.dev else None)
+
+
+def _banner(s: Settings, heading: str, demo: dict[str, str] | None) -> str:
+    base = f"http://{s.gateway_host}:{s.gateway_port}/v1"
+    console = f"  console:           http://{s.gateway_host}:{s.console_http_port}/"
+    if demo is None:
+        return f"""
+{heading}
+{console}
+  No key is printed outside development mode. The first organisation and key:
+    gateway org create NAME --balance PLN
+    gateway key create ORG
+
+Ctrl-C stops every process."""
+    return f"""
+{heading}
+{console}
+  DEVELOPMENT MODE (GATEWAY_DEV=1): e-mails captured at /dev/mail, sandbox payments; both on loopback only. Never in a deployment.
+  demo organisation: {demo['org']}
+  API key:           {demo['key']}
+
+Try it:
+  curl -s {base}/chat/completions -H "Authorization: Bearer {demo['key']}" \\
+    -H "Content-Type: application/json" \\
+    -d '{{"model": "polish-pro", "messages": [{{"role": "user", "content": "Dzień dobry!"}}]}}'
+
+Ctrl-C stops every process."""
+
+
 def cmd_up(args: argparse.Namespace, s: Settings) -> int:
+    from extproc import catalog as catalog_mod
+
     from .launcher import GaveUp, Stack
+    from .readiness import wait_ready
     if args.port:
         s = Settings.from_env(gateway_port=args.port)
     stack = Stack(s)
@@ -129,58 +171,26 @@ def cmd_up(args: argparse.Namespace, s: Settings) -> int:
         stack.start()
         s2 = Settings.from_env(gateway_port=s.gateway_port, database_url=stack.database_url,
                                redis_url=stack.redis_url)
-        demo = asyncio.run(_with_admin(s2, lambda a: ensure_demo(a, s2)))
-        first_request(s, demo["key"], stack.logs)
-        base = f"http://{s.gateway_host}:{s.gateway_port}/v1"
-        dev = ("\n  DEVELOPMENT MODE (GATEWAY_DEV=1): e-mails captured at /dev/mail, sandbox payments;"
-               " both on loopback only. Never in a deployment.") if s.dev else ""
-        print(f"""
-Gateway ready on {base}
-  console:           http://{s.gateway_host}:{s.console_http_port}/{dev}
-  demo organisation: {demo['org']}
-  API key:           {demo['key']}
-
-Try it:
-  curl -s {base}/chat/completions -H "Authorization: Bearer {demo['key']}" \\
-    -H "Content-Type: application/json" \\
-    -d '{{"model": "polish-pro", "messages": [{{"role": "user", "content": "Dzień dobry!"}}]}}'
-
-Ctrl-C stops every process.""", flush=True)
+        key, demo = asyncio.run(_with_admin(s2, lambda a: _start_keys(a, s2)))
+        host = "127.0.0.1" if s.gateway_host in ("", "0.0.0.0", "::") else s.gateway_host
+        outcomes = wait_ready(f"http://{host}:{s.gateway_port}/v1", key, catalog_mod.load(s.catalog),
+                              s.gateway_port, s.run_sim, READY_TIMEOUT_S, lambda: stopping)
+        if not stopping:
+            failed = [f"{a}: {o.detail}" for a, o in sorted(outcomes.items()) if not o.ok]
+            base = f"http://{s.gateway_host}:{s.gateway_port}/v1"
+            heading = (f"Gateway ready on {base}" if not failed else
+                       f"Gateway up on {base} but NOT READY: " + "; ".join(failed) + f" (see {stack.logs})")
+            print(_banner(s, heading, demo), flush=True)
         stack.supervise(lambda: stopping)
     except GaveUp as e:
         print(f"gateway: stopping: {e}", file=sys.stderr)
         return 1
-    except (StartError, RuntimeError, OSError) as e:
+    except (StartError, RuntimeError, OSError, CatalogError) as e:
         print(f"gateway: not started: {e}", file=sys.stderr)
         return 1
     finally:
         stack.stop()
     return 0
-
-
-def first_request(s: Settings, key: str, logs: Path, timeout: float = 30.0) -> None:
-    """Ready means a real request went through: GET /v1/models with the demo key, through Envoy, the
-    ext_proc (key lookup) and Redis and back, answered 200."""
-    import time
-    import urllib.error
-    import urllib.request
-    host = "127.0.0.1" if s.gateway_host in ("", "0.0.0.0", "::") else s.gateway_host
-    req = urllib.request.Request(f"http://{host}:{s.gateway_port}/v1/models",
-                                 headers={"Authorization": f"Bearer {key}"})
-    deadline, last = time.monotonic() + timeout, ""
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(req, timeout=5) as r:
-                if r.status == 200:
-                    return
-                last = f"HTTP {r.status}"
-        except urllib.error.HTTPError as e:
-            last = f"HTTP {e.code}"
-        except OSError as e:
-            last = type(e).__name__
-        time.sleep(0.1)
-    raise StartError(f"no request with the demo key went through Envoy, the ext_proc and Redis in {timeout:.0f} s "
-                     f"(last: {last}); see {logs}")
 
 
 async def status(s: Settings) -> dict[str, dict[str, Any]]:
@@ -244,7 +254,7 @@ async def status(s: Settings) -> dict[str, dict[str, Any]]:
         out["redis"] = {"ok": False, "detail": redis_problem(rd, e) if rd else type(e).__name__}
     if s.run_sim:
         cat = catalog_mod.load(s.catalog)
-        ports = sorted({(d.name, d.port) for deps in cat.deployments.values() for d in deps
+        ports = sorted({(d.name, d.port_at(s.gateway_port)) for deps in cat.deployments.values() for d in deps
                         if d.host in ("127.0.0.1", "localhost")})
         for name, port in ports:
             out[f"sim:{name}"] = http(f"http://127.0.0.1:{port}/health")
@@ -266,7 +276,8 @@ def cmd_status(args: argparse.Namespace, s: Settings) -> int:
 
 def cmd_sim(args: argparse.Namespace, s: Settings) -> int:
     import sim
-    port = [] if any(a == "--port" or a.startswith("--port=") for a in args.rest) else ["--port", "9100"]
+    given = any(a == "--port" or a.startswith("--port=") for a in args.rest)
+    port = [] if given else ["--port", str(args.port or s.gateway_port + 15)]
     sim.main(port + args.rest)
     return 0
 
@@ -279,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up", help="start the whole stack in the foreground")
     up.add_argument("--port", type=int)
     sm = sub.add_parser("sim", help="run the model-server simulator")
-    sm.add_argument("--port", type=int, default=9100)
+    sm.add_argument("--port", type=int, help="default: GATEWAY_PORT + 15, the demo catalog's sim-a")
     sm.add_argument("rest", nargs=argparse.REMAINDER)
     org = sub.add_parser("org").add_subparsers(dest="sub", required=True)
     oc = org.add_parser("create"); oc.add_argument("name"); oc.add_argument("--balance", default="0")
@@ -287,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
         org.add_parser(n).add_argument("org")
     ol = org.add_parser("limits"); ol.add_argument("org")
     ol.add_argument("--rpm", type=int); ol.add_argument("--concurrency", type=int)
+    ol.add_argument("--credit-limit", metavar="PLN", help="how far below zero the balance may go once the"
+                    " organisation has paid: an amount in PLN, none (no limit) or default"
+                    " (GATEWAY_CREDIT_LIMIT_PLN's)")
     key = sub.add_parser("key").add_subparsers(dest="sub", required=True)
     key.add_parser("create").add_argument("org")
     key.add_parser("revoke").add_argument("key_id")
@@ -296,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     bc.add_argument("--ref", help="idempotency reference: the same reference credits once")
     bal.add_parser("show").add_argument("org")
     sub.add_parser("status", help="health of every component")
+    sub.add_parser("reconcile", help="compare Redis's working balances with the ledger (a dry run); --apply"
+                   " mends them").add_argument("--apply", action="store_true", help="move each balance by its drift")
     us = sub.add_parser("usage"); us.add_argument("org"); us.add_argument("--limit", type=int, default=50)
     us.add_argument("--status", default="", help="ok, errors, or a status code (e.g. 429)")
     us.add_argument("--request-id", default="", help="the request id of a reply or an error")
@@ -306,12 +322,12 @@ def main(argv: list[str] | None = None) -> int:
         args = argparse.Namespace(cmd="sim", rest=argv[1:])
     else:
         args = p.parse_args(argv)
-    s = Settings.from_env()
     try:
+        s = Settings.from_env()
         if (cmd := {"up": cmd_up, "sim": cmd_sim, "status": cmd_status}.get(args.cmd)) is not None:
             return cmd(args, s)
         return int(asyncio.run(_with_admin(s, lambda a: _admin_cmd(args, a))))
-    except (AdminError, CatalogError, RedisUrlError, ConfigError) as e:
+    except (AdminError, CatalogError, RedisUrlError, ConfigError, SettingsError) as e:
         print(f"gateway: {e}", file=sys.stderr)
         return 2
     except (OSError, asyncio.TimeoutError) as e:  # a server gone in the middle of a command, a port taken
@@ -330,8 +346,13 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
         await a.set_status(args.org, "suspended" if sc == "suspend" else "active")
         _print(args, {"id": args.org, "status": "suspended" if sc == "suspend" else "active"}, "ok")
     elif c == "org" and sc == "limits":
+        limit = None if args.credit_limit is None else _credit_limit(args.credit_limit)
         await a.set_limits(args.org, args.rpm, args.concurrency)
-        _print(args, {"id": args.org, "rpm": args.rpm, "concurrency": args.concurrency}, "ok")
+        if limit is not None:
+            await a.set_credit_limit(args.org, limit)
+        b = await a.balance(args.org)
+        _print(args, {"id": args.org, "rpm": args.rpm, "concurrency": args.concurrency,
+                      **{k: b[k] for k in _CREDIT_FIELDS}}, f"ok; {_credit_text(b)}")
     elif c == "key" and sc == "create":
         kid, k = await a.create_key(args.org)
         _print(args, {"id": kid, "key": k}, f"{kid}\n{k}\n(the key is shown once; store it now)")
@@ -347,7 +368,9 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
         _print(args, {**b, "credited": new}, f"{'credited' if new else 'already credited'}; balance {b['balance_pln']} PLN")
     elif c == "balance" and sc == "show":
         b = await a.balance(args.org)
-        _print(args, b, f"{b['balance_pln']} PLN")
+        _print(args, b, f"{b['balance_pln']} PLN; {_credit_text(b)}")
+    elif c == "reconcile":
+        return await _reconcile(args, a)
     elif c == "usage":
         rows = await a.usage(args.org, args.limit, status=args.status, request_id=args.request_id)
         lines = [f"{r['started_at']}  {r['request_id']}  {r['alias'] or '-':<12} {r['status']}"
@@ -357,6 +380,40 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
                  for r in rows]
         _print(args, rows, "\n".join(lines) or "no requests yet")
     return 0
+
+
+async def _reconcile(args: argparse.Namespace, a: Admin) -> int:
+    """Exit 1 when a dry run found balances apart (as diff does), else 0."""
+    from .reconcile import reconcile
+    found = await reconcile(a.pool, a.r, apply=args.apply)
+    lines = [f"{d.org}  Redis {micro_to_pln(d.redis_micro_pln)}  ledger {micro_to_pln(d.ledger_micro_pln)}"
+             f"  queued {micro_to_pln(d.queued_micro_pln)}  drift {micro_to_pln(d.drift_micro_pln)} PLN"
+             f"{'  repaired' if d.repaired else ''}" for d in found]
+    _print(args, [d.as_dict() for d in found], "\n".join(lines) or "every cached balance agrees with the ledger")
+    return 1 if found and not args.apply else 0
+
+
+_CREDIT_FIELDS = ("paid", "credit_limit_micro_pln", "credit_limit_pln", "credit_limit_own", "held_micro_pln")
+
+
+def _credit_limit(text: str) -> CreditLimit:
+    """--credit-limit's value: none, default, or an amount in PLN."""
+    word = text.strip().lower()
+    if word == "none":
+        return "none"
+    if word == "default":
+        return "default"
+    return pln_to_micro(text)
+
+
+def _credit_text(b: dict[str, Any]) -> str:
+    """The credit limit in force, and why, in words."""
+    if not b["paid"]:
+        return "credit limit 0.000000 PLN (until the organisation pays: trial credit only)"
+    if b["credit_limit_pln"] is None:
+        return "no credit limit" + (" (its own)" if b["credit_limit_own"] == "none" else "")
+    own = " (its own)" if b["credit_limit_own"] != "default" else " (GATEWAY_CREDIT_LIMIT_PLN)"
+    return f"credit limit {b['credit_limit_pln']} PLN{own}"
 
 
 if __name__ == "__main__":

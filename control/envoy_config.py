@@ -190,7 +190,7 @@ def clusters(cat: Catalog, s: Settings) -> list[dict[str, Any]]:
         endpoints = []
         for d in deps:
             ep: dict[str, Any] = {"endpoint": {
-                "address": {"socket_address": {"address": d.host, "port_value": d.port}},
+                "address": {"socket_address": {"address": d.host, "port_value": d.port_at(s.gateway_port)}},
                 # the Host header the model server gets (the route rewrites it: a hosted endpoint
                 # behind a shared address routes by it), the TLS server name where there is one
                 "hostname": d.sni or d.host}}

@@ -18,13 +18,13 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Awaitable, Callable, TypeVar
 
 from extproc import catalog as catalog_mod
+from extproc import redis_durability
 
-from . import embedded, envoy_config
+from . import embedded, envoy_config, envoy_ops, ports
 from .procs import Proc, http_ok, port_open
 from .restarts import GiveUp, Restarts
 from .settings import Settings
@@ -48,6 +48,11 @@ def free_port_base(span: int = 20) -> int:
         if all(bindable(base + i) for i in range(span)):
             return base
     raise RuntimeError("no free port range")
+
+
+def _redis_quoted(text: str) -> str:
+    """``text`` as one argument of a redis.conf line (a path with spaces, quotes or other letters)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 T = TypeVar("T")
@@ -143,7 +148,7 @@ class Stack:
         # append-only file before it answers a command, so only an operating-system crash could lose
         # the last second (fsync every second): "always" costs an fsync per request.
         password = self.credentials.redis
-        embedded.write_private(conf, f"port {port}\nbind 127.0.0.1\ndir {d}\nappendonly yes\n"
+        embedded.write_private(conf, f"port {port}\nbind 127.0.0.1\ndir {_redis_quoted(str(d))}\nappendonly yes\n"
                                f"appendfsync everysec\nsave \"\"\ndaemonize no\nloglevel warning\n"
                                f"maxmemory-policy noeviction\nrequirepass {password}\n")
         self.redis_url = f"redis://:{password}@127.0.0.1:{port}/0"
@@ -157,13 +162,8 @@ class Stack:
             for u in a.upstreams:
                 kinds[u.model] = "embed" if "embeddings" in a.capabilities else "chat"
                 contexts[u.model] = max(contexts.get(u.model, 0), a.context_length)
-        by_addr: dict[tuple[str, int], list[str]] = {}
-        for model, deps in cat.deployments.items():
-            for d in deps:
-                if d.host in ("127.0.0.1", "localhost"):
-                    by_addr.setdefault((d.name, d.port), []).append(model)
         procs = []
-        for (name, port), models in sorted(by_addr.items(), key=lambda x: x[0][1]):
+        for (name, port), models in sorted(ports.simulators(cat, self.s).items(), key=lambda x: x[0][1]):
             argv = [sys.executable, "-m", "sim", "--port", str(port), "--name", name]
             for m in models:
                 argv += [f"--{kinds.get(m, 'chat')}-model", f"{m}@{contexts.get(m, 8192)}"]
@@ -237,6 +237,10 @@ class Stack:
     def start(self) -> None:
         from .console.launch import check, console_proc, smtp_proc
         check(self.s)  # no development convenience outside development mode: refuse before starting anything
+        problem = ports.first_problem(ports.planned(self.s, catalog_mod.load(self.s.catalog) if self.s.run_sim
+                                                    else None))
+        if problem is not None:
+            raise embedded.StartError(problem)
         embedded.make_private(self.state)
         if not self.s.database_url:
             self.start_proc(self._pg_proc())
@@ -267,6 +271,9 @@ class Stack:
             try:  # any error but a refusal at login: down, slow, or not Redis
                 await _reach(lambda: client.call("PING"), f"Redis at {mask(self.redis_url)} is not reachable",
                              "REDIS_URL", timeout, retry=(Exception,), fatal=(RespSetupError,))
+                if not self.s.dev and (unfit := await redis_durability.check(client.call)) is not None:
+                    raise embedded.StartError(f"Redis at {mask(self.redis_url)} {unfit} (or GATEWAY_DEV=1 "
+                                              "for development)")
             finally:
                 await client.close()
         except (RedisUrlError, RespSetupError) as e:
@@ -289,24 +296,7 @@ class Stack:
     def drain_envoy(self) -> None:
         """Refuse new connections, then wait (up to the grace period) for requests and streams in
         flight to finish."""
-        admin = f"http://127.0.0.1:{self.s.envoy_admin_port}"
-        try:
-            urllib.request.urlopen(urllib.request.Request(admin + "/drain_listeners", method="POST"),
-                                   timeout=2).close()
-        except OSError:
-            return
-        deadline = time.monotonic() + self.s.drain_grace_s
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(admin + "/stats?filter=http.gateway.downstream_rq_active",
-                                            timeout=2) as r:
-                    active = next(int(ln.split(":")[1]) for ln in r.read().decode().splitlines()
-                                  if ln.startswith("http.gateway.downstream_rq_active:"))
-            except (OSError, ValueError, StopIteration):
-                return
-            if active == 0:
-                return
-            time.sleep(0.1)
+        envoy_ops.drain(self.s.envoy_admin_port, self.s.drain_grace_s)
 
     def stop_proc(self, *names: str, timeout: float = 10.0) -> None:
         """Stop the processes at once (Envoy drained first): SIGTERM (PostgreSQL: SIGINT, its fast
@@ -340,8 +330,7 @@ class Stack:
     def reload_catalog(self) -> None:
         """Render the catalog's clusters for the running Envoy (it swaps them in without a restart);
         the ext_proc notices the catalog file itself.  A catalog that does not load changes nothing."""
-        with embedded.private_umask():
-            envoy_config.write_cds(catalog_mod.load(self.s.catalog), self.s)
+        envoy_ops.CatalogWatch(self.s).apply()
 
     def supervise(self, should_stop: Callable[[], bool], restarts: Restarts | None = None) -> None:
         """Foreground loop of ``gateway up``: restart a component that died (with a growing delay,
@@ -349,17 +338,10 @@ class Stack:
         to stop."""
         restarts = restarts or Restarts()
         due: dict[str, float] = {}  # component -> when to start it again
-        catalog = Path(self.s.catalog)
-        seen = catalog.stat().st_mtime_ns
+        catalog = envoy_ops.CatalogWatch(self.s)
         while not should_stop():
-            mtime = catalog.stat().st_mtime_ns
-            if mtime != seen:
-                seen = mtime
-                try:
-                    self.reload_catalog()
-                    print("gateway: catalog change applied", file=sys.stderr)
-                except Exception as e:  # noqa: BLE001 - a bad catalog is refused, the old one stays
-                    print(f"gateway: catalog not applied: {e}", file=sys.stderr)
+            if (said := catalog.poll()) is not None:
+                print(f"gateway: {said}", file=sys.stderr)
             for name, p in list(self.procs.items()):
                 if p.alive or should_stop():
                     continue

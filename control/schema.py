@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncpg
 
-# control/console/trial.py's identity_hash of a lower-case address ``e``, in SQL (migration 8 records the
+# control/console/trial.py's identity_hash of a lower-case address ``e``, in SQL (migration 9 records the
 # trials granted before it with it; tests/test_console_trial_links.py checks the two agree)
 TRIAL_IDENTITY_SQL = (
     "encode(sha256(convert_to(CASE WHEN split_part(e, '@', 2) IN ('gmail.com', 'googlemail.com')"
@@ -183,7 +183,15 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE users ADD COLUMN lang text NOT NULL DEFAULT 'pl' CHECK (lang IN ('pl', 'en'));
     """,
-    # 8: the trial credit once per person: a hash of the normalised address (control/console/trial.py)
+    # 8: an organisation's own credit limit, how far below zero its balance may go once it has paid
+    # (README, "Billing"): an amount, or none at all (credit_unlimited); neither: GATEWAY_CREDIT_LIMIT_PLN's
+    """
+    ALTER TABLE orgs ADD COLUMN credit_limit_micro_pln bigint CHECK (credit_limit_micro_pln >= 0);
+    ALTER TABLE orgs ADD COLUMN credit_unlimited boolean NOT NULL DEFAULT false;
+    ALTER TABLE orgs ADD CONSTRAINT orgs_credit_limit_one
+      CHECK (NOT (credit_unlimited AND credit_limit_micro_pln IS NOT NULL));
+    """,
+    # 9: the trial credit once per person: a hash of the normalised address (control/console/trial.py)
     # of each one granted, those granted before included (under their organisations' owners' addresses)
     f"""
     CREATE TABLE trial_grants (

@@ -41,13 +41,19 @@ class Upstream:
 class Deployment:
     name: str
     host: str
-    port: int
+    port: int  # 0 when the catalog gives ``port_offset`` instead
     # The name of an environment variable holding the bearer key the gateway sends this model server
     # (the key itself is never in the catalog); Envoy reads it from its own environment.
     api_key_env: str | None = None
     tls: bool = False  # TLS to the model server, its certificate verified
     ca_file: str | None = None  # the CAs to verify it with (default: the system's bundle)
     sni: str | None = None  # the server name to ask for and verify (default: host, unless an address)
+    # the port relative to GATEWAY_PORT (the embedded simulators': every stack on a machine its own)
+    port_offset: int | None = None
+
+    def port_at(self, gateway_port: int) -> int:
+        """The port to reach it on, for the stack whose GATEWAY_PORT is ``gateway_port``."""
+        return self.port if self.port_offset is None else gateway_port + self.port_offset
 
 
 @dataclass(slots=True)
@@ -122,8 +128,11 @@ def _deployment(d: Any, name: str, i: int, w: str) -> Deployment:
             raise CatalogError(f"{w}.{opt}: must be a non-empty string")
         if v is not None and not tls:
             raise CatalogError(f"{w}.{opt}: applies to a TLS deployment only (tls: true)")
-    return Deployment(str(d.get("name", f"{name}-{i}")), d["host"], _int(d, "port", w, 1), key_env, tls,
-                      d.get("ca_file"), d.get("sni"))
+    if ("port" in d) == ("port_offset" in d):
+        raise CatalogError(f"{w}: give either port or port_offset (a port relative to GATEWAY_PORT)")
+    offset = _int(d, "port_offset", w, 1) if "port_offset" in d else None
+    return Deployment(str(d.get("name", f"{name}-{i}")), d["host"], 0 if offset is not None else _int(d, "port", w, 1),
+                      key_env, tls, d.get("ca_file"), d.get("sni"), offset)
 
 
 WARSAW = ZoneInfo("Europe/Warsaw")

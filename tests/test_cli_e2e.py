@@ -65,6 +65,37 @@ def test_operator_flow(gateway: Gateway) -> None:
     assert_error(httpx.get(gateway.v1 + "/models", headers=h), 401, "invalid_api_key", "authentication_error")
 
 
+def test_credit_limit_set_and_shown(gateway: Gateway) -> None:
+    """`org limits --credit-limit PLN|none|default` sets the organisation's own credit limit; `balance show`
+    says the one in force (text and --json), with an environment default (GATEWAY_CREDIT_LIMIT_PLN)."""
+    org = j(gateway, "org", "create", "acme", "--balance", "1")["id"]  # an operator's credit: paying
+    shown = j(gateway, "org", "limits", org, "--credit-limit", "2.5")
+    assert shown == {"id": org, "rpm": None, "concurrency": None, "paid": True, "credit_limit_micro_pln": 2_500_000,
+                     "credit_limit_pln": "2.500000", "credit_limit_own": "2500000", "held_micro_pln": 0}
+    assert gw_cli(gateway, "balance", "show", org).stdout.strip() == "1.000000 PLN; credit limit 2.500000 PLN (its own)"
+    assert j(gateway, "org", "limits", org, "--credit-limit", "none")["credit_limit_micro_pln"] is None  # type: ignore[index]
+    assert gw_cli(gateway, "balance", "show", org).stdout.strip() == "1.000000 PLN; no credit limit (its own)"
+    j(gateway, "org", "limits", org, "--credit-limit", "default")
+    s = gateway.stack.s
+    env = dict(os.environ, GATEWAY_PORT=str(s.gateway_port), GATEWAY_STATE_DIR=str(s.state),
+               GATEWAY_CATALOG=s.catalog, GATEWAY_CREDIT_LIMIT_PLN="0.75")
+    r = subprocess.run([sys.executable, "-m", "control.cli", "balance", "show", org], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.stdout.strip() == "1.000000 PLN; credit limit 0.750000 PLN (GATEWAY_CREDIT_LIMIT_PLN)", r.stderr
+    doc = j(gateway, "balance", "show", org)
+    assert (doc["credit_limit_micro_pln"], doc["credit_limit_own"], doc["paid"]) == (None, "default", True)  # type: ignore[index]
+    trial = j(gateway, "org", "create", "empty")["id"]  # no money at all yet: 0, whatever is set
+    j(gateway, "org", "limits", trial, "--credit-limit", "none")
+    assert gw_cli(gateway, "balance", "show", trial).stdout.strip() == (
+        "0.000000 PLN; credit limit 0.000000 PLN (until the organisation pays: trial credit only)")
+    for bad, why in (("-1", "a credit limit is 0 or more PLN"), ("lots", "not an amount in PLN: 'lots'")):
+        r = gw_cli(gateway, "org", "limits", org, "--credit-limit", bad)
+        assert r.returncode == 2 and why in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "control.cli", "balance", "show", org], capture_output=True, text=True,
+                       env={**env, "GATEWAY_CREDIT_LIMIT_PLN": "x"}, timeout=60)
+    assert (r.returncode, r.stderr) == (2, "gateway: GATEWAY_CREDIT_LIMIT_PLN: not an amount in PLN: 'x'\n")
+
+
 def test_errors_are_plain_and_exit_2(gateway: Gateway) -> None:
     r = gw_cli(gateway, "balance", "show", "org_missing")
     assert r.returncode == 2 and "no such organisation" in r.stderr

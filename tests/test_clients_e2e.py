@@ -201,3 +201,60 @@ def test_readme_llm_snippet(gateway: Gateway, org: tuple[str, str, str], tmp_pat
     (tmp_path / "keys.json").write_text(json.dumps({"gateway": org[2]}))
     out = _run(["sh", "-c", snippets["llm-sh"]], {"LLM_USER_PATH": str(tmp_path)})
     assert out.strip()
+
+
+def test_readme_openai_quickstart(gateway: Gateway, org: tuple[str, str, str]) -> None:
+    """The first snippet names the address and key `make run` prints: the test's stand in for them."""
+    import sys
+
+    code = _snippets()["openai-quickstart"]
+    assert 'base_url="http://127.0.0.1:8080/v1", api_key="sk-service-…"' in code
+    code = code.replace("http://127.0.0.1:8080/v1", gateway.v1).replace("sk-service-…", org[2])
+    out = _run([sys.executable, "-c", code], {}).strip().splitlines()
+    assert "prompt_tokens=" in out[0] and "completion_tokens=" in out[0], out
+    assert "CompletionUsage(" in out[-2] and out[-1].startswith("[") and len(out) > 4, out
+
+
+def _records(gateway: Gateway, org_id: str, n: int) -> list[tuple[str, str, int]]:
+    """The organisation's first ``n`` usage records (alias, endpoint, status), once written."""
+    from conftest import wait_for
+
+    q = "SELECT alias, endpoint, status FROM usage_records WHERE org_id = $1 ORDER BY started_at"
+    wait_for(lambda: len(gateway.sql(q, org_id)) >= n, timeout=10, interval=0.1)
+    return [(r["alias"], r["endpoint"], r["status"]) for r in gateway.sql(q, org_id)]
+
+
+def test_readme_openai_agents_snippet(gateway: Gateway) -> None:
+    """openai-agents in its chat-completions mode: the agent calls the tool and answers with its result."""
+    import sys
+
+    org, _, key = gateway.new_org(10_000_000)
+    out = _run([sys.executable, "-c", _snippets()["openai-agents"]], {"OPENAI_BASE_URL": gateway.v1, "OPENAI_API_KEY": key})
+    assert out.strip().endswith("słonecznie, 21 °C"), out
+    # the turn that calls the tool, then the answer: both chat completions, none to the Responses API
+    assert _records(gateway, org, 2) == [("polish-pro", "chat", 200)] * 2
+
+
+def _node_clients() -> "Path":
+    """The Vercel AI SDK, installed from npm by `make test` (make node-clients) into .venv/node-clients."""
+    import shutil
+    from pathlib import Path
+
+    where = Path(__file__).resolve().parent.parent / ".venv" / "node-clients"
+    if shutil.which("node") is None or not (where / "node_modules" / "@ai-sdk" / "openai").is_dir():
+        pytest.skip("the Vercel AI SDK is not installed (make node-clients: needs node and npm)")
+    return where
+
+
+def test_readme_vercel_ai_snippet(gateway: Gateway) -> None:
+    """The Vercel AI SDK through openai.chat(): text, a stream with its usage, and an embedding."""
+    where = _node_clients()
+    script = where / "snippet.mjs"
+    script.write_text(_snippets()["vercel-ai"])
+    org, _, key = gateway.new_org(10_000_000)
+    out = _run(["node", str(script)], {"OPENAI_BASE_URL": gateway.v1, "OPENAI_API_KEY": key}).strip().splitlines()
+    first = out[0].rsplit(" ", 2)
+    assert first[0].strip() and int(first[1]) > 0 and int(first[2]) > 0, out
+    assert int(out[-2]) > 0 and out[-1] == "1024", out
+    assert _records(gateway, org, 3) == [("polish-pro", "chat", 200), ("polish-fast", "chat", 200),
+                                         ("embed", "embeddings", 200)]

@@ -5,11 +5,9 @@ the Envoy config that the image's entrypoint renders is rendered here with compo
 """
 from __future__ import annotations
 
-import importlib.util
 import re
 import shlex
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -81,14 +79,6 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
             op, _, rest = line.partition(" ")
             out.append((op.upper(), rest.strip()))
     return out
-
-
-def load_entrypoint() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gateway_image_entrypoint", ENTRYPOINT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 # ---- services and images -----------------------------------------------------------------------
@@ -248,7 +238,7 @@ def expected_sims() -> dict[tuple[str, int], dict[str, Any]]:
                 continue
             ctx = max((a.context_length for a in cat.aliases.values()
                        if any(u.model == model for u in a.upstreams)), default=8192)
-            entry = out.setdefault((d.name, d.port), {"chat": {}, "embed": {}})
+            entry = out.setdefault((d.name, d.port_at(Settings().gateway_port)), {"chat": {}, "embed": {}})
             entry[kinds.get(model, "chat")][model] = ctx
     return out
 
@@ -272,11 +262,11 @@ def test_sims_match_catalog(services: dict[str, dict[str, Any]]) -> None:
 
 def test_entrypoint_renders_envoy(services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch,
                                   tmp_path: Path) -> None:
-    ep = load_entrypoint()
+    from control.envoy_config import write_config  # what the entrypoint's envoy runner renders first
     env = env_of(services["envoy"])
     assert argv_of(services["envoy"])[0] == "envoy"
     s = settings_from(env, monkeypatch, state_dir=str(tmp_path), catalog=str(CATALOG))
-    boot = yaml.safe_load(ep.render_envoy(s).read_text())
+    boot = yaml.safe_load(write_config(s).read_text())
     listener = boot["static_resources"]["listeners"][0]["address"]["socket_address"]
     assert (listener["address"], listener["port_value"]) == ("0.0.0.0", Settings().gateway_port)
     [xp] = [c for c in boot["static_resources"]["clusters"] if c["name"] == "extproc"]

@@ -53,7 +53,7 @@ def test_normalised_address_names_one_person() -> None:
 
 
 def test_the_trials_granted_before_are_recorded_under_the_same_person(gateway: Gateway) -> None:
-    """Migration 8 records the trials granted before it with SQL that must name a person as
+    """Migration 9 records the trials granted before it with SQL that must name a person as
     ``trial.identity_hash`` does."""
     for email in ("ann.lee+x@example.com", "j.doe+promo@googlemail.com", "jdoe@gmail.com", "żaneta@przykład.pl",
                   "a+b+c@sub.example.co.uk"):
@@ -61,16 +61,16 @@ def test_the_trials_granted_before_are_recorded_under_the_same_person(gateway: G
         assert got == trial.identity_hash(email), email
 
 
-def test_migration_8_records_the_trials_granted_before_it(gateway: Gateway) -> None:
-    """A database at version 7 with three trials (two of one person, one not given to an owner's
-    address): after migration 8, one row per person, the earliest organisation's."""
+def test_migration_9_records_the_trials_granted_before_it(gateway: Gateway) -> None:
+    """A database at version 8 with three trials (two of one person, one not given to an owner's
+    address): after migration 9, one row per person, the earliest organisation's."""
     schema = "mig_" + secrets.token_hex(4)
 
     async def go() -> list[dict[str, Any]]:
         conn = await asyncpg.connect(gateway.stack.database_url)
         try:
             await conn.execute(f"CREATE SCHEMA {schema}; SET search_path TO {schema}")
-            for sql in MIGRATIONS[:7]:
+            for sql in MIGRATIONS[:8]:
                 await conn.execute(sql)
             await conn.execute("""
                 INSERT INTO orgs (id, name) VALUES ('o1', 'a'), ('o2', 'b'), ('o3', 'c');
@@ -82,7 +82,7 @@ def test_migration_8_records_the_trials_granted_before_it(gateway: Gateway) -> N
                   ('o1', 5000000, 'trial', 'trial:o1', now() - interval '2 days'),
                   ('o2', 5000000, 'trial', 'trial:o2', now() - interval '1 day'),
                   ('o3', 5000000, 'topup', 'p:1', now())""")
-            await conn.execute(MIGRATIONS[7])
+            await conn.execute(MIGRATIONS[8])
             return [dict(r) for r in await conn.fetch("SELECT identity_hash, org_id FROM trial_grants")]
         finally:
             await conn.execute(f"DROP SCHEMA {schema} CASCADE")

@@ -52,6 +52,21 @@ def test_plain_deployment_renders_as_before(monkeypatch: pytest.MonkeyPatch) -> 
     assert ep["endpoint"]["hostname"] == "10.0.0.1" and "metadata" not in ep
 
 
+def test_a_port_relative_to_the_gateways(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``port_offset``: the port follows GATEWAY_PORT (each stack on a machine its own simulators)."""
+    (d,) = parse(_doc({"host": "127.0.0.1", "port_offset": 15})).deployments["m"]
+    assert (d.port, d.port_offset, d.port_at(8080), d.port_at(20000)) == (0, 15, 8095, 20015)
+    monkeypatch.setenv("GATEWAY_PORT", "20000")
+    c = _cluster(monkeypatch, {"host": "127.0.0.1", "port_offset": 15})
+    (ep,) = c["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert ep["endpoint"]["address"]["socket_address"]["port_value"] == 20015
+    for both in ({"port": 1, "port_offset": 2}, {}):
+        with pytest.raises(CatalogError, match=r"deployments\[0\]: give either port or port_offset"):
+            parse(_doc({"host": "h", **both}))
+    with pytest.raises(CatalogError, match=r"deployments\[0\]\.port_offset: must be an integer >= 1"):
+        parse(_doc({"host": "h", "port_offset": "15"}))
+
+
 def test_key_set_from_envoys_environment_never_written(monkeypatch: pytest.MonkeyPatch) -> None:
     c = _cluster(monkeypatch, {"host": "10.0.0.1", "port": 8000, "api_key_env": "M_KEY"},
                  {"host": "10.0.0.2", "port": 8000, "api_key_env": "M_KEY"})

@@ -1,6 +1,7 @@
-"""`gateway up` as an ordinary account, in a directory of its home (issue 16 part 1): the embedded
-PostgreSQL runs as that account, chat and streaming go through, nothing outside the state directory
-has its owner or mode changed.  Run as root, the test makes the account (useradd) and removes it."""
+"""`make run` as an ordinary account, from a clone in its home: the embedded PostgreSQL runs as that
+account, chat and streaming go through, nothing outside the state directory has its owner or mode
+changed.  Run as root, the test makes the account (useradd) and removes it; the clone's `.venv` is made
+the way tests/test_places_e2e.py makes it (installed packages, the clone's own code, the Makefile's stamp)."""
 from __future__ import annotations
 
 import os
@@ -8,6 +9,7 @@ import pwd
 import selectors
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -117,20 +119,43 @@ def _modes(p: Path) -> list[tuple[str, int, int, int]]:
     return [(str(q), q.stat().st_mode, q.stat().st_uid, q.stat().st_gid) for q in [p, *p.parents]]
 
 
-def test_gateway_up_as_an_ordinary_account(account: tuple[pwd.struct_passwd, Path, str, dict[str, str]]) -> None:
+def _clone_for(user: pwd.struct_passwd, work: Path, python: str) -> Path:
+    """A clone of this checkout in the account's directory, its `.venv` ready for `make run`."""
+    from test_places_e2e import prepared_clone
+    if python == sys.executable:  # this environment is the account's own, or open to it
+        return prepared_clone(work / "llm-gateway")
+    clone = work / "llm-gateway"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, capture_output=True)
+    venv = Path(python).parent.parent  # the account's environment (_own_venv): the clone's code first
+    site = venv / "lib" / ("python%d.%d" % sys.version_info[:2]) / "site-packages"
+    (site / "0-gateway-clone.pth").write_text(str(clone) + "\n")
+    (venv / "bin" / "gateway").write_text(f"#!{python}\nimport sys\nfrom control.cli import main\nsys.exit(main())\n")
+    (venv / "bin" / "gateway").chmod(0o755)
+    (clone / ".venv").symlink_to(venv)
+    (venv / ".installed").touch()  # the Makefile's stamp, newer than the clone's pyproject.toml
+    for root, dirs, files in os.walk(clone):  # the clone is the account's (the environment stays root's)
+        for n in [*dirs, *files, "."]:
+            os.lchown(Path(root) / n, user.pw_uid, user.pw_gid)
+    return clone
+
+
+def test_make_run_as_an_ordinary_account(account: tuple[pwd.struct_passwd, Path, str, dict[str, str]]) -> None:
     user, work, python, extra_env = account
     base = free_base()
     catalog = work / "catalog.yaml"
-    catalog.write_text(yaml.safe_dump(make_catalog(base)))
+    doc = make_catalog(base)
+    for alias in ("dead-alias", "empty-alias"):  # every alias served: "Gateway ready"
+        del doc["aliases"][alias]
+    catalog.write_text(yaml.safe_dump(doc))
     os.chown(catalog, user.pw_uid, user.pw_gid)
-    state = work / ".gateway"
-    before = _modes(work)
+    clone = _clone_for(user, work, python)
+    state = clone / ".gateway"
+    before = _modes(clone)
     env = {"PATH": f"{Path(python).parent}:/usr/bin:/bin", "HOME": user.pw_dir, "USER": user.pw_name,
            "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "GATEWAY_PORT": str(base),
-           "GATEWAY_METRICS_PORT": str(base + 19), "GATEWAY_STATE_DIR": str(state),
-           "GATEWAY_CATALOG": str(catalog), "GATEWAY_DEV": "1", **extra_env}
+           "GATEWAY_METRICS_PORT": str(base + 19), "GATEWAY_CATALOG": str(catalog), **extra_env}
     as_user = {} if os.geteuid() != 0 else {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
-    proc = subprocess.Popen([python, "-m", "control.cli", "up"], cwd=work, env=env,
+    proc = subprocess.Popen(["make", "run"], cwd=clone, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, **as_user)
     assert proc.stdout is not None and proc.stderr is not None
     try:
@@ -139,7 +164,7 @@ def test_gateway_up_as_an_ordinary_account(account: tuple[pwd.struct_passwd, Pat
         sel.register(proc.stdout, selectors.EVENT_READ)
         deadline = time.monotonic() + 120
         while key is None:
-            assert proc.poll() is None, (f"gateway up exited {proc.returncode}: {proc.stderr.read().decode()[-2000:]}"
+            assert proc.poll() is None, (f"make run exited {proc.returncode}: {proc.stderr.read().decode()[-2000:]}"
                                          + "".join(f"\n--- {p.name}: {p.read_text(errors='replace')[-1500:]}"
                                                    for p in sorted((state / "logs").glob("*.log"))))
             assert time.monotonic() < deadline, f"not ready in time: {out.decode()[-2000:]}"
@@ -149,11 +174,13 @@ def test_gateway_up_as_an_ordinary_account(account: tuple[pwd.struct_passwd, Pat
                     if line.strip().startswith("API key:") and out.endswith(b"every process.\n"):
                         key = line.split(":", 1)[1].strip()
         assert "Gateway ready" in out.decode()
-        # ready was said after a real request: the demo key's GET /v1/models went through Envoy, the
-        # ext_proc and Redis, answered 200
+        # ready was said after a real request for every alias went through Envoy, the ext_proc, Redis and
+        # PostgreSQL to the simulators, answered 200: three chat aliases and one embeddings alias
         m = httpx.get(f"http://127.0.0.1:{base + 19}/metrics").text
-        assert any('endpoint="models"' in ln and 'status="200"' in ln and not ln.endswith(" 0.0")
-                   for ln in m.splitlines() if ln.startswith("gateway_requests_total{")), m[-3000:]
+        served = {ln.split('alias="')[1].split('"')[0]: ln.split('endpoint="')[1].split('"')[0]
+                  for ln in m.splitlines() if ln.startswith("gateway_requests_total{") and 'status="200"' in ln
+                  and not ln.endswith(" 0.0")}
+        assert served == {"polish-fast": "chat", "polish-pro": "chat", "advanced": "chat", "embed": "embeddings"}, m
 
         h = {"Authorization": f"Bearer {key}"}
         v1 = f"http://127.0.0.1:{base}/v1"
@@ -176,10 +203,13 @@ def test_gateway_up_as_an_ordinary_account(account: tuple[pwd.struct_passwd, Pat
                 st = os.lstat(Path(root) / n)
                 assert st.st_uid == user.pw_uid, (root, n)
                 assert stat.S_IMODE(st.st_mode) == (0o700 if stat.S_ISDIR(st.st_mode) else 0o600), (root, n)
-        assert _modes(work) == before  # nothing outside the state directory changed
+        assert _modes(clone) == before  # nothing outside the state directory changed
 
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 0
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: make reports the interrupt once `gateway up` stopped all
+        assert proc.wait(60) == -signal.SIGINT
+        for port in (base, base + 1, base + 12, base + 13, base + 15, base + 16):
+            with socket.socket() as sock:
+                assert sock.connect_ex(("127.0.0.1", port)) != 0, port
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)

