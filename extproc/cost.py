@@ -29,8 +29,10 @@ def pln_to_micro(pln: str | int | Decimal) -> int:
         raise ValueError(f"not an amount in PLN: {str(pln)!r}") from None
     # Infinity, NaN and sNaN are Decimals too; 1e999999999 one whose product overflows (copy_abs does
     # not round, so it cannot), 1e-999999999 one whose product underflows to 0
-    if not d.is_finite() or d.copy_abs() > MAX_PLN:
-        raise ValueError(f"not an amount in PLN (at most {MAX_PLN} either way): {str(pln)[:40]!r}")
+    if not d.is_finite():
+        raise ValueError(f"not an amount in PLN: {str(pln)!r}")
+    if d.copy_abs() > MAX_PLN:
+        raise ValueError(f"an amount in PLN is at most {MAX_PLN} either way")
     if d and d.adjusted() < -6:
         raise ValueError("amounts have at most 6 decimal places (1 micro-PLN)")
     micro = d * 1_000_000

@@ -153,7 +153,7 @@ def test_notifications_are_bounded_before_they_are_parsed() -> None:
     assert load_notification(b'{"s": "[[[[[[[[[[[[[[[[[[[[", "n": [[1]]}') == {"s": "[" * 20, "n": [[1]]}
 
 
-@pytest.mark.parametrize("text", ["Infinity", "-Infinity", "NaN", "sNaN", "1e999999999", "1000000000001"])
+@pytest.mark.parametrize("text", ["Infinity", "-Infinity", "NaN", "sNaN", "1e999999999", "1e-999999999", "1000000000001"])
 def test_an_amount_is_finite_and_bounded(text: str) -> None:
     with pytest.raises(AdminError):
         pln_to_micro(text)
