@@ -42,6 +42,7 @@ FORMS: list[tuple[str, str, tuple[str, ...]]] = [
     ("GET", "/login", ("next", "msg")),
     ("GET", "/billing", ("payment", "cancelled")),
     ("GET", "/dev/mail", ("to",)),
+    ("GET", "/dev/mail.json", ("to",)),
     ("POST", "/signup", ("email", "password", "org")),
     ("POST", "/login", ("email", "password", "next")),
     ("POST", "/reset", ("email",)),
