@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import secrets
 from typing import AsyncIterator, Awaitable, Callable
 
@@ -14,6 +15,7 @@ from control.admin import Admin
 from extproc.store import redis_client
 
 from . import i18n, low_balance
+from .listener import BODY_MAX, GUARD, Guard, guard_mw, serve
 from .mail import Mailer
 from .payments import make_provider
 from .security import load_secret
@@ -99,6 +101,30 @@ async def csrf_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
     return await handler(request)
 
 
+FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
+_FIELD_NAME = re.compile(r"[a-z_]{1,20}")
+
+
+def storable(text: str) -> bool:
+    """PostgreSQL keeps no NUL character, UTF-8 no lone surrogate."""
+    return "\x00" not in text and not any("\ud800" <= ch <= "\udfff" for ch in text)
+
+
+@web.middleware
+async def inputs_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A path, query or form value that could not be stored is refused (400, naming the field when
+    its name is one of ours) before any page reads it."""
+    fields = [*request.match_info.items(), *request.query.items()]
+    if request.method == "POST" and request.content_type in FORMS and not request.path.startswith(CSRF_EXEMPT):
+        fields += [(k, v) for k, v in (await request.post()).items() if isinstance(v, str)]
+    for name, value in fields:
+        if not (storable(name) and storable(value)):
+            raise PageError(400, i18n._("The field “{name}” holds a character that cannot be used (a NUL or a"
+                                        " broken one).").format(name=name) if _FIELD_NAME.fullmatch(name)
+                            else i18n._("A field holds a character that cannot be used (a NUL or a broken one)."))
+    return await handler(request)
+
+
 @web.middleware
 async def errors_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
@@ -122,7 +148,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 def make_app(settings: ConsoleSettings) -> web.Application:
     from .pages import api_docs, auth, billing, changelog, dev, keys, language, members, usage
-    app = web.Application(middlewares=[lang_mw, session_mw, errors_mw, csrf_mw], client_max_size=64 * 1024)
+    app = web.Application(middlewares=[guard_mw, lang_mw, session_mw, errors_mw, inputs_mw, csrf_mw], client_max_size=BODY_MAX)
+    app[GUARD] = Guard(settings)
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
         pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=8)
@@ -153,5 +180,4 @@ def run(settings: ConsoleSettings) -> None:
         raise SystemExit(f"console: {why}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("aiohttp.access").setLevel(logging.INFO)
-    web.run_app(make_app(settings), host=settings.gateway_host, port=settings.console_http_port,
-                access_log_class=SafeAccessLogger, print=None, shutdown_timeout=2)
+    asyncio.run(serve(make_app(settings), settings, SafeAccessLogger))
