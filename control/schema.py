@@ -184,6 +184,28 @@ MIGRATIONS: list[str] = [
     ALTER TABLE orgs ADD CONSTRAINT orgs_credit_limit_one
       CHECK (NOT (credit_unlimited AND credit_limit_micro_pln IS NOT NULL));
     """,
+    # 10: the alias change policy (README, "Catalog"): each catalog `gateway catalog apply` put in force
+    # (its SHA-256; forced: it broke the 14-day notice or shrank a limit, the ext_proc takes it only then)
+    # and each model change it announced, mailed once to every owner (mailed_at: sent)
+    """
+    CREATE TABLE catalog_applies (
+      sha256 text PRIMARY KEY,
+      forced boolean NOT NULL,
+      applied_at timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE TABLE model_changes (
+      id bigserial PRIMARY KEY,
+      alias text NOT NULL,
+      effective timestamptz NOT NULL,
+      before text NOT NULL,
+      after text NOT NULL,
+      forced boolean NOT NULL,
+      catalog_sha256 text NOT NULL REFERENCES catalog_applies(sha256),
+      announced_at timestamptz NOT NULL DEFAULT now(),
+      mailed_at timestamptz
+    );
+    CREATE INDEX model_changes_unmailed ON model_changes (id) WHERE mailed_at IS NULL;
+    """,
 ]
 
 
