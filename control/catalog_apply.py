@@ -1,9 +1,10 @@
 """``gateway catalog apply FILE [--force]``: put a new catalog in force under the alias change policy
-(README, "Catalog").  The new catalog is checked against the one in force (GATEWAY_CATALOG): a model
-change behind an alias effective less than 14 days ahead, or a smaller context or output limit, is
-refused unless ``--force`` is given (then each is logged on stderr and recorded as forced).  The
-catalog and every model change it announces are recorded in PostgreSQL (the console mails the owners
-once per change), then GATEWAY_CATALOG is replaced atomically: the running processes pick it up."""
+(README, "Changing the model behind an alias"). The new catalog is checked against the one in force
+(GATEWAY_CATALOG): a model change behind an alias effective less than 14 days ahead, or a smaller
+context or output limit, is refused unless ``--force`` is given (then each is logged on stderr and
+recorded as forced). The catalog and every model change it announces are recorded in PostgreSQL (the
+console mails the owners once per change), then GATEWAY_CATALOG is replaced atomically: the running
+processes pick it up."""
 from __future__ import annotations
 
 import hashlib

@@ -298,9 +298,9 @@ def cmd_catalog(args: argparse.Namespace, s: Settings) -> int:
         raise AdminError(db_problem(db, e)) from None
     rows = [{"alias": c.alias, "effective": c.effective, "before": describe(c.before), "after": describe(c.after)}
             for c in changes]
-    _print(args, {"applied": True, "model_changes": rows}, "\n".join(
-        [f"announced: {r['alias']} from {when_text(c.effective)}: {r['before']} -> {r['after']}" for r, c in zip(rows, changes)]
-        + [f"applied: {s.catalog}"]))
+    lines = [f"announced: {r['alias']} from {when_text(c.effective)}: {r['before']} -> {r['after']}"
+             for r, c in zip(rows, changes)]
+    _print(args, {"applied": True, "model_changes": rows}, "\n".join([*lines, f"applied: {s.catalog}"]))
     return 0
 
 
@@ -332,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     bc.add_argument("--ref", help="idempotency reference: the same reference credits once")
     bal.add_parser("show").add_argument("org")
     sub.add_parser("status", help="health of every component")
+    sub.add_parser("reconcile", help="compare Redis's working balances with the ledger (a dry run); --apply"
+                   " mends them").add_argument("--apply", action="store_true", help="move each balance by its drift")
     ca = sub.add_parser("catalog").add_subparsers(dest="sub", required=True).add_parser(
         "apply", help="put a new catalog in force (GATEWAY_CATALOG) under the alias change policy")
     ca.add_argument("file"); ca.add_argument("--force", action="store_true",
@@ -349,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         args = p.parse_args(argv)
     try:
         s = Settings.from_env()
-        if (cmd := {"up": cmd_up, "sim": cmd_sim, "status": cmd_status, "catalog": cmd_catalog}.get(args.cmd)) is not None:
+        commands = {"up": cmd_up, "sim": cmd_sim, "status": cmd_status, "catalog": cmd_catalog}
+        if (cmd := commands.get(args.cmd)) is not None:
             return cmd(args, s)
         return int(asyncio.run(_with_admin(s, lambda a: _admin_cmd(args, a))))
     except (AdminError, CatalogError, RedisUrlError, ConfigError, SettingsError) as e:
@@ -394,6 +397,8 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
     elif c == "balance" and sc == "show":
         b = await a.balance(args.org)
         _print(args, b, f"{b['balance_pln']} PLN; {_credit_text(b)}")
+    elif c == "reconcile":
+        return await _reconcile(args, a)
     elif c == "usage":
         rows = await a.usage(args.org, args.limit, status=args.status, request_id=args.request_id)
         lines = [f"{r['started_at']}  {r['request_id']}  {r['alias'] or '-':<12} {r['status']}"
@@ -403,6 +408,17 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
                  for r in rows]
         _print(args, rows, "\n".join(lines) or "no requests yet")
     return 0
+
+
+async def _reconcile(args: argparse.Namespace, a: Admin) -> int:
+    """Exit 1 when a dry run found balances apart (as diff does), else 0."""
+    from .reconcile import reconcile
+    found = await reconcile(a.pool, a.r, apply=args.apply)
+    lines = [f"{d.org}  Redis {micro_to_pln(d.redis_micro_pln)}  ledger {micro_to_pln(d.ledger_micro_pln)}"
+             f"  queued {micro_to_pln(d.queued_micro_pln)}  drift {micro_to_pln(d.drift_micro_pln)} PLN"
+             f"{'  repaired' if d.repaired else ''}" for d in found]
+    _print(args, [d.as_dict() for d in found], "\n".join(lines) or "every cached balance agrees with the ledger")
+    return 1 if found and not args.apply else 0
 
 
 _CREDIT_FIELDS = ("paid", "credit_limit_micro_pln", "credit_limit_pln", "credit_limit_own", "held_micro_pln")

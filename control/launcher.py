@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Awaitable, Callable, TypeVar
 
 from extproc import catalog as catalog_mod
+from extproc import redis_durability
 
 from . import embedded, envoy_config, envoy_ops, ports
 from .procs import Proc, http_ok, port_open
@@ -270,6 +271,9 @@ class Stack:
             try:  # any error but a refusal at login: down, slow, or not Redis
                 await _reach(lambda: client.call("PING"), f"Redis at {mask(self.redis_url)} is not reachable",
                              "REDIS_URL", timeout, retry=(Exception,), fatal=(RespSetupError,))
+                if not self.s.dev and (unfit := await redis_durability.check(client.call)) is not None:
+                    raise embedded.StartError(f"Redis at {mask(self.redis_url)} {unfit} (or GATEWAY_DEV=1 "
+                                              "for development)")
             finally:
                 await client.close()
         except (RedisUrlError, RespSetupError) as e:

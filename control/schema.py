@@ -184,9 +184,10 @@ MIGRATIONS: list[str] = [
     ALTER TABLE orgs ADD CONSTRAINT orgs_credit_limit_one
       CHECK (NOT (credit_unlimited AND credit_limit_micro_pln IS NOT NULL));
     """,
-    # 10: the alias change policy (README, "Catalog"): each catalog `gateway catalog apply` put in force
-    # (its SHA-256; forced: it broke the 14-day notice or shrank a limit, the ext_proc takes it only then)
-    # and each model change it announced, mailed once to every owner (mailed_at: sent)
+    # 10: the alias change policy (README, "Changing the model behind an alias"): each catalog that
+    # `gateway catalog apply` put in force (its SHA-256: the ext_proc's reload takes one breaking the
+    # policy only if it is here; forced: applied with --force), and each model change it announced,
+    # mailed once to every owner (mailed_at: sent)
     """
     CREATE TABLE catalog_applies (
       sha256 text PRIMARY KEY,

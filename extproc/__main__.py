@@ -22,6 +22,7 @@ from .grpc_server import Server
 from .process import run, until_stopped
 from .server import PROCESS_PATH, Processor
 from .settings import GatewaySettings
+from .spool import Spool
 from .store import heartbeat, open_store
 
 
@@ -79,6 +80,9 @@ async def serve(settings: GatewaySettings) -> None:
     gw = Gateway(catalog=cat, store=store, directory=Directory(pool), pick=lambda a, when: a.pick_upstream(when),
                  max_body_bytes=settings.max_body_bytes, idle_timeout_s=settings.idle_timeout_s,
                  total_timeout_s=settings.total_timeout_s)
+    gw.spool = Spool(settings.state / "spool")
+    for pending in gw.spool.pending():  # kept by a process before this one: Redis may take them now
+        gw.finish_until_taken(pending, kept=True)
     spans = tracing.tracer(settings.otlp_endpoint)
     server = Server({PROCESS_PATH: (Processor(gw, spans).process, ep.ProcessingRequest.FromString),
                      access_log.ALS_PATH: (access_log.ClientsLeft(store, gw.leaving).stream, access_log.parse)})

@@ -1,7 +1,8 @@
-"""The alias change policy (README, "Catalog"): a change of the upstream models behind an alias, or of
-their traffic shares, is announced at least 14 days before it takes effect, and an alias's context and
-output limits never shrink.  Pure functions comparing the catalog in force with the one replacing it;
-``gateway catalog apply`` and the ext_proc's catalog reload both ask them."""
+"""The alias change policy (README, "Changing the model behind an alias"): a change of the upstream
+models behind an alias, or of their traffic shares, is announced at least 14 days before it takes
+effect, and an alias's context and output limits never shrink. Pure functions comparing the catalog in
+force with the one replacing it; ``gateway catalog apply`` and the ext_proc's catalog reload both ask
+them."""
 from __future__ import annotations
 
 import datetime as dt
@@ -81,8 +82,9 @@ def when_text(t: int) -> str:
 
 def refusal(c: ModelChange, now: int) -> str:
     """One line: the alias, when the change would take effect, and the earliest it may."""
-    return (f"alias {c.alias}: model change effective {when_text(max(c.effective, now))} ({describe(c.before)} -> "
-            f"{describe(c.after)}) is announced less than 14 days ahead; the earliest allowed is {when_text(earliest(now))}")
+    return (f"alias {c.alias}: model change effective {when_text(max(c.effective, now))} ({describe(c.before)}"
+            f" -> {describe(c.after)}) is announced less than 14 days ahead; the earliest allowed is"
+            f" {when_text(earliest(now))}")
 
 
 def shrunk_limits(old: Catalog, new: Catalog) -> list[str]:

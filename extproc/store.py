@@ -27,9 +27,10 @@ from .errors import ApiError
 from .hold import WorstCase
 from .resp import RespClient, RespSetupError
 from .settings import GatewaySettings
+from . import metrics, redis_durability
 from . import redis_keys as rk
 from .redis_keys import USAGE_STREAM
-from .urls import RedisTarget, parse_redis
+from .urls import RedisTarget, mask, parse_redis
 
 
 _ADMIT = rk.lua("""
@@ -93,9 +94,14 @@ end
 """
 
 # The journal entry (gw:if) exists from admission to the first finish: removing it is what makes a
-# finish the first one, so a repeated finish (a retry, the reaper) debits, records and releases nothing.
+# finish the first one, so a repeated finish (a retry, the reaper) debits and releases nothing.
 # A refusal (ARGV[5] = '1') was never admitted: it has no journal entry, costs nothing and is only
 # queued for the usage log (a repeat is dropped by the usage record's primary key in PostgreSQL).
+# A finish that finds no journal entry still queues its record (answer 2) unless it counts only as the
+# first (ARGV[6] = '1'): the entry is gone because a finish came first (then PostgreSQL keeps the first
+# record of a request id and drops this one) or because Redis lost it (emptied, or failed over without
+# it): then this record is the only one, and the ledger in PostgreSQL still gets it.  The balance kept
+# here is not debited (it may have been filled from the ledger since): `gateway reconcile` mends it.
 _FINISH = rk.lua(_RELEASE + """
 redis.call('ZREM', '@IN_FLIGHT@' .. ARGV[1], ARGV[2])
 if ARGV[5] == '1' then
@@ -103,7 +109,11 @@ if ARGV[5] == '1' then
   return 1
 end
 local entry = redis.call('HGET', '@JOURNAL@', ARGV[2])
-if not entry then return 0 end
+if not entry then
+  if ARGV[4] == '' or ARGV[6] == '1' then return 0 end
+  redis.call('XADD', KEYS[1], '*', 'r', ARGV[4])
+  return 2
+end
 redis.call('HDEL', '@JOURNAL@', ARGV[2])
 local ok = '@ORG@' .. ARGV[1]
 release(ok, entry)
@@ -202,11 +212,16 @@ async def open_store(settings: GatewaySettings, pool_size: int) -> Store:
                   credit_limit=settings.credit_limit_micro)
     try:
         await store.fast.call("PING")
+        unfit = None if settings.dev else await redis_durability.check(store.fast.call)
     except RespSetupError as e:
         logging.getLogger("extproc").error("%s", e)
         raise SystemExit(2) from None
     except Exception:  # noqa: BLE001 - down or slow: requests get 500 until it is back
-        pass
+        unfit = None
+    if unfit is not None:
+        logging.getLogger("extproc").error("Redis at %s %s (or GATEWAY_DEV=1 for development)",
+                                           mask(settings.redis_url), unfit)
+        raise SystemExit(2)
     return store
 
 
@@ -261,13 +276,19 @@ class Store:
         return Admission(ident, _ANSWERS[tag])
 
     async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, *,
-                     refused: bool = False) -> None:
+                     refused: bool = False, first_only: bool = False) -> None:
         """Release the request's slot and, with a record, debit its cost and queue the record (once).
-        ``refused``: the request was never admitted; its record (cost 0) is only queued for the log."""
+        ``refused``: the request was never admitted; its record (cost 0) is only queued for the log.
+        ``first_only``: a fallback record, dropped when another finish came first."""
         payload = "" if record is None else record.to_json()
-        await self.fast.evalsha(_FINISH, [USAGE_STREAM],
-                                [org_id, request_id, 0 if record is None else record.cost_micro_pln, payload,
-                                 "1" if refused else ""])
+        done = await self.fast.evalsha(_FINISH, [USAGE_STREAM],
+                                       [org_id, request_id, 0 if record is None else record.cost_micro_pln,
+                                        payload, "1" if refused else "", "1" if first_only else ""])
+        if done == 2:
+            metrics.FINISHED_WITHOUT_JOURNAL.inc()
+            logging.getLogger("extproc").warning(
+                "request %s: finished with no in-flight entry in Redis (lost, or finished already): record "
+                "queued for PostgreSQL, Redis's balance not debited (gateway reconcile)", request_id)
 
     async def mark_left(self, request_id: str) -> None:
         """The client of this request went away (``access_log``): kept for two minutes."""

@@ -1,7 +1,8 @@
-"""Model-change e-mails (README, "Catalog"): every model change behind an alias that ``gateway catalog
-apply`` announced is mailed once to every organisation owner, in the owner's language.  Off the request
-path, every ``GATEWAY_LOW_BALANCE_CHECK_S`` as the low-balance check; one mail per owner per change even
-with several console instances (the ``UPDATE … WHERE mailed_at IS NULL`` decides who sends)."""
+"""Model-change e-mails (README, "Changing the model behind an alias"): every model change behind an
+alias that ``gateway catalog apply`` announced is mailed once to every organisation owner, in the
+owner's language. Off the request path, every ``GATEWAY_LOW_BALANCE_CHECK_S`` as the low-balance check;
+one mail per owner per change even with several console instances (the ``UPDATE … WHERE mailed_at IS
+NULL`` decides who sends)."""
 from __future__ import annotations
 
 import asyncio
