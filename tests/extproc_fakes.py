@@ -93,7 +93,7 @@ class FakeStore:
         return request_id in self.left
 
     async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, *,
-                     refused: bool = False) -> None:
+                     refused: bool = False, first_only: bool = False) -> None:
         self.finishes.append((org_id, request_id, record))
         if refused:  # never admitted: logged at cost 0, no slot, no balance
             assert record is not None and record.cost_micro_pln == 0
@@ -101,7 +101,11 @@ class FakeStore:
             return
         held = self.slots.get(org_id, set())
         if request_id not in held:
-            return  # a repeated finish: nothing more
+            # a repeated finish (or one whose in-flight entry Redis lost): its record is queued unless it
+            # counts only as the first, and PostgreSQL keeps the first record of a request id
+            if record is not None and not first_only and all(r.request_id != request_id for r in self.records):
+                self.records.append(record)
+            return
         held.discard(request_id)
         if record is not None:
             self.orgs[org_id].balance -= record.cost_micro_pln

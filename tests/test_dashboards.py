@@ -16,8 +16,10 @@ HISTOGRAMS = {"gen_ai_client_token_usage", "gen_ai_server_time_to_first_token_se
               "gen_ai_server_time_per_output_token_seconds", "gen_ai_server_request_duration_seconds",
               "gateway_extproc_phase_seconds", "gateway_usage_write_lag_seconds"}
 COUNTERS = {"gateway_requests_total", "gateway_billed_micro_pln_total", "gateway_limiter_rejections_total",
-            "gateway_key_cache_lookups_total", "gateway_upstream_failures_total"}
-ALLOWED = COUNTERS | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
+            "gateway_key_cache_lookups_total", "gateway_upstream_failures_total",
+            "gateway_finished_without_journal_total"}
+GAUGES = {"gateway_usage_records_waiting"}
+ALLOWED = COUNTERS | GAUGES | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
 LABELS = {"gen_ai_token_type", "gen_ai_request_model", "gen_ai_response_model", "endpoint", "alias", "status",
           "code", "kind", "phase", "result", "le", "envoy_cluster_name", "instance", "job", "pod"}
 
@@ -153,6 +155,7 @@ def test_metric_list_matches_the_code() -> None:
                 found[fam.name] = fam.type
     assert {n + "_total" for n, t in found.items() if t == "counter"} == COUNTERS
     assert {n for n, t in found.items() if t == "histogram"} == HISTOGRAMS
+    assert {n for n, t in found.items() if t == "gauge"} == GAUGES
 
 
 def test_grafana_variables_are_substituted(dashboard: dict[str, Any]) -> None:

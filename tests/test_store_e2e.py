@@ -52,7 +52,7 @@ def _record(rid: str, org: str, kid: str, cost: int) -> UsageRecord:
                        ttfb_ms=5, ended_at=now)
 
 
-def test_a_finish_debits_and_records_once_and_only_after_an_admission(gateway: Gateway) -> None:
+def test_a_finish_debits_once_and_only_after_an_admission_and_records_once(gateway: Gateway) -> None:
     org, kid, key = _ready_org(gateway)
     h = key_hash(key)
     stamp = str(time.time_ns())
@@ -66,7 +66,9 @@ def test_a_finish_debits_and_records_once_and_only_after_an_admission(gateway: G
         assert await r.zscore("gw:c:" + org, once) is not None
         for _ in range(3):  # a retry, or the reaper after the owner: the same request finished again
             await store.finish(org, once, _record(once, org, kid, 1234))
-        await store.finish(org, never, _record(never, org, kid, 999))  # never admitted here
+        # no in-flight entry (as after Redis lost it): the record still goes to PostgreSQL, which bills
+        # it once; Redis's balance is not debited (gateway reconcile mends that)
+        await store.finish(org, never, _record(never, org, kid, 999))
         await store.finish(org, last, _record(last, org, kid, 1))
         assert await r.zscore("gw:c:" + org, once) is None  # the slot is free
         assert await r.hget("gw:if", once) is None  # and the journal entry gone
@@ -78,12 +80,16 @@ def test_a_finish_debits_and_records_once_and_only_after_an_admission(gateway: G
     assert before - after == 1234 + 1
     wait_for(lambda: gateway.sql("SELECT count(*) AS n FROM usage_records WHERE request_id = $1", last)
              == [{"n": 1}])
+    wait_for(lambda: gateway.sql("SELECT count(*) AS n FROM usage_records WHERE request_id = $1", never)
+             == [{"n": 1}])
     rows = gateway.sql("SELECT request_id, cost_micro_pln FROM usage_records WHERE request_id = ANY($1)"
                        " ORDER BY request_id", [once, never, last])
-    assert rows == [{"request_id": last, "cost_micro_pln": 1}, {"request_id": once, "cost_micro_pln": 1234}]
+    assert rows == [{"request_id": last, "cost_micro_pln": 1}, {"request_id": never, "cost_micro_pln": 999},
+                    {"request_id": once, "cost_micro_pln": 1234}]
     debits = gateway.sql("SELECT ref, amount_micro_pln FROM ledger WHERE ref = ANY($1) ORDER BY ref",
                          ["usage:" + once, "usage:" + never, "usage:" + last])
-    assert debits == [{"ref": "usage:" + last, "amount_micro_pln": -1}, {"ref": "usage:" + once, "amount_micro_pln": -1234}]
+    assert debits == [{"ref": "usage:" + last, "amount_micro_pln": -1}, {"ref": "usage:" + never, "amount_micro_pln": -999},
+                      {"ref": "usage:" + once, "amount_micro_pln": -1234}]
 
 
 def test_a_rejected_admission_takes_no_slot_and_counts_no_request(gateway: Gateway) -> None:
