@@ -37,7 +37,7 @@ class Plan:
 def plan(new_path: str | Path, in_force: str | Path, now: int) -> Plan:
     """What applying ``new_path`` over ``in_force`` does (both load, or CatalogError names the problem)."""
     text = Path(new_path).read_bytes()
-    new = catalog_mod.load(new_path)
+    new = catalog_mod.load(new_path, text)
     old = catalog_mod.load(in_force)
     changes = model_changes(old, new, now)
     return Plan(hashlib.sha256(text).hexdigest(), text, changes, too_soon(changes, now), breaches(old, new, now))

@@ -49,8 +49,9 @@ async def watch_catalog(path: str, gw: Gateway, applied: Callable[[str], Awaitab
                 continue
             seen = mtime
             await asyncio.sleep(settle)
-            sha = hashlib.sha256(Path(path).read_bytes()).hexdigest()
-            new = catalog_mod.load(path)
+            data = Path(path).read_bytes()
+            new = catalog_mod.load(path, data)
+            sha = hashlib.sha256(data).hexdigest()
             breaches = alias_policy.breaches(gw.catalog, new, int(time.time()))
             if breaches and not await applied(sha):
                 log.error("catalog not reloaded, the one in force stays: %s (apply it with"

@@ -300,11 +300,12 @@ def _line_of(root: yaml.Node | None, dotted: str) -> int | None:
     return node.start_mark.line + 1 if node is not None else line
 
 
-def load(path: str | Path) -> Catalog:
-    """Load and check a catalog; every error names the file, the line and the field."""
+def load(path: str | Path, data: bytes | None = None) -> Catalog:
+    """Load and check a catalog (``data``: the file's bytes, already read); every error names the file,
+    the line and the field."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = (p.read_bytes() if data is None else data).decode()
     except UnicodeDecodeError:
         raise CatalogError(f"{p}: not UTF-8 text") from None
     try:
