@@ -293,6 +293,28 @@ def cmd_sim(args: argparse.Namespace, s: Settings) -> int:
     return 0
 
 
+def cmd_catalog(args: argparse.Namespace, s: Settings) -> int:
+    """``gateway catalog apply FILE [--force]`` (control/catalog_apply.py)."""
+    import asyncpg
+    from extproc.alias_policy import describe, when_text
+    from .catalog_apply import Refused, apply
+    db = _urls(s)[0]
+    try:
+        changes = asyncio.run(apply(args.file, s.catalog, db, args.force))
+    except Refused as e:
+        print("\n".join(f"gateway: refused: {line}" for line in str(e).splitlines())
+              + "\ngateway: nothing applied (--force applies it anyway, logged and recorded)", file=sys.stderr)
+        return 2
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, ConnectionError, asyncio.TimeoutError) as e:
+        raise AdminError(db_problem(db, e)) from None
+    rows = [{"alias": c.alias, "effective": c.effective, "before": describe(c.before), "after": describe(c.after)}
+            for c in changes]
+    lines = [f"announced: {r['alias']} from {when_text(c.effective)}: {r['before']} -> {r['after']}"
+             for r, c in zip(rows, changes)]
+    _print(args, {"applied": True, "model_changes": rows}, "\n".join([*lines, f"applied: {s.catalog}"]))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="gateway", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -326,10 +348,15 @@ def main(argv: list[str] | None = None) -> int:
                    " gateway reconcile --apply").add_argument("file")
     sub.add_parser("reconcile", help="compare Redis's working balances with the ledger (a dry run); --apply"
                    " mends them").add_argument("--apply", action="store_true", help="move each balance by its drift")
+    ca = sub.add_parser("catalog").add_subparsers(dest="sub", required=True).add_parser(
+        "apply", help="put a new catalog in force (GATEWAY_CATALOG) under the alias change policy")
+    ca.add_argument("file"); ca.add_argument("--force", action="store_true",
+                                             help="apply a model change announced under 14 days ahead or a"
+                                             " smaller limit (logged and recorded as forced)")
     us = sub.add_parser("usage"); us.add_argument("org"); us.add_argument("--limit", type=int, default=50)
     us.add_argument("--status", default="", help="ok, errors, or a status code (e.g. 429)")
     us.add_argument("--request-id", default="", help="the request id of a reply or an error")
-    for sp in [*sub.choices.values(), *org.choices.values(), *key.choices.values(), *bal.choices.values()]:
+    for sp in [*sub.choices.values(), *org.choices.values(), *key.choices.values(), *bal.choices.values(), ca]:
         sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["sim"]:  # every option after "sim" is the simulator's own (python -m sim --help)
@@ -338,9 +365,9 @@ def main(argv: list[str] | None = None) -> int:
         args = p.parse_args(argv)
     try:
         s = Settings.from_env()
-        if args.cmd in ("backup", "restore"):
-            return cmd_backup(args, s)
-        if (cmd := {"up": cmd_up, "sim": cmd_sim, "status": cmd_status}.get(args.cmd)) is not None:
+        commands = {"up": cmd_up, "sim": cmd_sim, "status": cmd_status, "catalog": cmd_catalog,
+                    "backup": cmd_backup, "restore": cmd_backup}
+        if (cmd := commands.get(args.cmd)) is not None:
             return cmd(args, s)
         return int(asyncio.run(_with_admin(s, lambda a: _admin_cmd(args, a))))
     except (AdminError, CatalogError, RedisUrlError, ConfigError, SettingsError) as e:

@@ -207,6 +207,29 @@ MIGRATIONS: list[str] = [
       WHERE l.kind = 'trial') AS granted
     ORDER BY h, created_at;
     """,
+    # 10: the alias change policy (README, "Changing the model behind an alias"): each catalog that
+    # `gateway catalog apply` put in force (its SHA-256: the ext_proc's reload takes one breaking the
+    # policy only if it is here; forced: applied with --force), and each model change it announced,
+    # mailed once to every owner (mailed_at: sent)
+    """
+    CREATE TABLE catalog_applies (
+      sha256 text PRIMARY KEY,
+      forced boolean NOT NULL,
+      applied_at timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE TABLE model_changes (
+      id bigserial PRIMARY KEY,
+      alias text NOT NULL,
+      effective timestamptz NOT NULL,
+      before text NOT NULL,
+      after text NOT NULL,
+      forced boolean NOT NULL,
+      catalog_sha256 text NOT NULL REFERENCES catalog_applies(sha256),
+      announced_at timestamptz NOT NULL DEFAULT now(),
+      mailed_at timestamptz
+    );
+    CREATE INDEX model_changes_unmailed ON model_changes (id) WHERE mailed_at IS NULL;
+    """,
 ]
 
 

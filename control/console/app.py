@@ -14,7 +14,7 @@ from aiohttp.abc import AbstractAccessLogger
 from control.admin import Admin
 from extproc.store import redis_client
 
-from . import i18n, low_balance
+from . import i18n, low_balance, model_changes
 from .listener import BODY_MAX, GUARD, Guard, guard_mw, serve
 from .mail import Mailer
 from .payments import make_provider
@@ -157,9 +157,11 @@ def make_app(settings: ConsoleSettings) -> web.Application:
         secret = load_secret(settings.console_secret, settings.state)
         app[CONSOLE] = Console(settings, pool, r, Admin(pool, r, settings.credit_limit_micro), Store(pool), Mailer(settings),
                                make_provider(settings, secret), secret, templates())
-        watcher = asyncio.create_task(low_balance.watch(app[CONSOLE]))
+        watchers = [asyncio.create_task(low_balance.watch(app[CONSOLE])),
+                    asyncio.create_task(model_changes.watch(app[CONSOLE]))]
         yield
-        watcher.cancel()
+        for w in watchers:
+            w.cancel()
         await app[CONSOLE].background.drain()
         await pool.close()
         await r.aclose()
