@@ -294,17 +294,26 @@ def main(argv: list[str] | None = None) -> int:
     oc = org.add_parser("create"); oc.add_argument("name"); oc.add_argument("--balance", default="0")
     for n in ("suspend", "reactivate"):
         org.add_parser(n).add_argument("org")
-    ol = org.add_parser("limits"); ol.add_argument("org")
-    ol.add_argument("--rpm", type=int); ol.add_argument("--concurrency", type=int)
+    ol = org.add_parser("limits", help="set the organisation's limits; without a flag, print those in force")
+    ol.add_argument("org")
+    ol.add_argument("--rpm", type=int, help="requests per minute for EACH key of the organisation (a key's own "
+                    "limit, 'gateway key limits', wins); default GATEWAY_DEFAULT_RPM")
+    ol.add_argument("--concurrency", type=int, help="requests in flight at once for the WHOLE organisation "
+                    "(all its keys together); default GATEWAY_DEFAULT_CONCURRENCY")
+    add_inventory_commands(org, "org")
     key = sub.add_parser("key").add_subparsers(dest="sub", required=True)
     key.add_parser("create").add_argument("org")
     key.add_parser("revoke").add_argument("key_id")
-    kl = key.add_parser("limits"); kl.add_argument("key_id"); kl.add_argument("--rpm", type=int, required=True)
+    kl = key.add_parser("limits"); kl.add_argument("key_id")
+    kl.add_argument("--rpm", type=int, required=True, help="requests per minute for this key alone")
+    add_inventory_commands(key, "key")
     bal = sub.add_parser("balance").add_subparsers(dest="sub", required=True)
     bc = bal.add_parser("credit"); bc.add_argument("org"); bc.add_argument("pln")
     bc.add_argument("--ref", help="idempotency reference: the same reference credits once")
     bal.add_parser("show").add_argument("org")
     sub.add_parser("status", help="health of every component")
+    mg = sub.add_parser("migrate", help="apply the PostgreSQL migrations to DATABASE_URL, then exit")
+    mg.add_argument("--wait", type=float, default=60.0, help="seconds to wait for PostgreSQL to accept (60)")
     us = sub.add_parser("usage"); us.add_argument("org"); us.add_argument("--limit", type=int, default=50)
     us.add_argument("--status", default="", help="ok, errors, or a status code (e.g. 429)")
     us.add_argument("--request-id", default="", help="the request id of a reply or an error")
@@ -317,9 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         args = p.parse_args(argv)
     s = Settings.from_env()
     try:
-        if (cmd := {"up": cmd_up, "sim": cmd_sim, "status": cmd_status}.get(args.cmd)) is not None:
+        if (cmd := {"up": cmd_up, "sim": cmd_sim, "status": cmd_status, "migrate": cmd_migrate}.get(args.cmd)):
             return cmd(args, s)
-        return int(asyncio.run(_with_admin(s, lambda a: _admin_cmd(args, a))))
+        return int(asyncio.run(_with_admin(s, lambda a: _inventory_cmd(args, a, s))))
     except (AdminError, CatalogError, RedisUrlError, ConfigError) as e:
         print(f"gateway: {e}", file=sys.stderr)
         return 2
@@ -328,6 +337,58 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def add_inventory_commands(group: Any, noun: str) -> None:
+    """``gateway org list``, ``org show ORG`` / ``key list ORG`` (control/inventory.py)."""
+    if noun == "org":
+        group.add_parser("list", help="every organisation: balance, limits in force, active keys")
+        group.add_parser("show", help="one organisation: balance, limits in force, keys").add_argument("org")
+    else:
+        group.add_parser("list", help="the organisation's keys (never the keys themselves)").add_argument("org")
+
+
+async def _inventory_cmd(args: argparse.Namespace, a: Admin, s: Settings) -> int:
+    """The read-only commands, and the limits in force after (or without) ``org limits``' flags; every other
+    command is ``_admin_cmd``'s."""
+    from . import inventory as inv
+    d = inv.Defaults(rpm=s.default_rpm, concurrency=s.default_concurrency)
+    c, sc = args.cmd, getattr(args, "sub", None)
+    if c == "org" and sc == "limits":
+        flags = {k: v for k, v in vars(args).items() if k not in ("cmd", "sub", "org", "json") and v is not None}
+        if flags:
+            await _admin_cmd(args, a)
+        o = await inv.show_org(a.pool, a.r, args.org, d)
+        limits = {k: v for k, v in o.items() if k.startswith(("rpm", "concurrency"))}
+        _print(args, {"id": o["id"], **limits}, inv.limit_lines(o))
+    elif c == "org" and sc == "list":
+        orgs = await inv.list_orgs(a.pool, a.r, d)
+        _print(args, orgs, inv.orgs_table(orgs))
+    elif c == "org" and sc == "show":
+        o = await inv.show_org(a.pool, a.r, args.org, d)
+        _print(args, o, inv.org_lines(o))
+    elif c == "key" and sc == "list":
+        keys = await inv.list_keys(a.pool, args.org, d)
+        _print(args, keys, inv.keys_table(keys))
+    else:
+        return await _admin_cmd(args, a)
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace, s: Settings) -> int:
+    """``gateway migrate``: the schema brought up to date on DATABASE_URL (or the running stack's)."""
+    import asyncpg
+
+    from .launcher import migrate
+    db = s.database_url or _urls(s)[0]
+    try:
+        version = asyncio.run(migrate(db, timeout=args.wait))
+    except StartError as e:
+        raise AdminError(str(e)) from None
+    except (ValueError, asyncpg.InterfaceError, asyncpg.PostgresError) as e:
+        raise AdminError(db_problem(db, e)) from None
+    _print(args, {"schema_version": version}, f"schema at version {version}")
+    return 0
 
 
 async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
@@ -339,8 +400,7 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
         await a.set_status(args.org, "suspended" if sc == "suspend" else "active")
         _print(args, {"id": args.org, "status": "suspended" if sc == "suspend" else "active"}, "ok")
     elif c == "org" and sc == "limits":
-        await a.set_limits(args.org, args.rpm, args.concurrency)
-        _print(args, {"id": args.org, "rpm": args.rpm, "concurrency": args.concurrency}, "ok")
+        await a.set_limits(args.org, args.rpm, args.concurrency)  # the limits in force printed by _inventory_cmd
     elif c == "key" and sc == "create":
         kid, k = await a.create_key(args.org)
         _print(args, {"id": kid, "key": k}, f"{kid}\n{k}\n(the key is shown once; store it now)")

