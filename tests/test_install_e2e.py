@@ -117,7 +117,7 @@ def test_gateway_up_is_ready_from_the_installed_packages(up: tuple[int, dict[str
     assert "NOT READY" not in out and "Traceback" not in out, out
     bootstrap = (Path(env["GATEWAY_STATE_DIR"]) / "envoy" / "bootstrap.yaml").read_text()
     assert str(installed.venv / "lib") in bootstrap and "sse_relay.lua" in bootstrap  # the installed relay
-    docs = httpx.get(f"http://127.0.0.1:{base + 2}/openapi.json", timeout=10)  # the console's own copy
+    docs = httpx.get(f"http://127.0.0.1:{base + 1}/openapi.json", timeout=10)  # the console's own copy
     assert docs.status_code == 200 and docs.json()["openapi"].startswith("3.")
 
 
