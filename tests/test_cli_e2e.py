@@ -78,3 +78,39 @@ def test_status_reports_every_component(gateway: Gateway) -> None:
     for name in ("envoy", "extproc", "metrics", "usage-writer", "postgres", "redis", "console", "sim:sim-a",
                  "sim:sim-b"):
         assert doc[name]["ok"] is True, (name, doc[name])
+
+
+def test_org_list_show_limits_and_key_list(gateway: Gateway) -> None:
+    """What an operator has, with the limits in force and where each comes from: --rpm is per key (a key's
+    own limit wins), --concurrency per organisation; the defaults are GATEWAY_DEFAULT_* (this shell's)."""
+    org = j(gateway, "org", "create", "listed", "--balance", "3")["id"]  # type: ignore[index]
+    k1 = j(gateway, "key", "create", org)
+    k2 = j(gateway, "key", "create", org)
+    j(gateway, "key", "revoke", k2["id"])  # type: ignore[index]
+    defaults = {"rpm_per_key": 600, "rpm_per_key_from": "GATEWAY_DEFAULT_RPM", "concurrency_per_organisation": 32,
+                "concurrency_per_organisation_from": "GATEWAY_DEFAULT_CONCURRENCY"}
+    assert j(gateway, "org", "limits", org) == {"id": org, **defaults}
+    text = gw_cli(gateway, "org", "limits", org)
+    assert text.returncode == 0 and "null" not in text.stdout
+    assert text.stdout.splitlines() == ["rpm           600 per key (default, GATEWAY_DEFAULT_RPM)",
+                                        "concurrency   32 per organisation (default, GATEWAY_DEFAULT_CONCURRENCY)"]
+    after = j(gateway, "org", "limits", org, "--rpm", "7")
+    assert after == {"id": org, **defaults, "rpm_per_key": 7, "rpm_per_key_from": "organisation"}
+    shown = j(gateway, "org", "show", org)
+    assert shown == {"id": org, "name": "listed", "status": "active", "balance_micro_pln": 3_000_000,
+                     "balance_pln": "3.000000", **after, "active_keys": 1,
+                     "created_at": shown["created_at"]}  # type: ignore[index]
+    assert "7 per key (the organisation's limit)" in gw_cli(gateway, "org", "show", org).stdout
+    listed = {o["id"]: o for o in j(gateway, "org", "list")}  # type: ignore[union-attr]
+    assert listed[org] == shown
+    j(gateway, "key", "limits", k1["id"], "--rpm", "3")  # type: ignore[index]
+    keys = j(gateway, "key", "list", org)
+    assert [(k["id"], k["rpm"], k["rpm_in_force"], k["revoked_at"] is None) for k in keys] == [  # type: ignore[union-attr]
+        (k1["id"], 3, 3, True), (k2["id"], None, 7, False)]  # type: ignore[index]
+    assert all(k["prefix"] == k1["key"][:15] or k["prefix"] == k2["key"][:15] for k in keys)  # type: ignore[union-attr,index]
+    text = gw_cli(gateway, "key", "list", org).stdout
+    assert k1["key"] not in text and k2["key"] not in text and "revoked" in text  # type: ignore[index]
+    assert "WHOLE organisation" in gw_cli(gateway, "org", "limits", "--help").stdout
+    assert "EACH key" in gw_cli(gateway, "org", "limits", "--help").stdout
+    missing = gw_cli(gateway, "org", "show", "org_nope")
+    assert (missing.returncode, missing.stdout, missing.stderr) == (2, "", "gateway: no such organisation: org_nope\n")
