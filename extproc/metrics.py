@@ -6,7 +6,7 @@ from __future__ import annotations
 import urllib.request
 from typing import Any, Iterator
 
-from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
@@ -49,6 +49,8 @@ WRITE_LAG = Histogram("gateway_usage_write_lag_seconds", "From a request's end t
                       buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300))
 UPSTREAM_FAILURES = Counter("gateway_upstream_failures", "Model-server failures by alias and code",
                             ["alias", "code"])
+# the usage writer's: records in the Redis usage stream not yet written to PostgreSQL (set every second)
+RECORDS_WAITING = Gauge("gateway_usage_records_waiting", "Usage records waiting in Redis for PostgreSQL")
 
 # an error code -> the ``kind`` label of REJECTIONS
 REJECTION_KIND = {"rate_limit_exceeded": "rate", "concurrency_limit_exceeded": "concurrency",
