@@ -52,7 +52,10 @@ def db_problem(url: str, e: BaseException) -> str:
         why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         return (f"cannot reach PostgreSQL at {m} ({why}); start the stack with 'gateway up', "
                 "or check DATABASE_URL")
-    if isinstance(e, (ValueError, asyncpg.InterfaceError)):
+    if isinstance(e, ValueError):
+        from .launcher import dsn_problem
+        return dsn_problem(url, e)
+    if isinstance(e, asyncpg.InterfaceError):
         return f"DATABASE_URL {m} cannot be used: {e}"
     return f"PostgreSQL at {m}: {type(e).__name__}: {e}"
 
