@@ -2,18 +2,16 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import secrets
 from typing import AsyncIterator, Awaitable, Callable
 
 import asyncpg
 from aiohttp import web
-from aiohttp.abc import AbstractAccessLogger
 
 from control.admin import Admin
 from extproc.store import redis_client
 
-from . import i18n, low_balance
+from . import i18n, logs, low_balance
 from .mail import Mailer
 from .payments import make_provider
 from .security import load_secret
@@ -37,17 +35,6 @@ HEADERS = {
     "Cross-Origin-Opener-Policy": "same-origin",
     "Strict-Transport-Security": "max-age=31536000",
 }
-
-
-class SafeAccessLogger(AbstractAccessLogger):
-    """Logs the route's pattern, never the path: e-mail links carry single-use tokens."""
-
-    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        route = "?"
-        mi = getattr(request, "match_info", None)
-        if mi is not None and mi.route.resource is not None:
-            route = mi.route.resource.canonical
-        self.logger.info("%s %s %s %.1fms", request.method, route, response.status, time * 1000)
 
 
 @web.middleware
@@ -122,7 +109,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 def make_app(settings: ConsoleSettings) -> web.Application:
     from .pages import api_docs, auth, billing, changelog, dev, keys, language, members, usage
-    app = web.Application(middlewares=[lang_mw, session_mw, errors_mw, csrf_mw], client_max_size=64 * 1024)
+    app = web.Application(middlewares=[logs.request_id_mw, lang_mw, session_mw, errors_mw, csrf_mw],
+                          client_max_size=64 * 1024)
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
         pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=8)
@@ -139,6 +127,7 @@ def make_app(settings: ConsoleSettings) -> web.Application:
 
     app.cleanup_ctx.append(resources)
     app.on_response_prepare.append(on_prepare)
+    app.on_response_prepare.append(logs.on_prepare)
     app.router.add_get("/healthz", healthz)
     app.router.add_static("/static", HERE / "static")
     for mod in (auth, keys, usage, billing, members, dev, api_docs, changelog, language):
@@ -151,7 +140,6 @@ def run(settings: ConsoleSettings) -> None:
     why = refusal(settings)
     if why:
         raise SystemExit(f"console: {why}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("aiohttp.access").setLevel(logging.INFO)
+    logs.setup()
     web.run_app(make_app(settings), host=settings.gateway_host, port=settings.console_http_port,
-                access_log_class=SafeAccessLogger, print=None, shutdown_timeout=2)
+                access_log_class=logs.AccessLogger, print=None, shutdown_timeout=2)
