@@ -300,6 +300,8 @@ def test_console_deployment(objects: dict[tuple[str, str], dict[str, Any]],
     assert s.console_http_port == 8081 and ports(c) == {"http": 8081}
     assert s.gateway_host == "0.0.0.0", "the console listens on GATEWAY_HOST"
     assert s.console_secret and s.smtp_host, "console secret and SMTP server are set (no local capture)"
+    from control.console.launch import refusal
+    assert refusal(s) is None, "the console's production checks pass with these settings"
     for probe in ("readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"]["path"] == "/healthz"
         assert probe_ports(c[probe], c) == [8081]
