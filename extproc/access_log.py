@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
+from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2
 
 from .grpc_server import EOF, Call
@@ -22,6 +23,12 @@ log = logging.getLogger("extproc")
 
 ALS_PATH = b"/envoy.service.accesslog.v3.AccessLogService/StreamAccessLogs"
 parse = als_pb2.StreamAccessLogsMessage.FromString
+
+
+def _closed_by_envoy(entry: accesslog_pb2.HTTPAccessLogEntry) -> bool:
+    """Envoy closed the connection itself (its drain ran out, or it is stopping): the stream was the
+    gateway's to end, not the client's leaving."""
+    return str(entry.response.response_code_details).startswith("downstream_local_disconnect")
 
 
 class ClientsLeft:
@@ -38,7 +45,7 @@ class ClientsLeft:
             for entry in msg.http_logs.log_entry:
                 flags = entry.common_properties.response_flags
                 if (flags.downstream_connection_termination or flags.downstream_remote_reset) \
-                        and entry.request.request_id:
+                        and entry.request.request_id and not _closed_by_envoy(entry):
                     rid = entry.request.request_id
                     told = self.leaving.pop(rid, None)
                     if told is not None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 
@@ -15,6 +16,26 @@ class Prices:
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def pln_to_micro(pln: str | int | Decimal) -> int:
+    """An amount in PLN ("12.50", 3) in micro-PLN; ValueError when it is not one, or is finer than 1 micro-PLN."""
+    try:
+        d = Decimal(str(pln).strip())
+    except InvalidOperation:
+        raise ValueError(f"not an amount in PLN: {str(pln)!r}") from None
+    if not d.is_finite():
+        raise ValueError(f"not an amount in PLN: {str(pln)!r}")
+    micro = d * 1_000_000
+    if micro != micro.to_integral_value():
+        raise ValueError("amounts have at most 6 decimal places (1 micro-PLN)")
+    return int(micro)
+
+
+def micro_to_pln(micro: int) -> str:
+    """micro-PLN as PLN with all six decimals: 1500 -> "0.001500"."""
+    whole, fraction = divmod(abs(micro), 1_000_000)
+    return f"{'-' if micro < 0 else ''}{whole}.{fraction:06d}"
 
 
 def cost_micro_pln(prompt_tokens: int, completion_tokens: int, prices: Prices) -> int:

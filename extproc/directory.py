@@ -25,8 +25,23 @@ class Directory:
         return None if row is None else dict(row)
 
     async def org(self, org_id: str) -> dict[str, Any]:
+        """The organisation's cache entry: status, limits, balance, and what its credit limit follows
+        (README, "Billing"): ``paid`` (1: money other than the trial credit was ever credited) and
+        ``climit``, its own credit limit (micro-PLN, "none", or "default": GATEWAY_CREDIT_LIMIT_PLN's)."""
         row = await self._row(
             "SELECT o.status, o.rpm, o.concurrency AS conc,"
-            " (SELECT COALESCE(SUM(amount_micro_pln), 0) FROM ledger l WHERE l.org_id = o.id)::bigint AS balance"
+            " (SELECT COALESCE(SUM(amount_micro_pln), 0) FROM ledger l WHERE l.org_id = o.id)::bigint AS balance,"
+            " " + PAID_SQL + " AS paid,"
+            " " + CLIMIT_SQL + " AS climit"
             " FROM orgs o WHERE o.id = $1", org_id)
-        return {"status": "suspended", "balance": 0} if row is None else dict(row)
+        return {"status": "suspended", "balance": 0, "paid": 0, "climit": "default"} if row is None else dict(row)
+
+
+# 1 when the organisation ``o`` was ever credited money other than the console's trial credit (an
+# operator's credit or a paid top-up), else 0
+PAID_SQL = ("(EXISTS (SELECT 1 FROM ledger p WHERE p.org_id = o.id AND p.amount_micro_pln > 0"
+            " AND p.kind NOT IN ('trial', 'usage')))::int")
+
+# the organisation ``o``'s own credit limit as the cache holds it: micro-PLN, "none" or "default"
+CLIMIT_SQL = ("CASE WHEN o.credit_unlimited THEN 'none'"
+              " ELSE COALESCE(o.credit_limit_micro_pln::text, 'default') END")

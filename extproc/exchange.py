@@ -23,9 +23,11 @@ from .decisions import Admission, UsageRecord
 from .directory import Directory
 from .errors import (BODY_TOO_LARGE, INTERNAL_ERROR, MODEL_NOT_FOUND, UNSUPPORTED_ENDPOINT, UPSTREAM_TIMEOUT,
                      ApiError)
+from .hold import worst_case
 from .keys import bearer_key, key_hash
 from .responses import rewrite_body, upstream_error, with_estimated_usage
 from .rules import CHAT, Prepared, prepare_chat, prepare_embeddings
+from .spool import NoSpool, PendingFinish, Spool
 from .store import INVALID_KEY, Late, Miss, Store
 
 log = logging.getLogger("extproc")
@@ -101,6 +103,7 @@ class Gateway:
     # 1 s later, would end it) or a non-streaming reply that ended before its end (499 or 502)
     leaving: dict[str, Callable[[], None]] = field(default_factory=dict)
     _retrying: set[asyncio.Task[None]] = field(default_factory=set)
+    spool: Spool = field(default_factory=NoSpool)  # finishes Redis did not take, on local disk
 
     async def client_left(self, request_id: str) -> bool:
         """Whether Envoy's access log marked this request's client gone in Redis (any process may have
@@ -111,14 +114,27 @@ class Gateway:
             log.warning("request %s: could not tell how its reply ended: %s", request_id, type(e).__name__)
             return False
 
-    async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, refused: bool = False) -> None:
+    async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, refused: bool = False,
+                     first_only: bool = False) -> None:
         """Release and record through the store; while Redis is unreachable, keep retrying in the
         background (bounded by the slot's lease), so a served request's record is not lost."""
         try:
-            await self.store.finish(org_id, request_id, record, refused=refused)
+            await self.store.finish(org_id, request_id, record, refused=refused, first_only=first_only)
         except Exception:  # noqa: BLE001
-            self._retry(lambda: self.store.finish(org_id, request_id, record, refused=refused),
-                        f"usage record of request {request_id}")
+            self.finish_until_taken(PendingFinish(org_id, request_id, record, refused, first_only))
+
+    def finish_until_taken(self, p: PendingFinish, kept: bool = False) -> None:
+        """A finish Redis did not take: kept on disk (``spool``) and retried in the background until it
+        does (the file then removed); ``kept``: it is on disk already (replayed at start)."""
+        if not kept:
+            self.spool.keep(p)
+        metrics.FINISHES_WAITING.inc()
+
+        async def once() -> None:
+            await self.store.finish(p.org_id, p.request_id, p.record, refused=p.refused, first_only=p.first_only)
+            self.spool.done(p.request_id)
+            metrics.FINISHES_WAITING.dec()
+        self._retry(once, f"usage record of request {p.request_id}")
 
     def finish_later(self, org_id: str, request_id: str, record: UsageRecord) -> None:
         """``finish`` after ``HAND_OVER_GRACE_S``, unless this process's stream watch took the request
@@ -128,7 +144,7 @@ class Gateway:
             if request_id in self.watched:
                 self.watched.discard(request_id)
                 return
-            await self.finish(org_id, request_id, record)
+            await self.finish(org_id, request_id, record, first_only=True)
         self._background(later())
 
     def cancel(self, request_id: str) -> None:
@@ -152,7 +168,7 @@ class Gateway:
                 return
             except Exception:  # noqa: BLE001
                 delay = min(max(delay, 0.05) * 2, 2.0)
-        log.error("%s could not be handed to Redis for an hour", what)
+        log.error("%s could not be handed to Redis for an hour: kept on disk for the next start", what)
 
     def models_body(self) -> bytes:
         """The model list, rendered at most once a second (prices change at whole seconds)."""
@@ -398,7 +414,11 @@ class Exchange:
             if cached is not None:
                 self.admission = cached
                 return cached
-        pending = self._pending() if limits else ""
+        pending, hold = "", None
+        if limits:  # a prepared request: journalled, its worst case held (README, "Billing")
+            assert self.prepared is not None
+            pending = self._pending()
+            hold = worst_case(self.prepared, self.prepared.alias.prices_at(self.started))
         # from now, not the request's start: Envoy's message timeout runs from the message that brought
         # us here (a chunked body may come seconds after the headers)
         deadline = self.gw.clock() + self.gw.dependency_budget_s
@@ -407,7 +427,7 @@ class Exchange:
                 for _ in range(3):
                     try:
                         adm = await self.gw.store.admit(self.key_hash, self.request_id, limits=limits,
-                                                        pending=pending, deadline=deadline)
+                                                        pending=pending, deadline=deadline, hold=hold)
                     except Miss as miss:
                         await self._fill(miss)
                         continue

@@ -49,8 +49,13 @@ WRITE_LAG = Histogram("gateway_usage_write_lag_seconds", "From a request's end t
                       buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300))
 UPSTREAM_FAILURES = Counter("gateway_upstream_failures", "Model-server failures by alias and code",
                             ["alias", "code"])
+FINISHES_WAITING = Gauge("gateway_usage_records_waiting",
+                         "Finished requests whose record and release Redis has not taken yet (retried, kept on disk)")
+FINISHED_WITHOUT_JOURNAL = Counter("gateway_finished_without_journal",
+                                   "Finishes that found no in-flight entry in Redis (lost with Redis, or a repeat): "
+                                   "record queued, Redis's balance not debited")
 # the usage writer's: records in the Redis usage stream not yet written to PostgreSQL (set every second)
-RECORDS_WAITING = Gauge("gateway_usage_records_waiting", "Usage records waiting in Redis for PostgreSQL")
+RECORDS_QUEUED = Gauge("gateway_usage_records_queued", "Usage records queued in Redis, not yet in PostgreSQL")
 
 # an error code -> the ``kind`` label of REJECTIONS
 REJECTION_KIND = {"rate_limit_exceeded": "rate", "concurrency_limit_exceeded": "concurrency",

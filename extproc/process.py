@@ -9,7 +9,7 @@ import signal
 from typing import Any, Callable, Coroutine
 
 from . import logs
-from .settings_base import S
+from .settings_base import S, SettingsError
 from .urls import RedisUrlError
 
 log = logging.getLogger("extproc")
@@ -29,7 +29,7 @@ def run(settings_type: type[S], serve: Callable[[S], Coroutine[Any, Any, None]])
         else:
             log.error("GATEWAY_EVENT_LOOP must be asyncio or uvloop, not %r", settings.event_loop)
             raise SystemExit(2)
-    except RedisUrlError as e:  # a configuration error: said in one line (the password masked), no traceback
+    except (RedisUrlError, SettingsError) as e:  # a configuration error: said in one line (the password masked), no traceback
         log.error("%s", e)
         raise SystemExit(2) from None
 

@@ -3,11 +3,13 @@ operator's ``Admin`` all name keys through this module (a test holds every other
 
 All keys under ``gw:``:
   gw:k:<sha256>    hash  id, org, rpm   | none=1 (unknown or revoked; written by revocation)  TTL-bounded
-  gw:o:<org>       hash  status, balance (micro-PLN), rpm, conc   (no TTL; kept current by control)
+  gw:o:<org>       hash  status, balance (micro-PLN), rpm, conc, paid (1: credited other than the trial
+                   credit), climit (its own credit limit: micro-PLN, "none" or "default"), hold (the
+                   worst cases of its requests in flight, micro-PLN)   (no TTL; kept current by control)
   gw:rl:<key>:<minute>  counter of the key's requests in that minute
   gw:c:<org>       zset  request id -> lease expiry (unix s): the organisation's in-flight requests
   gw:usage         stream of usage records, drained into PostgreSQL by the usage writer
-  gw:if            hash  request id -> "key|org|owner|pending record": requests admitted and not finished
+  gw:if            hash  request id -> "key|org|hold|owner|pending record": requests admitted and not finished
                    yet (the first finish removes the entry: no double debit), so that a
                    request whose ext_proc process died is still billed (the usage writer's ``reap``)
   gw:hb:<owner>    an ext_proc process's heartbeat (expires 3 s after the process stops)

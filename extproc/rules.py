@@ -28,6 +28,8 @@ class Prepared:
     stream: bool
     client_wants_usage: bool  # show the usage chunk to the client
     estimated_prompt_tokens: int
+    max_tokens: int = 0  # the max_tokens forwarded (chat; 0: embeddings)
+    choices: int = 1  # the choices the model server may return (chat's n, ``choices``)
 
 
 # A number such as 1e400 is valid JSON, but parses to infinity, which JSON cannot write: no model
@@ -142,6 +144,20 @@ def _max_tokens(doc: dict[str, Any], alias: Alias) -> int | ApiError:
     return chosen
 
 
+def choices(n: Any) -> int:
+    """How many choices a chat request's ``n`` (forwarded unchanged, SPEC) can make the model server
+    return, as it reads ``n``: an integer, or a number or a string of digits with an integral value
+    (vLLM's lax parsing takes 2.0 and "2" as 2).  Anything else - absent, null, a boolean, less than 1,
+    not a number - counts as 1: the model server refuses an invalid ``n`` before it generates."""
+    if isinstance(n, bool):
+        return 1
+    if isinstance(n, float) and n.is_integer():
+        n = int(n)
+    elif isinstance(n, str) and n.strip().isascii() and n.strip().isdigit() and len(n.strip()) <= 18:
+        n = int(n.strip())
+    return n if isinstance(n, int) and n > 1 else 1
+
+
 def prepare_chat(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | None]) -> Prepared | ApiError:
     doc = _parse(raw)
     if isinstance(doc, ApiError):
@@ -182,7 +198,8 @@ def prepare_chat(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | Non
     body = _body(doc)
     if isinstance(body, ApiError):
         return body
-    return Prepared(CHAT, alias, up, body, bool(stream), wants_usage, estimate_chat_prompt(messages))
+    return Prepared(CHAT, alias, up, body, bool(stream), wants_usage, estimate_chat_prompt(messages), max_tokens,
+                    choices(doc.get("n")))
 
 
 def _tokens(x: Any) -> bool:

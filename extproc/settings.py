@@ -21,6 +21,9 @@ class GatewaySettings(SharedSettings):
     total_timeout_s: float = env("GATEWAY_TOTAL_TIMEOUT_S", 600.0)  # whole upstream budget
     otlp_endpoint: str = env("GATEWAY_OTLP_ENDPOINT", "")     # host:port of an OTLP/gRPC collector; empty = no traces
     drain_grace_s: float = env("GATEWAY_DRAIN_GRACE_S", 30.0)  # on stop, time for requests in flight to finish
+    # on SIGTERM the ext_proc first drains the Envoy on the admin port (where both stop together: compose,
+    # Kubernetes); never under `gateway up`, which drains Envoy itself and may restart one ext_proc alone
+    drain_envoy_on_stop: bool = env("GATEWAY_DRAIN_ENVOY_ON_STOP", False)
     # ---- the public listener (Envoy) ----
     request_headers_timeout_s: float = env("GATEWAY_REQUEST_HEADERS_TIMEOUT_S", 10.0)  # a request's headers must arrive whole within this
     connection_idle_timeout_s: float = env("GATEWAY_CONNECTION_IDLE_TIMEOUT_S", 60.0)  # a connection without a request in flight is closed after this

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .cost import pln_to_micro
+
 _HERE = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 S = TypeVar("S", bound="SharedSettings")
@@ -18,6 +20,10 @@ S = TypeVar("S", bound="SharedSettings")
 def env(name: str, default: T) -> T:
     """A setting read from environment variable ``name``, ``default`` when it is unset."""
     return field(default=default, metadata={"env": name})
+
+
+class SettingsError(ValueError):
+    """A setting's value that cannot be used: the message names its environment variable."""
 
 
 def _parse(raw: str, default: object) -> object:
@@ -40,11 +46,38 @@ class SharedSettings:
     trusted_hops: int = env("GATEWAY_TRUSTED_HOPS", 0)     # proxies in front whose X-Forwarded-For is trusted (Envoy, console); 0 = the socket's peer
     event_loop: str = env("GATEWAY_EVENT_LOOP", "asyncio")  # asyncio | uvloop, for the ext_proc and the usage writer
     metrics_host: str = env("GATEWAY_METRICS_HOST", "127.0.0.1")  # address of the metrics endpoints
+    # how far below zero a paid organisation's balance may go (README, "Billing"): the ext_proc holds each
+    # request's worst case against it, the CLI and the console show it; empty = no limit (402 only when
+    # the balance is not positive)
+    credit_limit_pln: str = env("GATEWAY_CREDIT_LIMIT_PLN", "")
+
+    def __post_init__(self) -> None:
+        self.credit_limit_micro  # noqa: B018 - refused at start, not at the first request
+
+    @property
+    def credit_limit_micro(self) -> int | None:
+        """GATEWAY_CREDIT_LIMIT_PLN in micro-PLN; None: no limit."""
+        if not self.credit_limit_pln.strip():
+            return None
+        try:
+            micro = pln_to_micro(self.credit_limit_pln)
+        except ValueError as e:
+            raise SettingsError(f"GATEWAY_CREDIT_LIMIT_PLN: {e}") from None
+        if micro < 0:
+            raise SettingsError(f"GATEWAY_CREDIT_LIMIT_PLN must be 0 or more PLN, not {self.credit_limit_pln!r}")
+        return micro
 
     @classmethod
     def from_env(cls: type[S], **overrides: Any) -> S:
-        values: dict[str, Any] = {f.name: _parse(os.environ[f.metadata["env"]], f.default)
-                                  for f in fields(cls) if f.metadata["env"] in os.environ}
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            name = f.metadata["env"]
+            if name in os.environ:
+                try:
+                    values[f.name] = _parse(os.environ[name], f.default)
+                except ValueError:
+                    what = "an integer" if isinstance(f.default, int) else "a number"
+                    raise SettingsError(f"{name} must be {what}, not {os.environ[name]!r}") from None
         return cls(**{**values, **overrides})
 
     @classmethod

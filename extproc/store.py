@@ -24,11 +24,13 @@ from redis.backoff import ExponentialBackoff
 
 from .decisions import Admission, Identity, UsageRecord
 from .errors import ApiError
+from .hold import WorstCase
 from .resp import RespClient, RespSetupError
 from .settings import GatewaySettings
+from . import metrics, redis_durability
 from . import redis_keys as rk
 from .redis_keys import USAGE_STREAM
-from .urls import RedisTarget, parse_redis
+from .urls import RedisTarget, mask, parse_redis
 
 
 _ADMIT = rk.lua("""
@@ -41,11 +43,21 @@ local k = redis.call('HMGET', '@KEY@' .. ARGV[1], 'id', 'org', 'rpm', 'none')
 if k[4] then return {'bad_key'} end
 if not k[1] then return {'miss_key'} end
 local org = k[2]
-local o = redis.call('HMGET', '@ORG@' .. org, 'status', 'balance', 'rpm', 'conc')
-if not o[1] or not o[2] then return {'miss_org', k[1], org} end
+local o = redis.call('HMGET', '@ORG@' .. org, 'status', 'balance', 'rpm', 'conc', 'paid', 'climit', 'hold')
+if not o[1] or not o[2] or not o[5] then return {'miss_org', k[1], org} end
 if o[1] ~= 'active' then return {'suspended', k[1], org} end
 if ARGV[2] == '0' then return {'ok', k[1], org} end
-if tonumber(o[2]) <= 0 then return {'quota', k[1], org} end
+-- the credit limit: 0 for an organisation that never paid, else its own ('none': no limit), else the default
+local limit = ARGV[10]
+if o[5] ~= '1' then limit = '0' elseif o[6] and o[6] ~= 'default' then limit = o[6] end
+if limit == '' or limit == 'none' then
+  if tonumber(o[2]) <= 0 then return {'quota', k[1], org} end
+else
+  local available = tonumber(o[2]) - tonumber(o[7] or '0') + tonumber(limit)
+  if available <= 0 or tonumber(ARGV[9]) > available then
+    return {'quota', k[1], org, string.format('%.0f', available)}
+  end
+end
 local now = tonumber(redis.call('TIME')[1])
 local rk = '@RATE@' .. k[1] .. ':' .. math.floor(now / 60)
 local n = redis.call('INCR', rk)
@@ -65,22 +77,47 @@ if redis.call('ZCARD', ck) >= conc then
   end
 end
 redis.call('ZADD', ck, now + tonumber(ARGV[6]), ARGV[3])
-if ARGV[7] ~= '' then redis.call('HSET', '@JOURNAL@', ARGV[3], k[1] .. '|' .. org .. '|' .. ARGV[7]) end
+if ARGV[7] ~= '' then
+  redis.call('HSET', '@JOURNAL@', ARGV[3], k[1] .. '|' .. org .. '|' .. ARGV[9] .. '|' .. ARGV[7])
+  if ARGV[9] ~= '0' then redis.call('HINCRBY', '@ORG@' .. org, 'hold', ARGV[9]) end
+end
 return {'admitted', k[1], org}
 """)
 
+# A journal entry's hold (its third field), given back to its organisation's held total.  (An entry
+# written before holds existed has the owner there, never digits alone followed by '|': it holds nothing.)
+_RELEASE = """
+local function release(ok, entry)
+  local held = tonumber(string.match(entry, '^[^|]*|[^|]*|(%d+)|'))
+  if held and held > 0 and redis.call('HINCRBY', ok, 'hold', -held) < 0 then redis.call('HSET', ok, 'hold', 0) end
+end
+"""
+
 # The journal entry (gw:if) exists from admission to the first finish: removing it is what makes a
-# finish the first one, so a repeated finish (a retry, the reaper) debits and records nothing.
+# finish the first one, so a repeated finish (a retry, the reaper) debits and releases nothing.
 # A refusal (ARGV[5] = '1') was never admitted: it has no journal entry, costs nothing and is only
 # queued for the usage log (a repeat is dropped by the usage record's primary key in PostgreSQL).
-_FINISH = rk.lua("""
+# A finish that finds no journal entry still queues its record (answer 2) unless it counts only as the
+# first (ARGV[6] = '1'): the entry is gone because a finish came first (then PostgreSQL keeps the first
+# record of a request id and drops this one) or because Redis lost it (emptied, or failed over without
+# it): then this record is the only one, and the ledger in PostgreSQL still gets it.  The balance kept
+# here is not debited (it may have been filled from the ledger since): `gateway reconcile` mends it.
+_FINISH = rk.lua(_RELEASE + """
 redis.call('ZREM', '@IN_FLIGHT@' .. ARGV[1], ARGV[2])
 if ARGV[5] == '1' then
   redis.call('XADD', KEYS[1], '*', 'r', ARGV[4])
   return 1
 end
-if redis.call('HDEL', '@JOURNAL@', ARGV[2]) == 0 or ARGV[4] == '' then return 0 end
+local entry = redis.call('HGET', '@JOURNAL@', ARGV[2])
+if not entry then
+  if ARGV[4] == '' or ARGV[6] == '1' then return 0 end
+  redis.call('XADD', KEYS[1], '*', 'r', ARGV[4])
+  return 2
+end
+redis.call('HDEL', '@JOURNAL@', ARGV[2])
 local ok = '@ORG@' .. ARGV[1]
+release(ok, entry)
+if ARGV[4] == '' then return 0 end
 if tonumber(ARGV[3]) > 0 and redis.call('HEXISTS', ok, 'balance') == 1 then
   redis.call('HINCRBY', ok, 'balance', -tonumber(ARGV[3]))
 end
@@ -89,12 +126,14 @@ return 1
 """)
 
 # An admission given up on: mark it refused (for one still queued) and undo one that ran (slot, journal).
-_CANCEL = rk.lua("""
+_CANCEL = rk.lua(_RELEASE + """
 redis.call('SET', '@CANCELLED@' .. ARGV[1], '1', 'EX', ARGV[2])
 local v = redis.call('HGET', '@JOURNAL@', ARGV[1])
 if not v then return 0 end
 redis.call('HDEL', '@JOURNAL@', ARGV[1])
-redis.call('ZREM', '@IN_FLIGHT@' .. string.match(v, '^[^|]*|([^|]*)|'), ARGV[1])
+local org = string.match(v, '^[^|]*|([^|]*)|')
+redis.call('ZREM', '@IN_FLIGHT@' .. org, ARGV[1])
+release('@ORG@' .. org, v)
 return 1
 """)
 
@@ -169,25 +208,34 @@ async def open_store(settings: GatewaySettings, pool_size: int) -> Store:
     that is down is not a reason: it is waited for as ever."""
     store = Store(redis_client(settings.redis_url, pool_size), RespClient.from_url(settings.redis_url),
                   default_rpm=settings.default_rpm, default_concurrency=settings.default_concurrency,
-                  lease_s=int(settings.total_timeout_s) + 60, key_ttl_s=settings.key_cache_ttl_s)
+                  lease_s=int(settings.total_timeout_s) + 60, key_ttl_s=settings.key_cache_ttl_s,
+                  credit_limit=settings.credit_limit_micro)
     try:
         await store.fast.call("PING")
+        unfit = None if settings.dev else await redis_durability.check(store.fast.call)
     except RespSetupError as e:
         logging.getLogger("extproc").error("%s", e)
         raise SystemExit(2) from None
     except Exception:  # noqa: BLE001 - down or slow: requests get 500 until it is back
-        pass
+        unfit = None
+    if unfit is not None:
+        logging.getLogger("extproc").error("Redis at %s %s (or GATEWAY_DEV=1 for development)",
+                                           mask(settings.redis_url), unfit)
+        raise SystemExit(2)
     return store
 
 
 class Store:
-    """``fast`` carries the two per-request scripts; ``client`` (redis-py) the rare cache fills."""
+    """``fast`` carries the two per-request scripts; ``client`` (redis-py) the rare cache fills.
+    ``credit_limit`` (micro-PLN): how far below zero a paid organisation without a limit of its own may
+    go (GATEWAY_CREDIT_LIMIT_PLN); None: no limit."""
 
     def __init__(self, client: aioredis.Redis, fast: RespClient, *, default_rpm: int, default_concurrency: int,
-                 lease_s: int, key_ttl_s: int) -> None:
+                 lease_s: int, key_ttl_s: int, credit_limit: int | None = None) -> None:
         self.r = client
         self.fast = fast
         self._defaults = (str(default_rpm), str(default_concurrency), str(lease_s))
+        self._credit_limit = "" if credit_limit is None else str(credit_limit)
         self._key_ttl = key_ttl_s
         self.margin_s = 0.25
         self.clock_offset_s = 0.0  # Redis's clock minus this host's (``sync_clock``): deadlines are in Redis's time
@@ -195,9 +243,11 @@ class Store:
         self._fill_org = client.register_script(_FILL_ORG)
 
     async def admit(self, key_hash: str, request_id: str, *, limits: bool, pending: str = "",
-                    deadline: float | None = None) -> Admission:
+                    deadline: float | None = None, hold: WorstCase | None = None) -> Admission:
         """Authenticate and, with ``limits``, check balance, rate and concurrency and take a slot.
-        ``pending`` is the journal entry kept while the request is in flight.  ``deadline`` (unix s):
+        ``pending`` is the journal entry kept while the request is in flight, with ``hold``'s cost held
+        against the organisation's available balance until the request's first finish (README,
+        "Billing"): one that does not fit is 402 saying what would.  ``deadline`` (unix s):
         the script refuses itself (``Late``) when Redis runs it later than that, or later than this call
         waits for its answer, less a margin for the answer's way back."""
         rpm, conc, lease = self._defaults
@@ -205,8 +255,9 @@ class Store:
         if deadline is not None:
             until = str(int((min(deadline, time.time() + self.fast.timeout) - self.margin_s + self.clock_offset_s)
                             * 1000))
+        held = 0 if hold is None else hold.cost
         res = await self.fast.evalsha(_ADMIT, [], [key_hash, "1" if limits else "0", request_id, rpm, conc, lease,
-                                                    pending, until])
+                                                    pending, until, held, self._credit_limit])
         tag = res[0].decode()  # RespClient's replies: bytes
         if tag == "late":
             raise Late(request_id)
@@ -220,16 +271,24 @@ class Store:
         if tag == "rate":
             return Admission(ident, ApiError("rate_limit_exceeded", "Too many requests for this API key; retry "
                                              "after the window resets.", retry_after=max(1, int(res[3]))))
+        if tag == "quota" and len(res) > 3 and hold is not None:  # a credit limit applied: what would fit
+            return Admission(ident, hold.refusal(int(res[3])))
         return Admission(ident, _ANSWERS[tag])
 
     async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, *,
-                     refused: bool = False) -> None:
+                     refused: bool = False, first_only: bool = False) -> None:
         """Release the request's slot and, with a record, debit its cost and queue the record (once).
-        ``refused``: the request was never admitted; its record (cost 0) is only queued for the log."""
+        ``refused``: the request was never admitted; its record (cost 0) is only queued for the log.
+        ``first_only``: a fallback record, dropped when another finish came first."""
         payload = "" if record is None else record.to_json()
-        await self.fast.evalsha(_FINISH, [USAGE_STREAM],
-                                [org_id, request_id, 0 if record is None else record.cost_micro_pln, payload,
-                                 "1" if refused else ""])
+        done = await self.fast.evalsha(_FINISH, [USAGE_STREAM],
+                                       [org_id, request_id, 0 if record is None else record.cost_micro_pln,
+                                        payload, "1" if refused else "", "1" if first_only else ""])
+        if done == 2:
+            metrics.FINISHED_WITHOUT_JOURNAL.inc()
+            logging.getLogger("extproc").warning(
+                "request %s: finished with no in-flight entry in Redis (lost, or finished already): record "
+                "queued for PostgreSQL, Redis's balance not debited (gateway reconcile)", request_id)
 
     async def mark_left(self, request_id: str) -> None:
         """The client of this request went away (``access_log``): kept for two minutes."""
@@ -274,8 +333,17 @@ async def orphans(r: aioredis.Redis) -> list[tuple[str, str, str, dict[str, Any]
     entries: Any = await r.hgetall(rk.JOURNAL)
     if not entries:
         return []
-    parsed = [(rid.decode(), *v.decode().split("|", 3)) for rid, v in entries.items()]
+    parsed = [(rid.decode(), *_journal_entry(v.decode())) for rid, v in entries.items()]
     owners = sorted({p[3] for p in parsed})
     alive = dict(zip(owners, await r.mget([rk.heartbeat(o) for o in owners])))
     return [(rid, key_id, org, json.loads(payload)) for rid, key_id, org, owner, payload in parsed
             if alive[owner] is None]
+
+
+def _journal_entry(entry: str) -> tuple[str, str, str, str]:
+    """(key id, org id, owner, pending record) of a journal entry "key|org|hold|owner|record" (one written
+    before holds existed: "key|org|owner|record")."""
+    key_id, org, rest = entry.split("|", 2)
+    held, _, tail = rest.partition("|")
+    owner, payload = tail.split("|", 1) if held.isdigit() else (held, tail)
+    return key_id, org, owner, payload

@@ -164,7 +164,7 @@ class Gateway:
 
     def usage_backlog(self, org_id: str) -> dict[str, Any]:
         """What of the organisation can still come to PostgreSQL: its requests in flight or left for the
-        reaper (gw:if: "key|org|owner|pending record"), and its records queued in the usage stream and
+        reaper (gw:if: "key|org|hold|owner|pending record"), and its records queued in the usage stream and
         not yet written (the writer deletes what it wrote)."""
         def look(r: Any) -> dict[str, Any]:
             tag = f'"org_id":"{org_id}"'.encode()

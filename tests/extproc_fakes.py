@@ -17,6 +17,7 @@ from extproc.decisions import Admission, Identity, UsageRecord
 from extproc.errors import ApiError
 from extproc.exchange import ATTR_AUTH, ATTR_ID, ATTR_METHOD, ATTR_PATH, Gateway
 from extproc.grpc_server import EOF
+from extproc.hold import WorstCase
 from extproc.keys import key_hash
 from extproc.store import CONCURRENCY, INVALID_KEY, QUOTA, SUSPENDED, Miss
 
@@ -52,10 +53,12 @@ class FakeStore:
 
     deadlines: list[float | None] = field(default_factory=list)  # each admission's deadline (unix s)
     cancelled: list[str] = field(default_factory=list)
+    holds: list[WorstCase | None] = field(default_factory=list)  # each admission's worst case (the real script holds it)
 
     async def admit(self, key_hash: str, request_id: str, *, limits: bool, pending: str = "",
-                    deadline: float | None = None) -> Admission:
+                    deadline: float | None = None, hold: WorstCase | None = None) -> Admission:
         self.deadlines.append(deadline)
+        self.holds.append(hold)
         if key_hash in self.revoked:
             self.admits.append((request_id, limits))
             return Admission(None, INVALID_KEY)
@@ -90,7 +93,7 @@ class FakeStore:
         return request_id in self.left
 
     async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, *,
-                     refused: bool = False) -> None:
+                     refused: bool = False, first_only: bool = False) -> None:
         self.finishes.append((org_id, request_id, record))
         if refused:  # never admitted: logged at cost 0, no slot, no balance
             assert record is not None and record.cost_micro_pln == 0
@@ -98,7 +101,11 @@ class FakeStore:
             return
         held = self.slots.get(org_id, set())
         if request_id not in held:
-            return  # a repeated finish: nothing more
+            # a repeated finish (or one whose in-flight entry Redis lost): its record is queued unless it
+            # counts only as the first, and PostgreSQL keeps the first record of a request id
+            if record is not None and not first_only and all(r.request_id != request_id for r in self.records):
+                self.records.append(record)
+            return
         held.discard(request_id)
         if record is not None:
             self.orgs[org_id].balance -= record.cost_micro_pln

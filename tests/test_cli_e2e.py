@@ -65,6 +65,41 @@ def test_operator_flow(gateway: Gateway) -> None:
     assert_error(httpx.get(gateway.v1 + "/models", headers=h), 401, "invalid_api_key", "authentication_error")
 
 
+def test_credit_limit_set_and_shown(gateway: Gateway) -> None:
+    """`org limits --credit-limit PLN|none|default` sets the organisation's own credit limit; `balance show`
+    says the one in force (text and --json), with an environment default (GATEWAY_CREDIT_LIMIT_PLN)."""
+    org = j(gateway, "org", "create", "acme", "--balance", "1")["id"]  # an operator's credit: paying
+    shown = j(gateway, "org", "limits", org, "--credit-limit", "2.5")
+    assert shown == {"id": org, "rpm_per_key": 600, "rpm_per_key_from": "GATEWAY_DEFAULT_RPM",
+                     "concurrency_per_organisation": 32,
+                     "concurrency_per_organisation_from": "GATEWAY_DEFAULT_CONCURRENCY", "paid": True,
+                     "credit_limit_micro_pln": 2_500_000, "credit_limit_pln": "2.500000", "credit_limit_own": "2500000",
+                     "held_micro_pln": 0}
+    assert gw_cli(gateway, "org", "limits", org).stdout.splitlines()[-1] == "credit limit 2.500000 PLN (its own)"
+    assert gw_cli(gateway, "balance", "show", org).stdout.strip() == "1.000000 PLN; credit limit 2.500000 PLN (its own)"
+    assert j(gateway, "org", "limits", org, "--credit-limit", "none")["credit_limit_micro_pln"] is None  # type: ignore[index]
+    assert gw_cli(gateway, "balance", "show", org).stdout.strip() == "1.000000 PLN; no credit limit (its own)"
+    j(gateway, "org", "limits", org, "--credit-limit", "default")
+    s = gateway.stack.s
+    env = dict(os.environ, GATEWAY_PORT=str(s.gateway_port), GATEWAY_STATE_DIR=str(s.state),
+               GATEWAY_CATALOG=s.catalog, GATEWAY_CREDIT_LIMIT_PLN="0.75")
+    r = subprocess.run([sys.executable, "-m", "control.cli", "balance", "show", org], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.stdout.strip() == "1.000000 PLN; credit limit 0.750000 PLN (GATEWAY_CREDIT_LIMIT_PLN)", r.stderr
+    doc = j(gateway, "balance", "show", org)
+    assert (doc["credit_limit_micro_pln"], doc["credit_limit_own"], doc["paid"]) == (None, "default", True)  # type: ignore[index]
+    trial = j(gateway, "org", "create", "empty")["id"]  # no money at all yet: 0, whatever is set
+    j(gateway, "org", "limits", trial, "--credit-limit", "none")
+    assert gw_cli(gateway, "balance", "show", trial).stdout.strip() == (
+        "0.000000 PLN; credit limit 0.000000 PLN (until the organisation pays: trial credit only)")
+    for bad, why in (("-1", "a credit limit is 0 or more PLN"), ("lots", "not an amount in PLN: 'lots'")):
+        r = gw_cli(gateway, "org", "limits", org, "--credit-limit", bad)
+        assert r.returncode == 2 and why in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "control.cli", "balance", "show", org], capture_output=True, text=True,
+                       env={**env, "GATEWAY_CREDIT_LIMIT_PLN": "x"}, timeout=60)
+    assert (r.returncode, r.stderr) == (2, "gateway: GATEWAY_CREDIT_LIMIT_PLN: not an amount in PLN: 'x'\n")
+
+
 def test_errors_are_plain_and_exit_2(gateway: Gateway) -> None:
     r = gw_cli(gateway, "balance", "show", "org_missing")
     assert r.returncode == 2 and "no such organisation" in r.stderr
@@ -89,20 +124,23 @@ def test_org_list_show_limits_and_key_list(gateway: Gateway) -> None:
     j(gateway, "key", "revoke", k2["id"])  # type: ignore[index]
     defaults = {"rpm_per_key": 600, "rpm_per_key_from": "GATEWAY_DEFAULT_RPM", "concurrency_per_organisation": 32,
                 "concurrency_per_organisation_from": "GATEWAY_DEFAULT_CONCURRENCY"}
-    assert j(gateway, "org", "limits", org) == {"id": org, **defaults}
+    credit = {"paid": True, "credit_limit_micro_pln": None, "credit_limit_pln": None, "credit_limit_own": "default",
+              "held_micro_pln": 0}  # --balance is an operator's credit: paying, GATEWAY_CREDIT_LIMIT_PLN unset
+    assert j(gateway, "org", "limits", org) == {"id": org, **defaults, **credit}
     text = gw_cli(gateway, "org", "limits", org)
-    assert text.returncode == 0 and "null" not in text.stdout
+    assert text.returncode == 0 and "null" not in text.stdout and "None" not in text.stdout
     assert text.stdout.splitlines() == ["rpm           600 per key (default, GATEWAY_DEFAULT_RPM)",
-                                        "concurrency   32 per organisation (default, GATEWAY_DEFAULT_CONCURRENCY)"]
+                                        "concurrency   32 per organisation (default, GATEWAY_DEFAULT_CONCURRENCY)",
+                                        "no credit limit"]
     after = j(gateway, "org", "limits", org, "--rpm", "7")
-    assert after == {"id": org, **defaults, "rpm_per_key": 7, "rpm_per_key_from": "organisation"}
+    assert after == {"id": org, **defaults, **credit, "rpm_per_key": 7, "rpm_per_key_from": "organisation"}
     shown = j(gateway, "org", "show", org)
     assert shown == {"id": org, "name": "listed", "status": "active", "balance_micro_pln": 3_000_000,
                      "balance_pln": "3.000000", **after, "active_keys": 1,
                      "created_at": shown["created_at"]}  # type: ignore[index]
     assert "7 per key (the organisation's limit)" in gw_cli(gateway, "org", "show", org).stdout
     listed = {o["id"]: o for o in j(gateway, "org", "list")}  # type: ignore[union-attr]
-    assert listed[org] == shown
+    assert listed[org] == {k: v for k, v in shown.items() if k not in credit}  # type: ignore[union-attr]
     j(gateway, "key", "limits", k1["id"], "--rpm", "3")  # type: ignore[index]
     keys = j(gateway, "key", "list", org)
     assert [(k["id"], k["rpm"], k["rpm_in_force"], k["revoked_at"] is None) for k in keys] == [  # type: ignore[union-attr]

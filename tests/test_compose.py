@@ -5,12 +5,10 @@ the Envoy config that the image's entrypoint renders is rendered here with compo
 """
 from __future__ import annotations
 
-import importlib.util
 import re
 import shlex
 import subprocess
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -82,14 +80,6 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
             op, _, rest = line.partition(" ")
             out.append((op.upper(), rest.strip()))
     return out
-
-
-def load_entrypoint() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gateway_image_entrypoint", ENTRYPOINT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 # ---- services and images -----------------------------------------------------------------------
@@ -275,11 +265,11 @@ def test_sims_match_catalog(services: dict[str, dict[str, Any]]) -> None:
 
 def test_entrypoint_renders_envoy(services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch,
                                   tmp_path: Path) -> None:
-    ep = load_entrypoint()
+    from control.envoy_config import write_config  # what the entrypoint's envoy runner renders first
     env = env_of(services["envoy"])
     assert argv_of(services["envoy"])[0] == "envoy"
     s = settings_from(env, monkeypatch, state_dir=str(tmp_path), catalog=str(CATALOG))
-    boot = yaml.safe_load(ep.render_envoy(s).read_text())
+    boot = yaml.safe_load(write_config(s).read_text())
     listener = boot["static_resources"]["listeners"][0]["address"]["socket_address"]
     assert (listener["address"], listener["port_value"]) == ("0.0.0.0", Settings().gateway_port)
     [xp] = [c for c in boot["static_resources"]["clusters"] if c["name"] == "extproc"]

@@ -34,6 +34,8 @@ def test_topup_through_the_sandbox_provider(gateway: Gateway) -> None:
     c, _, org = signed_up(gateway)
     page = c.get("/billing").text
     assert 'id="balance">PLN\xa05.00<' in page and "trial credit" in page and "polish-pro" in page
+    # the trial credit alone: the credit limit is 0 (README, "Billing")
+    assert 'id="credit-limit">PLN\xa00.00<' in page and "largest possible cost fits the balance." in page
     assert "PLN\xa01.500000" in page  # a price per 1M tokens: to the micro-PLN
     pid = start_topup(c, "20")
     assert gateway.sql("SELECT status, amount_micro_pln, provider FROM payments WHERE id = $1", pid) == [
@@ -50,6 +52,11 @@ def test_topup_through_the_sandbox_provider(gateway: Gateway) -> None:
     assert ledger == [{"amount_micro_pln": 20_000_000, "kind": "topup", "ref": f"sandbox:{pid}"}]
     page = c.get(f"/billing?payment={pid}").text
     assert "Payment of PLN\xa020.00 received" in page and 'id="balance">PLN\xa025.00<' in page
+    # paid: the stack's default (none on the test stack), then the organisation's own
+    assert 'id="credit-limit">none<' in page and "Requests are accepted while the balance is positive." in page
+    gateway.admin(lambda a: a.set_credit_limit(org, 2_500_000))
+    page = c.get("/billing").text
+    assert 'id="credit-limit">PLN\xa02.50<' in page and "How far below zero the balance may go" in page
 
 
 def test_notifications_are_verified_and_idempotent(gateway: Gateway) -> None:

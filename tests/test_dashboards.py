@@ -16,10 +16,13 @@ HISTOGRAMS = {"gen_ai_client_token_usage", "gen_ai_server_time_to_first_token_se
               "gen_ai_server_time_per_output_token_seconds", "gen_ai_server_request_duration_seconds",
               "gateway_extproc_phase_seconds", "gateway_usage_write_lag_seconds"}
 COUNTERS = {"gateway_requests_total", "gateway_billed_micro_pln_total", "gateway_limiter_rejections_total",
-            "gateway_key_cache_lookups_total", "gateway_upstream_failures_total"}
-# gauges: the usage writer's records waiting, and the ext_proc's view of its dependencies (1 = usable)
-GAUGES = {"gateway_usage_records_waiting", "gateway_dependency_up"}
-ALLOWED = COUNTERS | GAUGES | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")} | {"up"}
+            "gateway_key_cache_lookups_total", "gateway_upstream_failures_total",
+            "gateway_finished_without_journal_total"}
+# the ext_proc's finished requests Redis has not taken yet, the usage writer's records queued in Redis
+GAUGES = {"gateway_usage_records_waiting", "gateway_usage_records_queued"}
+# the ext_proc's view of its dependencies (1 = usable; extproc/health.py), and Prometheus's own `up`
+ALLOWED = (COUNTERS | GAUGES | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
+           | {"gateway_dependency_up", "up"})
 LABELS = {"gen_ai_token_type", "gen_ai_request_model", "gen_ai_response_model", "endpoint", "alias", "status",
           "code", "kind", "phase", "result", "le", "envoy_cluster_name", "instance", "job", "pod", "dependency"}
 
@@ -142,7 +145,8 @@ def test_alert_rules_parse_with_expected_groups(alerts: dict[str, Any]) -> None:
     assert "gateway_usage_write_lag_seconds_bucket" in used      # usage-write lag
     assert "gateway_limiter_rejections_total" in used            # limiter rejections
     assert "gateway_upstream_failures_total" in used             # upstream failures
-    assert {"up", "envoy_cluster_membership_healthy", "gateway_usage_records_waiting"} <= used  # availability
+    assert {"up", "envoy_cluster_membership_healthy", "gateway_usage_records_waiting",
+            "gateway_usage_records_queued"} <= used  # availability
     avail = {r["alert"]: r["expr"] for r in groups["gateway-availability"]["rules"]}
     assert 'dependency="redis"' in avail["RedisUnreachable"] and 'dependency="postgres"' in avail["PostgresUnreachable"]
 
@@ -159,7 +163,7 @@ def test_metric_list_matches_the_code() -> None:
                 found[fam.name] = fam.type
     assert {n + "_total" for n, t in found.items() if t == "counter"} == COUNTERS
     assert {n for n, t in found.items() if t == "histogram"} == HISTOGRAMS
-    assert "gateway_usage_records_waiting" in found and {n for n, t in found.items() if t == "gauge"} <= GAUGES
+    assert {n for n, t in found.items() if t == "gauge"} == GAUGES
 
 
 def test_every_input_and_variable_is_used(dashboard: dict[str, Any]) -> None:

@@ -396,3 +396,27 @@ def test_a_cache_miss_is_filled_from_the_directory_once() -> None:
     assert lookups == 2  # the key, then its organisation
     run(_forwarded(Exchange(gw)))
     assert gw.directory.lookups == lookups  # type: ignore[attr-defined]
+
+
+def test_the_admission_holds_the_worst_case_at_the_prices_in_force() -> None:
+    """The store is asked to hold the estimated input + n x the max_tokens forwarded (clamped to the
+    ceiling), at the prices in force when the request started; embeddings: their input."""
+    from extproc.cost import Prices, cost_micro_pln
+    gw = gateway()
+    body = json.dumps({"model": "polish-pro", "n": 3, "max_tokens": 999_999,
+                       "messages": [{"role": "user", "content": "Dzień dobry"}]}).encode()
+    a = run(_forwarded(Exchange(gw), body))
+    assert a.reply is None and a.body is not None
+    hold = store(gw).holds[-1]
+    assert hold is not None and (hold.input_tokens, hold.choices, hold.max_tokens) == (EST, 3, 2048)
+    assert hold.prices == Prices(1_500_000, 3_000_000)
+    assert hold.cost == cost_micro_pln(EST, 3 * 2048, hold.prices)
+
+    async def embeddings() -> Answer:
+        return await Exchange(gw).request_body(json.dumps({"model": "embed", "input": ["abcd", "efgh"]}).encode(), {
+            "request.id": "rid-2", "request.method": "POST", "request.path": "/v1/embeddings",
+            "request.headers['authorization']": "Bearer " + KEY})
+    assert run(embeddings()).reply is None
+    emb = store(gw).holds[-1]
+    assert emb is not None and (emb.input_tokens, emb.choices, emb.max_tokens) == (2, 1, 0)
+    assert emb.cost == cost_micro_pln(2, 0, Prices(200_000, 0))

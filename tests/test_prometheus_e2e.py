@@ -99,14 +99,15 @@ def test_alert_rules_load_and_evaluate(run: Run) -> None:
     # every target up, every ext_proc serving, records written: the availability alerts stay quiet, on
     # series that exist (Envoy's health-check membership of the ext_proc cluster, the records waiting)
     for name in ("GatewayTargetDown", "ExtprocNotServing", "RedisUnreachable", "PostgresUnreachable",
-                 "UsageRecordsWaiting"):
+                 "UsageRecordsWaiting", "UsageRecordsQueued"):
         assert state[name]["state"] == "inactive", name
     assert [int(float(v["value"][1])) for v in prom.query(
         'envoy_cluster_membership_healthy{envoy_cluster_name="extproc"}')] == [1]
     assert [int(float(v["value"][1])) for v in prom.query(
         'envoy_cluster_membership_total{envoy_cluster_name="extproc"}')] == [1]
     assert len(prom.query('up{job=~"gateway|usage-writer"} == 1')) == 2
-    assert finite(prom.query('gateway_usage_records_waiting{job="usage-writer"}'))
+    assert finite(prom.query('gateway_usage_records_queued{job="usage-writer"}'))
+    assert finite(prom.query('gateway_usage_records_waiting{job="gateway"}'))
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -116,7 +117,7 @@ def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_promtool_checks_the_rules() -> None:
     r = _promtool("check", "rules", ALERTS.name)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 14 rules found" in r.stdout
+    assert "SUCCESS: 15 rules found" in r.stdout
 
 
 def test_promtool_checks_the_scrape_config() -> None:
@@ -124,7 +125,7 @@ def test_promtool_checks_the_scrape_config() -> None:
     rules name (the tests scrape the stack with it, tests/prometheus_server.py)."""
     r = _promtool("check", "config", SCRAPE_CONFIG.name)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 1 rule files found" in r.stdout and "SUCCESS: 14 rules found" in r.stdout
+    assert "SUCCESS: 1 rule files found" in r.stdout and "SUCCESS: 15 rules found" in r.stdout
     doc = yaml.safe_load(SCRAPE_CONFIG.read_text())
     assert doc["rule_files"] == [ALERTS.name]
     assert [j["job_name"] for j in doc["scrape_configs"]] == ["gateway", "usage-writer"]

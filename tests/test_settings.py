@@ -3,7 +3,11 @@ composed ``control.settings.Settings`` hands each of them every value it holds, 
 belongs to one setting, and the README's configuration table names exactly the variables the code reads."""
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -12,7 +16,7 @@ import pytest
 from control.console.settings import ConsoleSettings
 from control.settings import ENV_VARS, Settings
 from extproc.settings import GatewaySettings
-from extproc.settings_base import SharedSettings
+from extproc.settings_base import SettingsError, SharedSettings
 from extproc.usage_writer_settings import WriterSettings
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -33,7 +37,7 @@ def test_the_readme_table_names_exactly_the_variables_read() -> None:
 
 def test_each_variable_is_one_setting() -> None:
     names = [f.metadata["env"] for f in fields(Settings)]
-    assert len(names) == len(set(names)) == len(ENV_VARS) == 55
+    assert len(names) == len(set(names)) == len(ENV_VARS) == 57
 
 
 def test_each_process_reads_only_its_own_and_the_shared_settings() -> None:
@@ -73,3 +77,38 @@ def test_each_process_reads_back_what_the_launcher_passes(monkeypatch: pytest.Mo
         read = cls.from_env()
         assert {f.name: getattr(read, f.name) for f in fields(cls)} == {
             f.name: getattr(composed, f.name) for f in fields(cls)}, cls.__name__
+
+
+def test_the_credit_limit_is_read_in_micro_pln_and_an_invalid_one_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings.from_env().credit_limit_micro is None  # unset: no limit
+    for raw, micro in (("0", 0), ("2.5", 2_500_000), (" 0.000001 ", 1)):
+        monkeypatch.setenv("GATEWAY_CREDIT_LIMIT_PLN", raw)
+        assert GatewaySettings.from_env().credit_limit_micro == micro
+        assert ConsoleSettings.from_env().credit_limit_micro == micro  # the console shows it on Billing
+    for raw, why in (("abc", "not an amount in PLN: 'abc'"), ("-1", "must be 0 or more PLN, not '-1'"),
+                     ("0.0000001", "at most 6 decimal places"), ("inf", "not an amount in PLN: 'inf'")):
+        monkeypatch.setenv("GATEWAY_CREDIT_LIMIT_PLN", raw)
+        with pytest.raises(SettingsError) as e:
+            Settings.from_env()
+        assert str(e.value).startswith("GATEWAY_CREDIT_LIMIT_PLN") and why in str(e.value), str(e.value)
+
+
+def test_a_value_that_is_not_of_its_type_names_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GATEWAY_DEFAULT_RPM", "many")
+    with pytest.raises(SettingsError, match="^GATEWAY_DEFAULT_RPM must be an integer, not 'many'$"):
+        Settings.from_env()
+    monkeypatch.setenv("GATEWAY_DEFAULT_RPM", "5")
+    monkeypatch.setenv("GATEWAY_TOTAL_TIMEOUT_S", "soon")
+    with pytest.raises(SettingsError, match="^GATEWAY_TOTAL_TIMEOUT_S must be a number, not 'soon'$"):
+        Settings.from_env()
+
+
+def test_the_ext_proc_does_not_start_with_an_invalid_credit_limit(tmp_path: Path) -> None:
+    """Refused at start, in one line naming the variable, before anything is opened."""
+    env = {**os.environ, "GATEWAY_CREDIT_LIMIT_PLN": "lots", "GATEWAY_STATE_DIR": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-m", "extproc"], env=env, capture_output=True, text=True, timeout=60,
+                       cwd=README.parent)
+    assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    lines = [json.loads(line) for line in (r.stdout + r.stderr).splitlines() if line.startswith("{")]
+    assert [x["msg"] for x in lines if x.get("level") == "error"] == [
+        "GATEWAY_CREDIT_LIMIT_PLN: not an amount in PLN: 'lots'"], r.stderr[-2000:]

@@ -11,7 +11,9 @@ import pytest
 import redis.asyncio as aioredis
 
 from conftest import Gateway, wait_for
+from extproc.cost import Prices
 from extproc.decisions import UsageRecord
+from extproc.hold import WorstCase
 from extproc.keys import key_hash
 from extproc.resp import RespClient
 from extproc.store import Late, Store
@@ -19,13 +21,14 @@ from extproc.store import Late, Store
 CHAT = {"model": "polish-fast", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
 
 
-def _with_store(gateway: Gateway, fn: Callable[[Store, aioredis.Redis], Awaitable[Any]]) -> Any:
+def _with_store(gateway: Gateway, fn: Callable[[Store, aioredis.Redis], Awaitable[Any]],
+                credit_limit: int | None = None) -> Any:
     async def go() -> Any:
         r = aioredis.from_url(gateway.stack.redis_url)
         fast = RespClient.from_url(gateway.stack.redis_url)
         try:
             return await fn(Store(r, fast, default_rpm=100000, default_concurrency=1000, lease_s=600,
-                                  key_ttl_s=60), r)
+                                  key_ttl_s=60, credit_limit=credit_limit), r)
         finally:
             await fast.close()
             await r.aclose()
@@ -49,7 +52,7 @@ def _record(rid: str, org: str, kid: str, cost: int) -> UsageRecord:
                        ttfb_ms=5, ended_at=now)
 
 
-def test_a_finish_debits_and_records_once_and_only_after_an_admission(gateway: Gateway) -> None:
+def test_a_finish_debits_once_and_only_after_an_admission_and_records_once(gateway: Gateway) -> None:
     org, kid, key = _ready_org(gateway)
     h = key_hash(key)
     stamp = str(time.time_ns())
@@ -63,7 +66,9 @@ def test_a_finish_debits_and_records_once_and_only_after_an_admission(gateway: G
         assert await r.zscore("gw:c:" + org, once) is not None
         for _ in range(3):  # a retry, or the reaper after the owner: the same request finished again
             await store.finish(org, once, _record(once, org, kid, 1234))
-        await store.finish(org, never, _record(never, org, kid, 999))  # never admitted here
+        # no in-flight entry (as after Redis lost it): the record still goes to PostgreSQL, which bills
+        # it once; Redis's balance is not debited (gateway reconcile mends that)
+        await store.finish(org, never, _record(never, org, kid, 999))
         await store.finish(org, last, _record(last, org, kid, 1))
         assert await r.zscore("gw:c:" + org, once) is None  # the slot is free
         assert await r.hget("gw:if", once) is None  # and the journal entry gone
@@ -75,12 +80,16 @@ def test_a_finish_debits_and_records_once_and_only_after_an_admission(gateway: G
     assert before - after == 1234 + 1
     wait_for(lambda: gateway.sql("SELECT count(*) AS n FROM usage_records WHERE request_id = $1", last)
              == [{"n": 1}])
+    wait_for(lambda: gateway.sql("SELECT count(*) AS n FROM usage_records WHERE request_id = $1", never)
+             == [{"n": 1}])
     rows = gateway.sql("SELECT request_id, cost_micro_pln FROM usage_records WHERE request_id = ANY($1)"
                        " ORDER BY request_id", [once, never, last])
-    assert rows == [{"request_id": last, "cost_micro_pln": 1}, {"request_id": once, "cost_micro_pln": 1234}]
+    assert rows == [{"request_id": last, "cost_micro_pln": 1}, {"request_id": never, "cost_micro_pln": 999},
+                    {"request_id": once, "cost_micro_pln": 1234}]
     debits = gateway.sql("SELECT ref, amount_micro_pln FROM ledger WHERE ref = ANY($1) ORDER BY ref",
                          ["usage:" + once, "usage:" + never, "usage:" + last])
-    assert debits == [{"ref": "usage:" + last, "amount_micro_pln": -1}, {"ref": "usage:" + once, "amount_micro_pln": -1234}]
+    assert debits == [{"ref": "usage:" + last, "amount_micro_pln": -1}, {"ref": "usage:" + never, "amount_micro_pln": -999},
+                      {"ref": "usage:" + once, "amount_micro_pln": -1234}]
 
 
 def test_a_rejected_admission_takes_no_slot_and_counts_no_request(gateway: Gateway) -> None:
@@ -158,3 +167,81 @@ def test_an_admission_run_after_its_deadline_or_cancel_takes_no_effect(gateway: 
         await store.finish(org, skewed, None)
 
     _with_store(gateway, go)
+
+
+def _hold(cost: int) -> WorstCase:
+    """A worst case of exactly ``cost`` micro-PLN (1 input token at ``cost`` PLN per token)."""
+    return WorstCase(1, 1, 0, Prices(cost * 1_000_000, 0))
+
+
+def test_a_hold_is_released_once_by_the_finish_the_cancel_or_the_reaper(gateway: Gateway) -> None:
+    """The held total (gw:o:<org> hold) grows by each admitted request's worst case and falls by exactly
+    that at its first finish (a repeated one releases nothing), at a cancel, and when the reaper bills a
+    request whose ext_proc died; a refused admission holds nothing."""
+    org, kid, key = _ready_org(gateway)
+    h = key_hash(key)
+    stamp = str(time.time_ns())
+    wait_for(lambda: gateway.usage_drained(org))
+
+    async def held(r: aioredis.Redis) -> int:
+        return int(await r.hget("gw:o:" + org, "hold") or 0)
+
+    async def go(store: Store, r: aioredis.Redis) -> None:
+        start = await held(r)
+        a, b, c = f"{stamp}-a", f"{stamp}-b", f"{stamp}-c"
+        for rid, cost in ((a, 700), (b, 50), (c, 3)):
+            assert (await store.admit(h, rid, limits=True, pending="test|{}", hold=_hold(cost))).admitted
+        assert await held(r) == start + 753
+        assert (await r.hget("gw:if", a)).decode().startswith(f"{kid}|{org}|700|test|")
+        for _ in range(2):  # a repeat (a retry, the reaper after the owner) releases nothing more
+            await store.finish(org, a, _record(a, org, kid, 10))
+        assert await held(r) == start + 53
+        await store.cancel(b)
+        assert await held(r) == start + 3
+        await store.finish(org, c, None)  # released without a record
+        assert await held(r) == start
+        # a request whose ext_proc died: the usage writer's reaper bills its pending record and releases it
+        dead = f"{stamp}-dead"
+        pending = f"dead-owner-{stamp}|" + _record(dead, "", "", 5).to_json()
+        assert (await store.admit(h, dead, limits=True, pending=pending, hold=_hold(40))).admitted
+        assert await held(r) == start + 40
+
+    _with_store(gateway, go)
+    wait_for(lambda: gateway.redis(lambda r: r.hget("gw:if", f"{stamp}-dead")) is None, 15)
+    assert int(gateway.redis(lambda r: r.hget("gw:o:" + org, "hold")) or 0) == 0
+    row = wait_for(lambda: gateway.sql("SELECT cost_micro_pln FROM usage_records WHERE request_id = $1",
+                                       f"{stamp}-dead"), 10)
+    assert row == [{"cost_micro_pln": 5}]
+
+
+def test_the_default_credit_limit_applies_to_a_paying_organisation_only(gateway: Gateway) -> None:
+    """GATEWAY_CREDIT_LIMIT_PLN (the store's ``credit_limit``): a paying organisation may go that far below
+    zero, less what its requests in flight hold; its own limit wins; trial credit alone: 0."""
+    org, kid, key = _ready_org(gateway)
+    h = key_hash(key)
+    stamp = str(time.time_ns())
+    wait_for(lambda: gateway.usage_drained(org))
+    balance = gateway.admin(lambda a: a.balance(org))["balance_micro_pln"]
+
+    async def go(store: Store, r: aioredis.Redis) -> None:
+        first = await store.admit(h, f"{stamp}-1", limits=True, pending="test|{}", hold=_hold(balance + 600))
+        assert first.admitted
+        over = await store.admit(h, f"{stamp}-2", limits=True, pending="test|{}", hold=_hold(401))
+        assert over.error is not None and over.error.code == "insufficient_quota"
+        assert "available balance of 0.000400 PLN" in over.error.message  # balance - held + 1000
+        fits = await store.admit(h, f"{stamp}-3", limits=True, pending="test|{}", hold=_hold(400))
+        assert fits.admitted
+        for rid in (f"{stamp}-1", f"{stamp}-3"):
+            await store.finish(org, rid, None)
+        await r.hset("gw:o:" + org, "climit", "0")  # its own limit (as Admin.set_credit_limit writes it)
+        assert not (await store.admit(h, f"{stamp}-4", limits=True, pending="test|{}",
+                                      hold=_hold(balance + 1))).admitted
+        await r.hset("gw:o:" + org, mapping={"climit": "default", "paid": "0"})  # the trial credit alone
+        assert not (await store.admit(h, f"{stamp}-5", limits=True, pending="test|{}",
+                                      hold=_hold(balance + 1))).admitted
+        await r.hset("gw:o:" + org, "paid", "1")
+        last = await store.admit(h, f"{stamp}-6", limits=True, pending="test|{}", hold=_hold(balance + 1))
+        assert last.admitted
+        await store.finish(org, f"{stamp}-6", None)
+
+    _with_store(gateway, go, credit_limit=1000)  # as open_store passes GATEWAY_CREDIT_LIMIT_PLN = 0.001

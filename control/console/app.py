@@ -116,7 +116,7 @@ def make_app(settings: ConsoleSettings) -> web.Application:
         pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=8)
         r = redis_client(settings.redis_url, 8)
         secret = load_secret(settings.console_secret, settings.state)
-        app[CONSOLE] = Console(settings, pool, r, Admin(pool, r), Store(pool), Mailer(settings),
+        app[CONSOLE] = Console(settings, pool, r, Admin(pool, r, settings.credit_limit_micro), Store(pool), Mailer(settings),
                                make_provider(settings, secret), secret, templates())
         watcher = asyncio.create_task(low_balance.watch(app[CONSOLE]))
         yield

