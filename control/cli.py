@@ -277,11 +277,44 @@ def cmd_status(args: argparse.Namespace, s: Settings) -> int:
     return 1 if down else 0
 
 
+def cmd_backup(args: argparse.Namespace, s: Settings) -> int:
+    from .backup import backup, restore
+    db, _ = _urls(s)
+    file = Path(args.file).resolve()
+    (backup if args.cmd == "backup" else restore)(db, file)
+    said = {"backup": f"saved to {file}",
+            "restore": f"restored from {file}; now run: gateway reconcile --apply"}[args.cmd]
+    _print(args, {"file": str(file), "done": args.cmd}, said)
+    return 0
+
+
 def cmd_sim(args: argparse.Namespace, s: Settings) -> int:
     import sim
     given = any(a == "--port" or a.startswith("--port=") for a in args.rest)
     port = [] if given else ["--port", str(args.port or s.gateway_port + 15)]
     sim.main(port + args.rest)
+    return 0
+
+
+def cmd_catalog(args: argparse.Namespace, s: Settings) -> int:
+    """``gateway catalog apply FILE [--force]`` (control/catalog_apply.py)."""
+    import asyncpg
+    from extproc.alias_policy import describe, when_text
+    from .catalog_apply import Refused, apply
+    db = _urls(s)[0]
+    try:
+        changes = asyncio.run(apply(args.file, s.catalog, db, args.force))
+    except Refused as e:
+        print("\n".join(f"gateway: refused: {line}" for line in str(e).splitlines())
+              + "\ngateway: nothing applied (--force applies it anyway, logged and recorded)", file=sys.stderr)
+        return 2
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, ConnectionError, asyncio.TimeoutError) as e:
+        raise AdminError(db_problem(db, e)) from None
+    rows = [{"alias": c.alias, "effective": c.effective, "before": describe(c.before), "after": describe(c.after)}
+            for c in changes]
+    lines = [f"announced: {r['alias']} from {when_text(c.effective)}: {r['before']} -> {r['after']}"
+             for r, c in zip(rows, changes)]
+    _print(args, {"applied": True, "model_changes": rows}, "\n".join([*lines, f"applied: {s.catalog}"]))
     return 0
 
 
@@ -322,12 +355,20 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("status", help="health of every component")
     mg = sub.add_parser("migrate", help="apply the PostgreSQL migrations to DATABASE_URL, then exit")
     mg.add_argument("--wait", type=float, default=60.0, help="seconds to wait for PostgreSQL to accept (60)")
+    sub.add_parser("backup", help="save PostgreSQL (the record) to FILE (pg_dump's custom format)").add_argument("file")
+    sub.add_parser("restore", help="put a backup FILE back in place of what PostgreSQL holds; then run"
+                   " gateway reconcile --apply").add_argument("file")
     sub.add_parser("reconcile", help="compare Redis's working balances with the ledger (a dry run); --apply"
                    " mends them").add_argument("--apply", action="store_true", help="move each balance by its drift")
+    ca = sub.add_parser("catalog").add_subparsers(dest="sub", required=True).add_parser(
+        "apply", help="put a new catalog in force (GATEWAY_CATALOG) under the alias change policy")
+    ca.add_argument("file"); ca.add_argument("--force", action="store_true",
+                                             help="apply a model change announced under 14 days ahead or a"
+                                             " smaller limit (logged and recorded as forced)")
     us = sub.add_parser("usage"); us.add_argument("org"); us.add_argument("--limit", type=int, default=50)
     us.add_argument("--status", default="", help="ok, errors, or a status code (e.g. 429)")
     us.add_argument("--request-id", default="", help="the request id of a reply or an error")
-    for sp in [*sub.choices.values(), *org.choices.values(), *key.choices.values(), *bal.choices.values()]:
+    for sp in [*sub.choices.values(), *org.choices.values(), *key.choices.values(), *bal.choices.values(), ca]:
         sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["sim"]:  # every option after "sim" is the simulator's own (python -m sim --help)
@@ -336,7 +377,9 @@ def main(argv: list[str] | None = None) -> int:
         args = p.parse_args(argv)
     try:
         s = Settings.from_env()
-        if (cmd := {"up": cmd_up, "sim": cmd_sim, "status": cmd_status, "migrate": cmd_migrate}.get(args.cmd)):
+        commands = {"up": cmd_up, "sim": cmd_sim, "status": cmd_status, "catalog": cmd_catalog,
+                    "backup": cmd_backup, "restore": cmd_backup, "migrate": cmd_migrate}
+        if (cmd := commands.get(args.cmd)) is not None:
             return cmd(args, s)
         return int(asyncio.run(_with_admin(s, lambda a: _inventory_cmd(args, a, s))))
     except (AdminError, CatalogError, RedisUrlError, ConfigError, SettingsError) as e:
@@ -432,7 +475,9 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
         _print(args, {**b, "credited": new}, f"{'credited' if new else 'already credited'}; balance {b['balance_pln']} PLN")
     elif c == "balance" and sc == "show":
         b = await a.balance(args.org)
-        _print(args, b, f"{b['balance_pln']} PLN; {_credit_text(b)}")
+        apart = ("" if b["balance_micro_pln"] == b["ledger_micro_pln"] else
+                 f" (ledger {micro_to_pln(b['ledger_micro_pln'])} PLN: records in flight, or apart - gateway reconcile)")
+        _print(args, b, f"{b['balance_pln']} PLN{apart}; {_credit_text(b)}")
     elif c == "reconcile":
         return await _reconcile(args, a)
     elif c == "usage":

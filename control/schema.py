@@ -3,6 +3,13 @@ from __future__ import annotations
 
 import asyncpg
 
+# control/console/trial.py's identity_hash of a lower-case address ``e``, in SQL (migration 9 records the
+# trials granted before it with it; tests/test_console_trial_links.py checks the two agree)
+TRIAL_IDENTITY_SQL = (
+    "encode(sha256(convert_to(CASE WHEN split_part(e, '@', 2) IN ('gmail.com', 'googlemail.com')"
+    " THEN replace(split_part(split_part(e, '@', 1), '+', 1), '.', '') || '@gmail.com'"
+    " ELSE split_part(split_part(e, '@', 1), '+', 1) || '@' || split_part(e, '@', 2) END, 'UTF8')), 'hex')")
+
 MIGRATIONS: list[str] = [
     # 1: organisations, hashed keys, the ledger, usage metadata (never any text)
     """
@@ -183,6 +190,45 @@ MIGRATIONS: list[str] = [
     ALTER TABLE orgs ADD COLUMN credit_unlimited boolean NOT NULL DEFAULT false;
     ALTER TABLE orgs ADD CONSTRAINT orgs_credit_limit_one
       CHECK (NOT (credit_unlimited AND credit_limit_micro_pln IS NOT NULL));
+    """,
+    # 9: the trial credit once per person: a hash of the normalised address (control/console/trial.py)
+    # of each one granted, those granted before included (under their organisations' owners' addresses)
+    f"""
+    CREATE TABLE trial_grants (
+      identity_hash text PRIMARY KEY,
+      org_id text NOT NULL REFERENCES orgs(id),
+      created_at timestamptz NOT NULL DEFAULT now()
+    );
+    INSERT INTO trial_grants (identity_hash, org_id, created_at)
+    SELECT DISTINCT ON (h) h, org_id, created_at FROM (
+      SELECT {TRIAL_IDENTITY_SQL} AS h, l.org_id, l.created_at
+      FROM ledger l JOIN memberships m ON m.org_id = l.org_id AND m.role = 'owner'
+      JOIN users u ON u.id = m.user_id, lower(u.email) AS e
+      WHERE l.kind = 'trial') AS granted
+    ORDER BY h, created_at;
+    """,
+    # 10: the alias change policy (README, "Changing the model behind an alias"): each catalog that
+    # `gateway catalog apply` put in force (its SHA-256: the ext_proc's reload takes one breaking the
+    # policy only if it is here; forced: applied with --force), and each model change it announced,
+    # mailed once to every owner (mailed_at: sent)
+    """
+    CREATE TABLE catalog_applies (
+      sha256 text PRIMARY KEY,
+      forced boolean NOT NULL,
+      applied_at timestamptz NOT NULL DEFAULT now()
+    );
+    CREATE TABLE model_changes (
+      id bigserial PRIMARY KEY,
+      alias text NOT NULL,
+      effective timestamptz NOT NULL,
+      before text NOT NULL,
+      after text NOT NULL,
+      forced boolean NOT NULL,
+      catalog_sha256 text NOT NULL REFERENCES catalog_applies(sha256),
+      announced_at timestamptz NOT NULL DEFAULT now(),
+      mailed_at timestamptz
+    );
+    CREATE INDEX model_changes_unmailed ON model_changes (id) WHERE mailed_at IS NULL;
     """,
 ]
 

@@ -3,15 +3,20 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
 import logging
 import os
+import uuid
+import time
+from pathlib import Path
+from typing import Awaitable, Callable
 
 import asyncpg
 from grpc_health.v1 import health_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from . import catalog as catalog_mod
-from . import access_log, envoy_admin, metrics, tracing
+from . import access_log, alias_policy, envoy_admin, metrics, tracing
 from .directory import Directory
 from .exchange import Gateway
 from .grpc_server import Server
@@ -28,10 +33,14 @@ REDIS_POOL = 8
 PG_POOL = 4  # key and organisation lookups on a cache miss
 
 
-async def watch_catalog(path: str, gw: Gateway, every: float = 0.5, settle: float = 1.0) -> None:
+async def watch_catalog(path: str, gw: Gateway, applied: Callable[[str], Awaitable[bool]],
+                        every: float = 0.5, settle: float = 1.0) -> None:
     """Apply a changed catalog without a restart.  The change is taken ``settle`` seconds after it is
-    seen, by which time Envoy has loaded the clusters rendered from it; a catalog that does not load is
-    refused (logged) and the one in force stays."""
+    seen, by which time Envoy has loaded the clusters rendered from it; a catalog that does not load, or
+    that breaks the alias change policy (a model change under 14 days ahead, a smaller limit: see
+    ``alias_policy``) and that ``gateway catalog apply`` did not put in force (``applied``, asked with the
+    file's SHA-256: the command checked it at its own time, and a breach there needs --force) is refused
+    (one line logged) and the one in force stays."""
     seen = os.stat(path).st_mtime_ns
     while True:
         await asyncio.sleep(every)
@@ -41,7 +50,15 @@ async def watch_catalog(path: str, gw: Gateway, every: float = 0.5, settle: floa
                 continue
             seen = mtime
             await asyncio.sleep(settle)
-            gw.catalog = catalog_mod.load(path)
+            data = Path(path).read_bytes()
+            new = catalog_mod.load(path, data)
+            sha = hashlib.sha256(data).hexdigest()
+            breaches = alias_policy.breaches(gw.catalog, new, int(time.time()))
+            if breaches and not await applied(sha):
+                log.error("catalog not reloaded, the one in force stays: %s (apply it with"
+                          " gateway catalog apply --force to force it)", "; ".join(breaches))
+                continue
+            gw.catalog = new
             log.info("catalog reloaded: %d aliases", len(gw.catalog.aliases))
         except (OSError, catalog_mod.CatalogError) as e:
             log.error("catalog not reloaded, the one in force stays: %s", e)
@@ -59,11 +76,12 @@ async def serve(settings: GatewaySettings) -> None:
     cat = catalog_mod.load(settings.catalog)
     # the request path has its own Redis connection (store.fast); the pool serves cache fills and the
     # heartbeat. Usage records go to PostgreSQL from a process of their own (extproc.usage_writer).
-    store = await open_store(settings, REDIS_POOL)
+    owner = uuid.uuid4().hex  # this process, in the in-flight journal and its connection's name
+    store = await open_store(settings, REDIS_POOL, owner)
     r = store.r
     pool = await asyncpg.create_pool(settings.database_url, min_size=PG_POOL, max_size=PG_POOL)
-    gw = Gateway(catalog=cat, store=store, directory=Directory(pool), pick=lambda a: a.pick_upstream(),
-                 max_body_bytes=settings.max_body_bytes, idle_timeout_s=settings.idle_timeout_s,
+    gw = Gateway(catalog=cat, store=store, directory=Directory(pool), pick=lambda a, when: a.pick_upstream(when),
+                 owner=owner, max_body_bytes=settings.max_body_bytes, idle_timeout_s=settings.idle_timeout_s,
                  total_timeout_s=settings.total_timeout_s)
     gw.spool = Spool(settings.state / "spool")
     for pending in gw.spool.pending():  # kept by a process before this one: Redis may take them now
@@ -105,7 +123,7 @@ async def serve(settings: GatewaySettings) -> None:
             await asyncio.sleep(1.0)
 
     beat_task = asyncio.create_task(beat())
-    watch_task = asyncio.create_task(watch_catalog(settings.catalog, gw))
+    watch_task = asyncio.create_task(watch_catalog(settings.catalog, gw, gw.directory.applied))
     log.info("ext_proc listening on 127.0.0.1:%d", settings.grpc_port)
     await until_stopped()
     beat_task.cancel()

@@ -1,5 +1,6 @@
 """The model catalog: aliases, capabilities, limits, prices with effective times, upstream models
-with traffic shares, and deployments. Loaded from YAML; validation errors name the file and field.
+with traffic shares (also with effective times), and deployments. Loaded from YAML; validation errors
+name the file and field.
 """
 from __future__ import annotations
 
@@ -38,6 +39,17 @@ class Upstream:
 
 
 @dataclass(frozen=True, slots=True)
+class UpstreamStep:
+    """The upstream models behind an alias (with traffic shares) from ``effective`` on (unix seconds;
+    ``ALWAYS``: the alias's plain ``upstreams``, in force since always)."""
+    effective: int
+    upstreams: tuple[Upstream, ...]
+
+
+ALWAYS = -(2 ** 62)
+
+
+@dataclass(frozen=True, slots=True)
 class Deployment:
     name: str
     host: str
@@ -64,11 +76,30 @@ class Alias:
     max_output_tokens: int
     created: int
     price_steps: tuple[PriceStep, ...]
-    upstreams: tuple[Upstream, ...]
-    _cum: list[int] = field(default_factory=list)
+    upstream_steps: tuple[UpstreamStep, ...]  # the first one effective ALWAYS, then by effective time
+    _cums: list[list[int]] = field(default_factory=list)
+    _starts: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._cum = list(accumulate(u.share for u in self.upstreams))
+        self._starts = [s.effective for s in self.upstream_steps]
+        self._cums = [list(accumulate(u.share for u in s.upstreams)) for s in self.upstream_steps]
+
+    @property
+    def upstreams(self) -> tuple[Upstream, ...]:
+        """Every upstream model some step of the alias names (each once): the clusters and simulators
+        it needs, whenever a step applies."""
+        seen: dict[str, Upstream] = {}
+        for s in self.upstream_steps:
+            for u in s.upstreams:
+                seen.setdefault(u.model, u)
+        return tuple(seen.values())
+
+    def _step(self, when: float) -> int:
+        return max(bisect.bisect_right(self._starts, when) - 1, 0)
+
+    def upstreams_at(self, when: float) -> tuple[Upstream, ...]:
+        """The upstream models (with shares) in force at ``when`` (unix seconds)."""
+        return self.upstream_steps[self._step(when)].upstreams
 
     def prices_at(self, when: float) -> Prices:
         """The prices in force at ``when`` (unix seconds)."""
@@ -78,12 +109,15 @@ class Alias:
                 chosen = step.prices
         return chosen
 
-    def pick_upstream(self) -> str | None:
-        """An upstream model chosen by traffic share; None when the alias has no upstream."""
-        if not self._cum or self._cum[-1] <= 0:
+    def pick_upstream(self, when: float) -> str | None:
+        """An upstream model chosen by traffic share among those in force at ``when`` (a request's start);
+        None when the alias has none then."""
+        i = self._step(when)
+        cum = self._cums[i]
+        if not cum or cum[-1] <= 0:
             return None
-        x = random.randrange(self._cum[-1])
-        return self.upstreams[bisect.bisect_right(self._cum, x)].model
+        x = random.randrange(cum[-1])
+        return self.upstream_steps[i].upstreams[bisect.bisect_right(cum, x)].model
 
     def scheduled(self, now: float) -> list[PriceStep]:
         """The price changes still to come (``effective`` after ``now``), soonest first."""
@@ -214,20 +248,34 @@ def parse(doc: Any, source: str = "<catalog>") -> Catalog:
         if not steps:
             raise CatalogError(f"{where}.prices: at least one price with an effective date is required")
         steps.sort(key=lambda s: s.effective)
-        ups = []
-        for i, u in enumerate(_of(list, a.get("upstreams"), where + ".upstreams")):
-            w = f"{where}.upstreams[{i}]"
-            if not isinstance(u, dict) or u.get("model") not in deployments:
-                raise CatalogError(f"{w}.model: must name an entry of upstream_models")
-            ups.append(Upstream(u["model"], _int(u, "share", w, default=100)))
+        ups = [UpstreamStep(ALWAYS, _upstreams(a.get("upstreams"), where + ".upstreams", deployments))]
+        for i, c in enumerate(_of(list, a.get("upstream_changes"), where + ".upstream_changes")):
+            w = f"{where}.upstream_changes[{i}]"
+            if not isinstance(c, dict):
+                raise CatalogError(f"{w}: must be a mapping")
+            ups.append(UpstreamStep(_ts(c.get("effective"), w + ".effective"),
+                                    _upstreams(c.get("upstreams"), w + ".upstreams", deployments)))
+            if ups[-1].effective in {u.effective for u in ups[1:-1]}:
+                raise CatalogError(f"{w}.effective: another upstream change of this alias has the same time")
+        ups.sort(key=lambda u: u.effective)
         aliases[str(name)] = Alias(
             id=str(name), capabilities=caps,
             context_length=_int(a, "context_length", where, 1),
             max_output_tokens=_int(a, "max_output_tokens", where, 0),
             created=_ts(a.get("created", "2026-01-01T00:00:00Z"), where + ".created"),
-            price_steps=tuple(steps), upstreams=tuple(ups),
+            price_steps=tuple(steps), upstream_steps=tuple(ups),
         )
     return Catalog(aliases, deployments)
+
+
+def _upstreams(doc: Any, where: str, deployments: dict[str, tuple[Deployment, ...]]) -> tuple[Upstream, ...]:
+    ups = []
+    for i, u in enumerate(_of(list, doc, where)):
+        w = f"{where}[{i}]"
+        if not isinstance(u, dict) or u.get("model") not in deployments:
+            raise CatalogError(f"{w}.model: must name an entry of upstream_models")
+        ups.append(Upstream(u["model"], _int(u, "share", w, default=100)))
+    return tuple(ups)
 
 
 _STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
@@ -252,11 +300,12 @@ def _line_of(root: yaml.Node | None, dotted: str) -> int | None:
     return node.start_mark.line + 1 if node is not None else line
 
 
-def load(path: str | Path) -> Catalog:
-    """Load and check a catalog; every error names the file, the line and the field."""
+def load(path: str | Path, data: bytes | None = None) -> Catalog:
+    """Load and check a catalog (``data``: the file's bytes, already read); every error names the file,
+    the line and the field."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = (p.read_bytes() if data is None else data).decode()
     except UnicodeDecodeError:
         raise CatalogError(f"{p}: not UTF-8 text") from None
     try:

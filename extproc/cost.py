@@ -18,14 +18,23 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+MAX_PLN = 10**12  # far beyond any balance (a bigint of micro-PLN holds 9.2e12 PLN)
+
+
 def pln_to_micro(pln: str | int | Decimal) -> int:
     """An amount in PLN ("12.50", 3) in micro-PLN; ValueError when it is not one, or is finer than 1 micro-PLN."""
     try:
         d = Decimal(str(pln).strip())
     except InvalidOperation:
         raise ValueError(f"not an amount in PLN: {str(pln)!r}") from None
+    # Infinity, NaN and sNaN are Decimals too; 1e999999999 one whose product overflows (copy_abs does
+    # not round, so it cannot), 1e-999999999 one whose product underflows to 0
     if not d.is_finite():
         raise ValueError(f"not an amount in PLN: {str(pln)!r}")
+    if d.copy_abs() > MAX_PLN:
+        raise ValueError(f"an amount in PLN is at most {MAX_PLN} either way")
+    if d and d.adjusted() < -6:
+        raise ValueError("amounts have at most 6 decimal places (1 micro-PLN)")
     micro = d * 1_000_000
     if micro != micro.to_integral_value():
         raise ValueError("amounts have at most 6 decimal places (1 micro-PLN)")

@@ -36,6 +36,13 @@ class Directory:
             " FROM orgs o WHERE o.id = $1", org_id)
         return {"status": "suspended", "balance": 0, "paid": 0, "climit": "default"} if row is None else dict(row)
 
+    async def applied(self, catalog_sha256: str) -> bool:
+        """Whether ``gateway catalog apply`` put the catalog with this SHA-256 in force: it checked the
+        alias change policy then (and recorded a breach it was told to force); a reload breaking the
+        policy is taken only then."""
+        row = await self._row("SELECT 1 FROM catalog_applies WHERE sha256 = $1", catalog_sha256)
+        return row is not None
+
 
 # 1 when the organisation ``o`` was ever credited money other than the console's trial credit (an
 # operator's credit or a paid top-up), else 0

@@ -79,7 +79,7 @@ class Gateway:
     catalog: Catalog
     store: Store
     directory: Directory
-    pick: Callable[[Alias], str | None]
+    pick: Callable[[Alias, float], str | None]  # an upstream model of the alias in force at that time
     clock: Callable[[], float] = time.time
     max_body_bytes: int = 20 * 1024 * 1024
     # SPEC section 7: the longest gap allowed inside an upstream reply once it has started.  Envoy's
@@ -179,8 +179,9 @@ class Gateway:
             cached = self._models = (now, self.catalog, body)
         return cached[2]
 
-    def upstream_for(self, alias: Alias) -> str | None:
-        up = self.pick(alias)
+    def upstream_for(self, alias: Alias, when: float) -> str | None:
+        """The upstream model for a request to ``alias`` that started at ``when``."""
+        up = self.pick(alias, when)
         return up if up is not None and self.catalog.deployments.get(up) else None
 
 
@@ -387,7 +388,7 @@ class Exchange:
         if len(body) > self.gw.max_body_bytes:
             return await self._too_large()
         prepare = prepare_chat if self.path == _CHAT_PATH else prepare_embeddings
-        prepared = prepare(body, self.gw.catalog, self.gw.upstream_for)
+        prepared = prepare(body, self.gw.catalog, lambda alias: self.gw.upstream_for(alias, self.started))
         if isinstance(prepared, Prepared):
             self.prepared = prepared
         adm = await self._admit(limits=self.prepared is not None)

@@ -12,7 +12,8 @@ All keys under ``gw:``:
   gw:if            hash  request id -> "key|org|hold|owner|pending record": requests admitted and not finished
                    yet (the first finish removes the entry: no double debit), so that a
                    request whose ext_proc process died is still billed (the usage writer's ``reap``)
-  gw:hb:<owner>    an ext_proc process's heartbeat (expires 3 s after the process stops)
+  gw:hb:<owner>    an ext_proc process's heartbeat (expires 3 s after the process stops or pauses;
+                   its connection named gwx-<owner> tells the two apart)
   gw:x:<request>   an admission its caller gave up on (``cancel``): should it still reach Redis, it refuses itself
   gw:left:<request>  the client of this request went away (Envoy's access log, ``access_log``)  TTL 2 min
   gw:console:lim:<name>:<who>  the console's attempt counters (control/console/limits.py)
@@ -48,6 +49,13 @@ def left(request_id: str) -> str:
 
 def heartbeat(owner: str) -> str:
     return HEARTBEAT + owner
+
+
+def liveness(owner: str) -> str:
+    """The client name an ext_proc process gives its request-path connection (CLIENT SETNAME): Redis drops
+    the connection of a process that died (the kernel closes it), never that of one that is only paused,
+    so the reaper takes a silent process for dead only when no connection bears its name."""
+    return "gwx-" + owner
 
 
 def lua(script: str) -> str:

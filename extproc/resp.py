@@ -145,8 +145,9 @@ def _setup_error(label: str, cmd: tuple[Any, ...], reply: RespError) -> RespSetu
 class RespClient:
     def __init__(self, host: str = "localhost", port: int = 6379, *, db: int = 0, timeout: float = 2.0,
                  username: str | None = None, password: str | None = None, unix_path: str | None = None,
-                 tls: SSLContext | None = None, label: str = "") -> None:
+                 tls: SSLContext | None = None, label: str = "", name: str = "") -> None:
         self.host, self.port, self.db, self.timeout = host, port, db, timeout
+        self.name = name  # given to every connection (CLIENT SETNAME) when set
         self.unix_path, self.tls = unix_path, tls
         self.label = label or (f"unix://{unix_path}" if unix_path else f"redis://{host}:{port}/{db}")
         # sent first on every new connection (in one write, answered before any command is sent)
@@ -162,12 +163,12 @@ class RespClient:
         self._shas: dict[str, str] = {}
 
     @classmethod
-    def from_url(cls, url: str) -> "RespClient":
+    def from_url(cls, url: str, name: str = "") -> "RespClient":
         """Any URL redis-py's ``from_url`` takes (see extproc/urls.py): redis://, rediss://, unix://,
         user name and password, database number, TLS parameters."""
         t = parse_redis(url)
         return cls(t.host, t.port, db=t.db, username=t.username, password=t.password, unix_path=t.unix_path,
-                   tls=t.tls.context() if t.tls else None, label=mask(t.url))
+                   tls=t.tls.context() if t.tls else None, label=mask(t.url), name=name)
 
     async def _open(self) -> _Conn:
         loop = asyncio.get_running_loop()
@@ -182,12 +183,13 @@ class RespClient:
             if isinstance(e, TimeoutError):
                 raise
             raise ConnectionError(f"cannot reach Redis at {self.label}: {e}") from e
-        if not self._setup:
+        setup = self._setup + ([("CLIENT", "SETNAME", self.name)] if self.name else [])
+        if not setup:
             return conn
         try:
-            replies = await asyncio.gather(*(conn.send(cmd) for cmd in self._setup))
-            for cmd, reply in zip(self._setup, replies):
-                if isinstance(reply, RespError):
+            replies = await asyncio.gather(*(conn.send(cmd) for cmd in setup))
+            for cmd, reply in zip(setup, replies):
+                if isinstance(reply, RespError) and cmd[0] != "CLIENT":  # a name refused: only a name
                     raise _setup_error(self.label, cmd, reply)
         except BaseException:
             assert conn.transport is not None

@@ -201,12 +201,13 @@ def _redis_py_options(t: RedisTarget) -> dict[str, Any]:
     return opts | tls | {"connection_class": aioredis.SSLConnection}
 
 
-async def open_store(settings: GatewaySettings, pool_size: int) -> Store:
+async def open_store(settings: GatewaySettings, pool_size: int, owner: str = "") -> Store:
     """The process's store: redis-py with a pool of ``pool_size`` and the request path's own client.  A
     Redis that refuses REDIS_URL's credentials (or wants some it lacks) will not take them later, so the
     process exits saying so (the password masked) rather than answer every request with 500.  A Redis
     that is down is not a reason: it is waited for as ever."""
-    store = Store(redis_client(settings.redis_url, pool_size), RespClient.from_url(settings.redis_url),
+    store = Store(redis_client(settings.redis_url, pool_size),
+                  RespClient.from_url(settings.redis_url, name=rk.liveness(owner) if owner else ""),
                   default_rpm=settings.default_rpm, default_concurrency=settings.default_concurrency,
                   lease_s=int(settings.total_timeout_s) + 60, key_ttl_s=settings.key_cache_ttl_s,
                   credit_limit=settings.credit_limit_micro)
@@ -335,9 +336,23 @@ async def orphans(r: aioredis.Redis) -> list[tuple[str, str, str, dict[str, Any]
         return []
     parsed = [(rid.decode(), *_journal_entry(v.decode())) for rid, v in entries.items()]
     owners = sorted({p[3] for p in parsed})
-    alive = dict(zip(owners, await r.mget([rk.heartbeat(o) for o in owners])))
+    silent = {o for o, beat in zip(owners, await r.mget([rk.heartbeat(o) for o in owners])) if beat is None}
+    if silent:
+        silent -= await _connected(r)
     return [(rid, key_id, org, json.loads(payload)) for rid, key_id, org, owner, payload in parsed
-            if alive[owner] is None]
+            if owner in silent]
+
+
+async def _connected(r: aioredis.Redis) -> set[str]:
+    """The owners whose request-path connection Redis still holds: a paused process's (SIGSTOP, a long
+    pause of its machine) stays, a dead one's goes with the process.  A Redis that refuses CLIENT LIST
+    (an ACL without it) leaves the heartbeat alone to judge."""
+    try:
+        clients: Any = await r.client_list()
+    except redis.exceptions.ResponseError:
+        return set()
+    prefix = rk.liveness("")
+    return {c["name"][len(prefix):] for c in clients if c.get("name", "").startswith(prefix)}
 
 
 def _journal_entry(entry: str) -> tuple[str, str, str, str]:

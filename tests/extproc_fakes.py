@@ -160,7 +160,7 @@ def gateway(balance: int = 10_000_000, status: str = "active", rpm: int = 1000, 
                       orgs={"org_1": {"status": status, "balance": balance, "rpm": rpm, "conc": conc}})
     clock = iter(range(1_800_000_000, 1_900_000_000))  # a second per reading: ttfb and durations are whole
     return Gateway(catalog=cat, store=FakeStore(), directory=d,  # type: ignore[arg-type]
-                   pick=lambda a: a.pick_upstream(), clock=lambda: float(next(clock)),
+                   pick=lambda a, when: a.pick_upstream(when), clock=lambda: float(next(clock)),
                    idle_timeout_s=idle_timeout_s, max_body_bytes=max_body_bytes)
 
 

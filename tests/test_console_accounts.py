@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from conftest import Gateway, wait_for
-from control.console.limits import LOGIN_EMAIL
+from control.console.limits import CONFIRM_MAIL, LOGIN_EMAIL
 from test_console_support import PASSWORD, ConsoleClient, clear_limit, mail_link, mails, new_email, signed_up
 
 TRIAL_MICRO = 5_000_000  # GATEWAY_TRIAL_BALANCE_PLN default: 5 PLN
@@ -21,26 +21,30 @@ def test_signup_confirm_gives_the_trial_balance_once(gateway: Gateway) -> None:
     org = gateway.sql("SELECT org_id, role FROM memberships WHERE user_id = $1", user["id"])[0]
     assert org["role"] == "owner"
     assert gateway.sql("SELECT * FROM ledger WHERE org_id = $1", org["org_id"]) == []
-    # not verified yet: login refused, and a fresh link is sent
+    # not verified yet: login refused; a fresh link is sent only once the 5 minutes since the last are over
+    first = mail_link(gateway, email, "/confirm/")
     r = c.post("/login", {"email": email, "password": PASSWORD}, follow=True)
-    assert "Confirm your e-mail address first" in r.text and not c.logged_in
+    assert "with the link we sent you lately" in r.text and not c.logged_in
+    clear_limit(gateway, CONFIRM_MAIL, email)  # the 5 minutes are over
+    r = c.post("/login", {"email": email, "password": PASSWORD}, follow=True)
+    assert "we sent you a new link" in r.text and not c.logged_in
     link = mail_link(gateway, email, "/confirm/", count=2)  # the sign-up's and the refused login's
+    assert link != first
     assert c.get(link).status_code == 200  # GET only shows the button: a mail scanner does not use the link
     assert gateway.sql("SELECT verified_at FROM users WHERE id = $1", user["id"])[0]["verified_at"] is None
+    assert c.get(first).status_code == 400  # the newer link killed it
     r = c.post(link, follow=True)
     assert r.status_code == 200 and c.logged_in
     assert 'id="balance">PLN\xa05.00<' in r.text  # English (the client's cookie): PLN 5.00
     ledger = gateway.sql("SELECT amount_micro_pln, kind FROM ledger WHERE org_id = $1", org["org_id"])
     assert ledger == [{"amount_micro_pln": TRIAL_MICRO, "kind": "trial"}]
-    # the link is single-use; the other (first) link still works once but the trial is not given again
+    # the link is single-use, and the first one is dead too: neither signs in nor credits again
     assert c.post(link).status_code == 400
-    first = [m for m in mails(gateway, email) if "/confirm/" in m["body"]][-1]["body"]
-    other = first[first.index(gateway.console) + len(gateway.console):].split()[0]
-    assert other != link
-    assert ConsoleClient(gateway.console).post(other, csrf="x").status_code == 403  # CSRF first
+    assert ConsoleClient(gateway.console).post(first, csrf="x").status_code == 403  # CSRF first
     c2 = ConsoleClient(gateway.console)
-    c2.get(other)
-    assert c2.post(other, follow=True).status_code == 200
+    c2.get("/login")
+    r = c2.post(first)
+    assert r.status_code == 400 and "confirmation link is invalid, used or expired" in r.text and not c2.logged_in
     assert gateway.sql("SELECT count(*) AS n FROM ledger WHERE org_id = $1", org["org_id"])[0]["n"] == 1
     assert gateway.admin(lambda a: a.balance(org["org_id"]))["balance_micro_pln"] == TRIAL_MICRO
 

@@ -188,3 +188,26 @@ def test_low_balance_email_once_per_fall_under_the_threshold(gateway: Gateway) -
     wait_for(lambda: len(low()) == 2, timeout=10)
     assert c.post("/billing/low-balance", {"threshold": ""}).headers["location"].endswith("low_balance_off")
     assert gateway.sql("SELECT low_balance_micro_pln FROM orgs WHERE id = $1", org) == [{"low_balance_micro_pln": None}]
+
+
+def test_low_balance_mail_is_limited_per_owner_a_day(gateway: Gateway) -> None:
+    """Each save of the threshold re-arms the e-mail: saved five times under the balance, the owner
+    gets three mails in the day, not five."""
+    import redis
+
+    from control.console.limits import LOW_BALANCE_MAIL
+    from test_console_support import mails
+    c, email, org = signed_up(gateway)
+    low = lambda: [m for m in mails(gateway, email) if m["subject"].startswith("Low balance")]  # noqa: E731
+    mailed_at = lambda: gateway.sql("SELECT low_balance_mailed_at FROM orgs WHERE id = $1", org)[0]["low_balance_mailed_at"]  # noqa: E731
+    r = redis.Redis.from_url(gateway.stack.redis_url)
+    try:
+        for _ in range(5):
+            c.get("/billing")
+            assert c.post("/billing/low-balance", {"threshold": "10"}).status_code == 303  # over the 5 PLN trial
+            wait_for(mailed_at, timeout=10)  # the check ran and decided
+        wait_for(lambda: int(r.get(LOW_BALANCE_MAIL.key(email)) or 0) == 5, timeout=10)
+    finally:
+        r.close()
+    wait_for(lambda: len(low()) == 3, timeout=10)
+    assert len(low()) == 3

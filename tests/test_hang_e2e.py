@@ -330,3 +330,41 @@ def test_an_over_cap_body_with_redis_or_postgresql_hung_is_a_spec_error_within_t
         assert again.error is not None and (again.status, again.error["code"]) == (400, "invalid_request"), name
         assert stack.sim_record(g.rid) is None and stack.sim_record(again.rid) is None
     assert stack.sql("SELECT 1 FROM usage_records WHERE org_id = $1 AND cost_micro_pln > 0", org) == []
+
+
+def test_a_paused_ext_proc_is_not_reaped_and_bills_what_its_clients_got(stack: Gateway) -> None:
+    """An ext_proc frozen for longer than its heartbeat lives (a long GC, a starved CPU, a frozen container)
+    is not dead: Redis still holds its connection, so the usage writer's reaper leaves its requests alone,
+    and once it runs again it bills each stream as its client received it (200, the reported usage), not the
+    reaper's estimate."""
+    org, _, key = stack.new_org(1_000_000)
+    extproc = stack.stack.procs["extproc"].popen.pid  # type: ignore[union-attr]
+    results: list[tuple[str, bytes]] = []
+    body = {"model": "polish-pro", "stream": True, "messages": [{"role": "user", "content": "x"}],
+            "sim": {"itl_ms": 100, "output_tokens": 20}}
+
+    def one() -> None:
+        with httpx.stream("POST", stack.v1 + "/chat/completions", json=body, timeout=60,
+                          headers={"Authorization": f"Bearer {key}"}) as st:
+            results.append((st.headers["x-request-id"], st.read()))
+    threads = [threading.Thread(target=one) for _ in range(3)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: stack.slots_held(org) == 3, timeout=5, interval=0.02)
+    os.kill(extproc, signal.SIGSTOP)
+    try:
+        for t in threads:
+            t.join(30)  # Envoy's relay finishes the streams without it
+        assert len(results) == 3 and all(b.rstrip().endswith(b"data: [DONE]") for _, b in results)
+        time.sleep(8)  # past the heartbeat's 3 s and the reaper's 3 s of patience
+        assert stack.sql("SELECT count(*) AS n FROM usage_records WHERE org_id = $1", org) == [{"n": 0}]
+    finally:
+        os.kill(extproc, signal.SIGCONT)
+    q = ("SELECT u.request_id, u.status, u.completion_tokens, u.estimated, (SELECT count(*) FROM ledger l"
+         " WHERE l.ref = 'usage:' || u.request_id) AS debits FROM usage_records u WHERE u.org_id = $1")
+    wait_for(lambda: len(stack.sql(q, org)) == 3, timeout=15, interval=0.1)
+    rows = stack.sql(q, org)
+    assert sorted(r["request_id"] for r in rows) == sorted(rid for rid, _ in results)
+    assert all((r["status"], r["completion_tokens"], r["estimated"], r["debits"]) == (200, 20, False, 1)
+               for r in rows), rows
+    wait_for(lambda: stack.slots_held(org) == 0, timeout=5)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import secrets
 from typing import AsyncIterator, Awaitable, Callable
 
@@ -11,7 +12,8 @@ from aiohttp import web
 from control.admin import Admin
 from extproc.store import redis_client
 
-from . import i18n, logs, low_balance
+from . import i18n, logs, low_balance, model_changes
+from .listener import BODY_MAX, GUARD, Guard, guard_mw, serve
 from .mail import Mailer
 from .payments import make_provider
 from .security import load_secret
@@ -86,6 +88,30 @@ async def csrf_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
     return await handler(request)
 
 
+FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
+_FIELD_NAME = re.compile(r"[a-z_]{1,20}")
+
+
+def storable(text: str) -> bool:
+    """PostgreSQL keeps no NUL character, UTF-8 no lone surrogate."""
+    return "\x00" not in text and not any("\ud800" <= ch <= "\udfff" for ch in text)
+
+
+@web.middleware
+async def inputs_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A path, query or form value that could not be stored is refused (400, naming the field when
+    its name is one of ours) before any page reads it."""
+    fields = [*request.match_info.items(), *request.query.items()]
+    if request.method == "POST" and request.content_type in FORMS and not request.path.startswith(CSRF_EXEMPT):
+        fields += [(k, v) for k, v in (await request.post()).items() if isinstance(v, str)]
+    for name, value in fields:
+        if not (storable(name) and storable(value)):
+            raise PageError(400, i18n._("The field “{name}” holds a character that cannot be used (a NUL or a"
+                                        " broken one).").format(name=name) if _FIELD_NAME.fullmatch(name)
+                            else i18n._("A field holds a character that cannot be used (a NUL or a broken one)."))
+    return await handler(request)
+
+
 @web.middleware
 async def errors_mw(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
@@ -109,8 +135,9 @@ async def healthz(request: web.Request) -> web.Response:
 
 def make_app(settings: ConsoleSettings) -> web.Application:
     from .pages import api_docs, auth, billing, changelog, dev, keys, language, members, usage
-    app = web.Application(middlewares=[logs.request_id_mw, lang_mw, session_mw, errors_mw, csrf_mw],
-                          client_max_size=64 * 1024)
+    app = web.Application(middlewares=[logs.request_id_mw, guard_mw, lang_mw, session_mw, errors_mw, inputs_mw,
+                                       csrf_mw], client_max_size=BODY_MAX)
+    app[GUARD] = Guard(settings)
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
         pool = await asyncpg.create_pool(settings.database_url, min_size=1, max_size=8)
@@ -118,9 +145,11 @@ def make_app(settings: ConsoleSettings) -> web.Application:
         secret = load_secret(settings.console_secret, settings.state)
         app[CONSOLE] = Console(settings, pool, r, Admin(pool, r, settings.credit_limit_micro), Store(pool), Mailer(settings),
                                make_provider(settings, secret), secret, templates())
-        watcher = asyncio.create_task(low_balance.watch(app[CONSOLE]))
+        watchers = [asyncio.create_task(low_balance.watch(app[CONSOLE])),
+                    asyncio.create_task(model_changes.watch(app[CONSOLE]))]
         yield
-        watcher.cancel()
+        for w in watchers:
+            w.cancel()
         await app[CONSOLE].background.drain()
         await pool.close()
         await r.aclose()
@@ -141,5 +170,4 @@ def run(settings: ConsoleSettings) -> None:
     if why:
         raise SystemExit(f"console: {why}")
     logs.setup()
-    web.run_app(make_app(settings), host=settings.gateway_host, port=settings.console_http_port,
-                access_log_class=logs.AccessLogger, print=None, shutdown_timeout=2)
+    asyncio.run(serve(make_app(settings), settings, logs.AccessLogger))

@@ -32,6 +32,18 @@ SIGNUP_EMAIL = Limit("signup:email", 3, 3600)      # sign-up mails per address p
 SIGNUP_IP = Limit("signup:ip", 10, 3600)           # sign-ups per client address per hour
 INVITE_ORG = Limit("invite:org", 20, 3600)         # invitations per organisation per hour
 INVITE_EMAIL = Limit("invite:email", 3, 3600)      # invitations per invited address per hour
+# Per recipient, whoever asks (mail bombing through someone else's address): a confirmation mail at
+# most once per 5 minutes and 5 times a day; any of the console's other mails that a visitor can
+# trigger (sign-up of an existing address, reset, invitation) at most 10 times a day.
+CONFIRM_MAIL = Limit("mail:confirm", 1, 5 * 60)
+CONFIRM_MAIL_DAY = Limit("mail:confirm:day", 5, 86400)
+MAIL_DAY = Limit("mail:day", 10, 86400)
+LOW_BALANCE_MAIL = Limit("mail:low-balance", 3, 86400)  # low-balance mails per owner a day (each save re-arms it)
+TRIAL_CLIENT_WINDOW_S = 86400                      # trial credits per client address: GATEWAY_TRIAL_PER_CLIENT_DAY
+
+
+def trial_client(per_day: int) -> Limit:
+    return Limit("trial:client", per_day, TRIAL_CLIENT_WINDOW_S)
 
 
 async def hit(r: aioredis.Redis, *checks: tuple[Limit, str]) -> bool:
@@ -43,6 +55,12 @@ async def hit(r: aioredis.Redis, *checks: tuple[Limit, str]) -> bool:
             p.incr(key)
         res = await p.execute()
     return all(int(n) <= limit.max for n, (limit, _) in zip(res[1::2], checks))
+
+
+async def confirmation_mail(r: aioredis.Redis, email: str) -> bool:
+    """May a confirmation mail go to ``email`` now?  Counted only when it may: asking again within
+    the 5 minutes does not use up the day's five."""
+    return await hit(r, (CONFIRM_MAIL, email)) and await hit(r, (CONFIRM_MAIL_DAY, email))
 
 
 async def forget(r: aioredis.Redis, limit: Limit, subject: str) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from . import i18n, mail
+from . import i18n, limits, mail
 from .store import owner_emails
 from .web import Console
 
@@ -33,6 +33,8 @@ async def check_once(c: Console) -> int:
         if won is None:
             continue  # another console instance sent it
         for owner, lang in await owner_emails(c.pool, r["id"]):
+            if not await limits.hit(c.redis, (limits.LOW_BALANCE_MAIL, owner)):
+                continue  # saving the threshold again and again must not mail the owners again and again
             with i18n.speaking(lang):
                 subject, text = mail.low_balance(r["name"], balance, r["threshold"], f"{c.base_url}/billing")
             await c.mailer.send(owner, subject, text)

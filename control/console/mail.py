@@ -5,12 +5,13 @@ message's body (it holds single-use links)."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import smtplib
 import ssl
 from email.message import EmailMessage
 
-from .i18n import _, money
+from .i18n import _, money, when
 from .settings import ConsoleSettings
 
 log = logging.getLogger("console.mail")
@@ -101,3 +102,14 @@ def paid(amount_micro: int, number: str, link: str) -> tuple[str, str]:
     return (_("Payment received: {amount}").format(amount=amount),
             _("Thank you: {amount} is credited to your prepaid balance.\n\nThe VAT invoice {number} is attached;"
               " it is also on the Billing page:\n\n{link}\n").format(amount=amount, number=number, link=link))
+
+
+def model_change(alias: str, effective: dt.datetime, before: str, after: str, link: str) -> tuple[str, str]:
+    """A change of the upstream models behind an alias, announced ahead (``before``/``after``: the models
+    with their traffic shares)."""
+    return (_("Model change behind {alias} from {when}").format(alias=alias, when=when(effective)),
+            _("From {when}, requests to the model \"{alias}\" go to: {after} (until then: {before}).\n\n"
+              "The model name in your requests and in the replies stays \"{alias}\", and its context and"
+              " output limits stay the same or grow. The change applies to requests that start from that"
+              " time on.\n\nEvery change of prices and models is listed here:\n\n{link}\n")
+            .format(alias=alias, when=when(effective), before=before, after=after, link=link))

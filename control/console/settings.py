@@ -13,6 +13,11 @@ class ConsoleSettings(SharedSettings):
     console_url: str = env("GATEWAY_CONSOLE_URL", "")         # public address of the console (links, payments)
     console_secret: str = env("GATEWAY_CONSOLE_SECRET", "")   # CSRF/signing secret; empty = generated in state dir
     trial_balance_pln: str = env("GATEWAY_TRIAL_BALANCE_PLN", "5")  # demo organisation's first credit
+    trial_per_client_day: int = env("GATEWAY_TRIAL_PER_CLIENT_DAY", 3)  # trial credits per client address a day
+    console_headers_timeout_s: float = env("GATEWAY_CONSOLE_HEADERS_TIMEOUT_S", 10.0)  # a request's head whole within this of its first byte
+    console_body_timeout_s: float = env("GATEWAY_CONSOLE_BODY_TIMEOUT_S", 30.0)  # a request's body whole within this of its head
+    console_idle_timeout_s: float = env("GATEWAY_CONSOLE_IDLE_TIMEOUT_S", 60.0)  # a connection without a request is closed after this
+    console_max_connections: int = env("GATEWAY_CONSOLE_MAX_CONNECTIONS", 512)  # open at once; more are answered 503 and closed
     low_balance_check_s: float = env("GATEWAY_LOW_BALANCE_CHECK_S", 60.0)  # how often the console looks for balances under their owners' threshold
     seller_name: str = env("GATEWAY_SELLER_NAME", "")         # the seller on VAT invoices (company name)
     seller_nip: str = env("GATEWAY_SELLER_NIP", "")           # the seller's NIP

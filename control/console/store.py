@@ -2,11 +2,12 @@
 (attempt limits are in Redis: ``limits``).  Every query that reads an organisation's data takes the organisation's id."""
 from __future__ import annotations
 
+import contextlib
 import re
 import secrets
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, AsyncIterator
 
 import asyncpg
 
@@ -39,6 +40,29 @@ class Removal:
     """A member's removal: why not (``not_found``, ``last_owner``), or done with these keys revoked."""
     problem: str | None
     revoked_keys: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """A confirmation link used: whose, whether it confirmed the address now, whether it signs in."""
+    user_id: str
+    confirmed_now: bool
+    signs_in: bool
+
+
+# the account's unused e-mail links of the given purposes die
+_SPEND_LINKS = ("UPDATE email_tokens SET used_at = now() WHERE user_id = $1 AND purpose = ANY($2::text[])"
+                " AND used_at IS NULL")
+
+
+@contextlib.asynccontextmanager
+async def _connection(pool: asyncpg.Pool, conn: Any) -> AsyncIterator[Any]:
+    """``conn`` if given (the caller's transaction), else one of the pool's."""
+    if conn is not None:
+        yield conn
+    else:
+        async with pool.acquire() as c:
+            yield c
 
 
 def _opt_str(v: Any) -> str | None:
@@ -85,6 +109,9 @@ class Store:
     async def user_by_email(self, email: str) -> asyncpg.Record | None:
         return await self.pool.fetchrow("SELECT * FROM users WHERE email = $1", normal_email(email))
 
+    async def user_by_id(self, user_id: str) -> asyncpg.Record | None:
+        return await self.pool.fetchrow("SELECT * FROM users WHERE id = $1", user_id)
+
     async def create_user(self, email: str, password_hash: str, lang: str, *, verified: bool = False,
                           conn: Any = None) -> str:
         """``lang``: the language of the page the account was made on (its e-mails' language)."""
@@ -98,18 +125,46 @@ class Store:
         await self.pool.execute("UPDATE users SET lang = $2 WHERE id = $1", user_id, lang)
 
     async def set_password(self, user_id: str, password_hash: str) -> None:
-        """The new password ends every session of the account and spends every reset link it has."""
+        """The new password ends every session of the account, spends every e-mail link it has
+        (confirmation and reset) and withdraws the invitations pending for its address."""
         async with self.pool.acquire() as c, c.transaction():
-            await c.execute("UPDATE users SET password_hash = $2 WHERE id = $1", user_id, password_hash)
+            email = await c.fetchval("UPDATE users SET password_hash = $2 WHERE id = $1 RETURNING email",
+                                     user_id, password_hash)
             await c.execute("DELETE FROM console_sessions WHERE user_id = $1", user_id)
-            await c.execute("UPDATE email_tokens SET used_at = now() WHERE user_id = $1 AND purpose = 'reset'"
-                            " AND used_at IS NULL", user_id)
+            await c.execute(_SPEND_LINKS, user_id, ["confirm", "reset"])
+            await c.execute("DELETE FROM invites WHERE email = $1 AND accepted_at IS NULL", email)
 
-    async def mark_verified(self, user_id: str) -> bool:
-        """True the first time."""
-        r = await self.pool.execute("UPDATE users SET verified_at = now() WHERE id = $1 AND verified_at IS NULL",
-                                    user_id)
+    async def mark_verified(self, user_id: str, conn: Any = None) -> bool:
+        """True the first time; every confirmation link of the account dies with it."""
+        async with _connection(self.pool, conn) as c, c.transaction():
+            r = await c.execute("UPDATE users SET verified_at = now() WHERE id = $1 AND verified_at IS NULL",
+                                user_id)
+            await c.execute(_SPEND_LINKS, user_id, ["confirm"])
         return str(r).endswith(" 1")
+
+    async def confirm(self, token: str) -> Confirmation | None:
+        """Use a confirmation link: the address is confirmed (once); the link signs in only if it was
+        the account's newest and the account was still unconfirmed.  None: no such valid link."""
+        async with self.pool.acquire() as c, c.transaction():
+            row = await c.fetchrow(
+                "UPDATE email_tokens t SET used_at = now() WHERE token_hash = $1 AND purpose = 'confirm'"
+                " AND used_at IS NULL AND expires_at > now() RETURNING user_id, NOT EXISTS (SELECT 1 FROM"
+                " email_tokens n WHERE n.user_id = t.user_id AND n.purpose = 'confirm'"
+                " AND n.created_at > t.created_at) AS newest", token_hash(token))
+            if row is None:
+                return None
+            first = await self.mark_verified(row["user_id"], conn=c)
+            return Confirmation(str(row["user_id"]), first, first and bool(row["newest"]))
+
+    async def claim_trial(self, identity_hash: str, org_id: str) -> bool:
+        """True if this person (``trial.identity_hash``) had no trial yet; it is theirs now."""
+        return await self.pool.fetchval(
+            "INSERT INTO trial_grants (identity_hash, org_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"
+            " RETURNING true", identity_hash, org_id) is not None
+
+    async def had_trial(self, identity_hash: str) -> bool:
+        return bool(await self.pool.fetchval("SELECT EXISTS (SELECT 1 FROM trial_grants WHERE identity_hash = $1)",
+                                             identity_hash))
 
     async def owned_orgs(self, user_id: str) -> list[str]:
         rows = await self.pool.fetch("SELECT org_id FROM memberships WHERE user_id = $1 AND role = 'owner'"
@@ -180,10 +235,13 @@ class Store:
 
     # ---- single-use e-mail tokens --------------------------------------------------------
     async def new_email_token(self, token: str, user_id: str, purpose: str) -> None:
+        """A new link of ``purpose``; the account's earlier ones of that purpose die."""
         hours = CONFIRM_HOURS if purpose == "confirm" else RESET_HOURS
-        await self.pool.execute(
-            "INSERT INTO email_tokens (token_hash, user_id, purpose, expires_at)"
-            f" VALUES ($1, $2, $3, now() + interval '{hours} hours')", token_hash(token), user_id, purpose)
+        async with self.pool.acquire() as c, c.transaction():
+            await c.execute(_SPEND_LINKS, user_id, [purpose])
+            await c.execute(
+                "INSERT INTO email_tokens (token_hash, user_id, purpose, expires_at)"
+                f" VALUES ($1, $2, $3, now() + interval '{hours} hours')", token_hash(token), user_id, purpose)
 
     async def email_token(self, token: str, purpose: str, *, use: bool = False) -> str | None:
         """The user id of a valid (unused, unexpired) token, else None; ``use`` marks it used."""
@@ -194,11 +252,15 @@ class Store:
 
     # ---- invitations ---------------------------------------------------------------------
     async def create_invite(self, token: str, org_id: str, email: str, role: str, by: str) -> str:
+        """A new invitation replaces the organisation's pending one to the same address (its link dies)."""
         iid = "inv_" + secrets.token_hex(8)
-        await self.pool.execute(
-            "INSERT INTO invites (id, org_id, email, role, token_hash, invited_by, expires_at)"
-            f" VALUES ($1, $2, $3, $4, $5, $6, now() + interval '{INVITE_DAYS} days')",
-            iid, org_id, normal_email(email), role, token_hash(token), by)
+        async with self.pool.acquire() as c, c.transaction():
+            await c.execute("DELETE FROM invites WHERE org_id = $1 AND email = $2 AND accepted_at IS NULL",
+                            org_id, normal_email(email))
+            await c.execute(
+                "INSERT INTO invites (id, org_id, email, role, token_hash, invited_by, expires_at)"
+                f" VALUES ($1, $2, $3, $4, $5, $6, now() + interval '{INVITE_DAYS} days')",
+                iid, org_id, normal_email(email), role, token_hash(token), by)
         return iid
 
     async def invite(self, token: str) -> asyncpg.Record | None:

@@ -36,6 +36,13 @@ MESSAGES = {
     "reset_sent": N_("If an account exists for that address, we sent a link to reset its password."),
     "reset_done": N_("Your password is changed; log in with the new one."),
     "unverified": N_("Confirm your e-mail address first: we sent you a new link."),
+    "unverified_sent_lately": N_("Confirm your e-mail address first with the link we sent you lately"
+                                 " (a new one goes out at most every 5 minutes and 5 times a day)."),
+    "no_trial_used": N_("No trial credit: this address (or the same mailbox under another spelling) already"
+                        " had one. Top up to use the API."),
+    "no_trial_client": N_("No trial credit: too many trial credits went to your network today. Top up to use"
+                          " the API."),
+    "no_trial_disposable": N_("No trial credit for addresses at disposable-mail services. Top up to use the API."),
     "key_revoked": N_("The key is revoked; the gateway refuses it from now on."),
     "key_form_used": N_("That form was already sent and its key created (a key is shown only once); "
                         "nothing new was created. Create another key below if you need one."),
@@ -143,14 +150,16 @@ def csrf_for(request: web.Request) -> str:
 
 
 def csrf_ok(request: web.Request, sent: str) -> bool:
-    return bool(sent) and hmac.compare_digest(sent, csrf_for(request))
+    # bytes: compare_digest refuses a str with a letter beyond ASCII (a TypeError, answered 500)
+    return bool(sent) and hmac.compare_digest(sent.encode(), csrf_for(request).encode())
 
 
 def render(request: web.Request, name: str, status: int = 200, **ctx: Any) -> web.Response:
     c = console(request)
-    msg = MESSAGES.get(request.query.get("msg", ""))
+    # a page may carry two messages (confirmed, and why no trial credit came): shown in order
+    msgs = [i18n._(MESSAGES[m]) for m in request.query.getall("msg", [])[:3] if m in MESSAGES]
     html = c.templates.get_template(name).render(
-        viewer=viewer(request), csrf=csrf_for(request), message=i18n._(msg) if msg else None,
+        viewer=viewer(request), csrf=csrf_for(request), message=" ".join(msgs) or None,
         dev_mail=c.mailer.capture and dev_local(request), orgs=request.get("orgs", []), path=request.path,
         lang=i18n.lang(), **ctx)
     return web.Response(text=html, status=status, content_type="text/html")

@@ -6,10 +6,11 @@ from aiohttp import web
 
 from control.admin import pln_to_micro
 
-from .. import limits, mail
+from .. import limits, mail, trial
 from ..i18n import LANG_COOKIE, YEAR_S, N_, _, lang
 from ..security import hashed, new_token, password_matches, password_problem
 from ..store import SESSION_DAYS, name_problem, normal_email, valid_email
+from ..trial import NoTrial
 from ..web import SESSION_COOKIE, Console, client_ip, console, cookie, need_viewer, raise_page, render, safe_next, see_other, viewer
 
 routes = web.RouteTableDef()
@@ -33,11 +34,16 @@ async def start_session(request: web.Request, user_id: str, org_id: str | None, 
     raise resp
 
 
-async def send_confirmation(request: web.Request, user_id: str, email: str) -> None:
+async def send_confirmation(request: web.Request, user_id: str, email: str) -> bool:
+    """A new confirmation link by mail (the earlier ones die), unless the address had one within 5
+    minutes or five today (``limits.confirmation_mail``); True if sent."""
     c = console(request)
+    if not await limits.confirmation_mail(c.redis, email):
+        return False
     token = new_token()
     await c.store.new_email_token(token, user_id, "confirm")
     c.background.run(c.mailer.send(email, *mail.confirm(f"{c.base_url}/confirm/{token}")), "confirmation mail")
+    return True
 
 
 @routes.get("/")
@@ -71,7 +77,8 @@ async def signup(request: web.Request) -> web.Response:
              else name_problem(org, _("organisation's name")) or password_problem(password))
     if error:
         return render(request, "signup.html", status=400, error=error, email=email, org=org)
-    if not await limits.hit(c.redis, (limits.SIGNUP_EMAIL, email), (limits.SIGNUP_IP, client_ip(request))):
+    if not await limits.hit(c.redis, (limits.SIGNUP_EMAIL, email), (limits.SIGNUP_IP, client_ip(request)),
+                            (limits.MAIL_DAY, email)):
         return render(request, "signup.html", status=429, error=_("Too many sign-ups; try again later."),
                       email=email, org=org)
     pw_hash = await hashed(password)
@@ -106,22 +113,45 @@ async def confirm_form(request: web.Request) -> web.Response:
     return render(request, "confirm.html", token=request.match_info["token"])
 
 
-async def grant_trial(request: web.Request, user_id: str) -> None:
-    """The trial balance, once per organisation (ledger reference ``trial:<org>``)."""
+async def grant_trial(request: web.Request, user_id: str) -> NoTrial | None:
+    """The trial balance for the account's first owned organisation, when its address was just
+    confirmed: once per person (``trial.identity``), at most GATEWAY_TRIAL_PER_CLIENT_DAY per client
+    address a day, never to a disposable-mail domain; else why not.  Once per organisation too
+    (ledger reference ``trial:<org>``)."""
     c = console(request)
     micro = pln_to_micro(c.settings.trial_balance_pln)
-    if micro <= 0:
-        return
-    for org_id in (await c.store.owned_orgs(user_id))[:1]:
-        await c.admin.credit(org_id, micro, ref="trial:" + org_id, kind="trial")
+    user = await c.store.user_by_id(user_id)
+    orgs = (await c.store.owned_orgs(user_id))[:1]
+    if micro <= 0 or user is None or not orgs:
+        return None
+    email = str(user["email"])
+    who = trial.identity_hash(email)
+    if trial.disposable(email):
+        return NoTrial.DISPOSABLE
+    if await c.store.had_trial(who):
+        return NoTrial.USED
+    if not await limits.hit(c.redis, (limits.trial_client(c.settings.trial_per_client_day), client_ip(request))):
+        return NoTrial.CLIENT
+    if not await c.store.claim_trial(who, orgs[0]):
+        return NoTrial.USED
+    await c.admin.credit(orgs[0], micro, ref="trial:" + orgs[0], kind="trial")
+    return None
+
+
+def _confirmed(base: str, no_trial: NoTrial | None) -> str:
+    """Where a confirmation goes: ``base`` with its message, and why no trial credit came, if none did."""
+    return base + ("" if no_trial is None else "&msg=" + no_trial.value)
 
 
 @routes.post("/confirm/{token}")
 async def confirm(request: web.Request) -> web.Response:
-    uid = await _link_user(request, "confirm", use=True)
-    if await console(request).store.mark_verified(uid):
-        await grant_trial(request, uid)
-    return await start_session(request, uid, None, "/?msg=confirmed")
+    done = await console(request).store.confirm(request.match_info["token"])
+    if done is None:
+        raise_page(request, 400, _(_BAD_LINK["confirm"]))
+    no_trial = await grant_trial(request, done.user_id) if done.confirmed_now else None
+    if not done.signs_in:  # an older link: it confirms the address, it does not open the account
+        see_other(_confirmed("/login?msg=confirmed", no_trial))
+    return await start_session(request, done.user_id, None, _confirmed("/?msg=confirmed", no_trial))
 
 
 @routes.get("/login")
@@ -149,8 +179,8 @@ async def login(request: web.Request) -> web.Response:
     await limits.forget(c.redis, limits.LOGIN_EMAIL, email)  # only failures count
     await limits.undo(c.redis, limits.LOGIN_IP, ip)
     if user["verified_at"] is None:
-        await send_confirmation(request, user["id"], email)
-        see_other("/login?msg=unverified")
+        sent = await send_confirmation(request, user["id"], email)
+        see_other("/login?msg=" + ("unverified" if sent else "unverified_sent_lately"))
     return await start_session(request, user["id"], None, nxt, user["lang"])
 
 
@@ -175,7 +205,8 @@ async def reset(request: web.Request) -> web.Response:
     email = normal_email(str((await request.post()).get("email", "")))
     if not valid_email(email):
         return render(request, "reset.html", status=400, error=_("Enter a valid e-mail address (one address, nothing else)."))
-    if await limits.hit(c.redis, (limits.RESET_EMAIL, email), (limits.RESET_IP, client_ip(request))):
+    if await limits.hit(c.redis, (limits.RESET_EMAIL, email), (limits.RESET_IP, client_ip(request)),
+                        (limits.MAIL_DAY, email)):
         # Off the request path: the answer takes as long for an unknown address as for a known one.
         c.background.run(_send_reset(c, email), "reset mail")
     see_other("/login?msg=reset_sent")
@@ -205,9 +236,8 @@ async def new_password(request: web.Request) -> web.Response:
         return render(request, "new_password.html", status=400, token=token, error=problem)
     uid = await _link_user(request, "reset", use=True)
     await c.store.set_password(uid, await hashed(password))  # and ends every session of the account
-    if await c.store.mark_verified(uid):  # the link proved the address
-        await grant_trial(request, uid)
-    see_other("/login?msg=reset_done")
+    no_trial = await grant_trial(request, uid) if await c.store.mark_verified(uid) else None  # the link proved the address
+    see_other(_confirmed("/login?msg=reset_done", no_trial))
 
 
 @routes.post("/org/switch")

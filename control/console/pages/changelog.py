@@ -1,6 +1,7 @@
 """``/changelog``: the history of prices and models, generated from the catalog in force (no login
-needed: prices are public).  Each entry is a model's arrival (its ``created`` time) or a price step
-(its ``effective`` time, past or scheduled), newest first, in Warsaw time."""
+needed: prices are public).  Each entry is a model's arrival (its ``created`` time), a price step or a
+change of the upstream models behind it (their ``effective`` time, past or scheduled), newest first,
+in Warsaw time."""
 from __future__ import annotations
 
 import time
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from extproc import catalog
+from extproc.alias_policy import describe, timeline
 
 from ..i18n import _
 from ..web import load_catalog, render
@@ -20,10 +22,12 @@ routes = web.RouteTableDef()
 class Entry:
     at: int          # unix seconds
     alias: str
-    what: str        # "model" or "price"
+    what: str        # "model", "price" or "upstream"
     input: int       # micro-PLN per 1M tokens (prices only)
     output: int
     scheduled: bool  # still to come
+    before: str = ""  # upstream changes only: the upstream models and shares before, and from then on
+    after: str = ""
 
 
 def entries(cat: catalog.Catalog, now: float) -> list[Entry]:
@@ -36,6 +40,9 @@ def entries(cat: catalog.Catalog, now: float) -> list[Entry]:
                 out.append(Entry(step.effective, a.id, "price", step.prices.input, step.prices.output,
                                  step.effective > now))
             before = step.prices
+        for c in timeline(a):
+            out.append(Entry(c.effective, a.id, "upstream", 0, 0, c.effective > now, describe(c.before),
+                             describe(c.after)))
     return sorted(out, key=lambda e: (-e.at, e.alias, e.what))
 
 

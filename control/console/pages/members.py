@@ -37,7 +37,8 @@ async def invite(request: web.Request) -> web.Response:
         return await _page(request, 400, _("The role is owner or member."))
     if any(m["email"] == email for m in await c.store.members(v.org_id)):
         return await _page(request, 400, _("That person is already a member."))
-    if not await limits.hit(c.redis, (limits.INVITE_ORG, v.org_id), (limits.INVITE_EMAIL, email)):
+    if not await limits.hit(c.redis, (limits.INVITE_ORG, v.org_id), (limits.INVITE_EMAIL, email),
+                            (limits.MAIL_DAY, email)):
         return await _page(request, 429, _("Too many invitations; try again later."))
     token = new_token()
     await c.store.create_invite(token, v.org_id, email, role, v.user_id)

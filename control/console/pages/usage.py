@@ -90,14 +90,22 @@ class Filters:
         return " AND ".join(sql), args
 
 
+# the days a filter may name: a Warsaw day's bounds must stay datetimes PostgreSQL and Python both hold
+FIRST_DAY, LAST_DAY = dt.date(1970, 1, 1), dt.date(9998, 12, 31)
+
+
 def _date(v: Any, problem: str, problems: list[str]) -> dt.date | None:
     if not v:
         return None
     try:
-        return parse_day(str(v))
-    except ValueError:
+        d = parse_day(str(v))
+    except (ValueError, OverflowError):
         problems.append(problem)
         return None
+    if not FIRST_DAY <= d <= LAST_DAY:
+        problems.append(_("Dates from {first} to {last} only.").format(first=day(FIRST_DAY), last=day(LAST_DAY)))
+        return None
+    return d
 
 
 async def _rows(db: Any, org_id: str, f: Filters, limit: int) -> list[Any]:
@@ -162,6 +170,8 @@ async def _aliases(request: web.Request, org_id: str) -> set[str]:
 async def usage_live(request: web.Request) -> web.Response:
     v = need_viewer(request)
     f = Filters.of(request.query)
+    if f.problems:  # the page itself shows them beside the filters; its refresh keeps what it shows
+        return render(request, "error.html", status=400, error=" ".join(f.problems))
     return render(request, "usage_live.html", f=f, **await _live(request, v.org_id, f))
 
 

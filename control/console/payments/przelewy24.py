@@ -25,7 +25,7 @@ import aiohttp
 
 from ..settings import ConsoleSettings
 
-from .base import BadNotification, Notification, Payment, PaymentError
+from .base import BadNotification, Notification, Payment, PaymentError, load_notification
 
 LIVE = "https://secure.przelewy24.pl"
 SANDBOX = "https://sandbox.przelewy24.pl"
@@ -99,10 +99,7 @@ class Przelewy24:
         return f"{self.base_url}/trnRequest/{token}"
 
     def parse_notification(self, body: bytes, content_type: str) -> Notification:
-        try:
-            n = json.loads(body)
-        except ValueError:
-            raise BadNotification("not JSON") from None
+        n = load_notification(body)
         if not isinstance(n, dict):
             raise BadNotification("not an object")
         for k, t in _NOTIFICATION_FIELDS:
@@ -110,7 +107,8 @@ class Przelewy24:
             if not isinstance(v, t) or isinstance(v, bool):
                 raise BadNotification(f"field {k} missing or not {t.__name__}")
         sign = n.get("sign")
-        if not isinstance(sign, str) or not hmac.compare_digest(sign.lower(), notification_sign(n, self.crc)):
+        if not isinstance(sign, str) or not hmac.compare_digest(sign.lower().encode(),
+                                                                notification_sign(n, self.crc).encode()):
             raise BadNotification("bad sign")
         if n["merchantId"] != self.merchant_id or n["posId"] != self.pos_id:
             raise BadNotification("not for this shop")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..security import sub_key
-from .base import BadNotification, Notification, Payment
+from .base import BadNotification, Notification, Payment, load_notification
 
 
 @dataclass
@@ -34,16 +34,13 @@ class Sandbox:
         return doc
 
     def parse_notification(self, body: bytes, content_type: str) -> Notification:
-        try:
-            n = json.loads(body)
-            ok = (isinstance(n, dict) and isinstance(n.get("paymentId"), str)
-                  and type(n.get("amountMicroPln")) is int and n.get("status") in ("paid", "failed")
-                  and isinstance(n.get("transactionId"), str) and isinstance(n.get("sign"), str))
-        except ValueError:
-            ok = False
+        n = load_notification(body)
+        ok = (isinstance(n, dict) and isinstance(n.get("paymentId"), str)
+              and type(n.get("amountMicroPln")) is int and n.get("status") in ("paid", "failed")
+              and isinstance(n.get("transactionId"), str) and isinstance(n.get("sign"), str))
         if not ok:
             raise BadNotification("malformed")
-        if not hmac.compare_digest(n["sign"], self.sign(n)):
+        if not hmac.compare_digest(n["sign"].encode(), self.sign(n).encode()):  # bytes: any letter
             raise BadNotification("bad sign")
         return Notification(n["paymentId"], n["amountMicroPln"], n["status"] == "paid", n["transactionId"])
 
