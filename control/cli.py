@@ -54,7 +54,10 @@ def db_problem(url: str, e: BaseException) -> str:
         why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         return (f"cannot reach PostgreSQL at {m} ({why}); start the stack with 'gateway up', "
                 "or check DATABASE_URL")
-    if isinstance(e, (ValueError, asyncpg.InterfaceError)):
+    if isinstance(e, ValueError):
+        from .launcher import dsn_problem
+        return dsn_problem(url, e)
+    if isinstance(e, asyncpg.InterfaceError):
         return f"DATABASE_URL {m} cannot be used: {e}"
     return f"PostgreSQL at {m}: {type(e).__name__}: {e}"
 
@@ -329,20 +332,29 @@ def main(argv: list[str] | None = None) -> int:
     oc = org.add_parser("create"); oc.add_argument("name"); oc.add_argument("--balance", default="0")
     for n in ("suspend", "reactivate"):
         org.add_parser(n).add_argument("org")
-    ol = org.add_parser("limits"); ol.add_argument("org")
-    ol.add_argument("--rpm", type=int); ol.add_argument("--concurrency", type=int)
+    ol = org.add_parser("limits", help="set the organisation's limits; without a flag, print those in force")
+    ol.add_argument("org")
+    ol.add_argument("--rpm", type=int, help="requests per minute for EACH key of the organisation (a key's own "
+                    "limit, 'gateway key limits', wins); default GATEWAY_DEFAULT_RPM")
+    ol.add_argument("--concurrency", type=int, help="requests in flight at once for the WHOLE organisation "
+                    "(all its keys together); default GATEWAY_DEFAULT_CONCURRENCY")
     ol.add_argument("--credit-limit", metavar="PLN", help="how far below zero the balance may go once the"
                     " organisation has paid: an amount in PLN, none (no limit) or default"
                     " (GATEWAY_CREDIT_LIMIT_PLN's)")
+    add_inventory_commands(org, "org")
     key = sub.add_parser("key").add_subparsers(dest="sub", required=True)
     key.add_parser("create").add_argument("org")
     key.add_parser("revoke").add_argument("key_id")
-    kl = key.add_parser("limits"); kl.add_argument("key_id"); kl.add_argument("--rpm", type=int, required=True)
+    kl = key.add_parser("limits"); kl.add_argument("key_id")
+    kl.add_argument("--rpm", type=int, required=True, help="requests per minute for this key alone")
+    add_inventory_commands(key, "key")
     bal = sub.add_parser("balance").add_subparsers(dest="sub", required=True)
     bc = bal.add_parser("credit"); bc.add_argument("org"); bc.add_argument("pln")
     bc.add_argument("--ref", help="idempotency reference: the same reference credits once")
     bal.add_parser("show").add_argument("org")
     sub.add_parser("status", help="health of every component")
+    mg = sub.add_parser("migrate", help="apply the PostgreSQL migrations to DATABASE_URL, then exit")
+    mg.add_argument("--wait", type=float, default=60.0, help="seconds to wait for PostgreSQL to accept (60)")
     sub.add_parser("backup", help="save PostgreSQL (the record) to FILE (pg_dump's custom format)").add_argument("file")
     sub.add_parser("restore", help="put a backup FILE back in place of what PostgreSQL holds; then run"
                    " gateway reconcile --apply").add_argument("file")
@@ -366,10 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         s = Settings.from_env()
         commands = {"up": cmd_up, "sim": cmd_sim, "status": cmd_status, "catalog": cmd_catalog,
-                    "backup": cmd_backup, "restore": cmd_backup}
+                    "backup": cmd_backup, "restore": cmd_backup, "migrate": cmd_migrate}
         if (cmd := commands.get(args.cmd)) is not None:
             return cmd(args, s)
-        return int(asyncio.run(_with_admin(s, lambda a: _admin_cmd(args, a))))
+        return int(asyncio.run(_with_admin(s, lambda a: _inventory_cmd(args, a, s))))
     except (AdminError, CatalogError, RedisUrlError, ConfigError, SettingsError) as e:
         print(f"gateway: {e}", file=sys.stderr)
         return 2
@@ -378,6 +390,61 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def add_inventory_commands(group: Any, noun: str) -> None:
+    """``gateway org list``, ``org show ORG`` / ``key list ORG`` (control/inventory.py)."""
+    if noun == "org":
+        group.add_parser("list", help="every organisation: balance, limits in force, active keys")
+        group.add_parser("show", help="one organisation: balance, limits in force, keys").add_argument("org")
+    else:
+        group.add_parser("list", help="the organisation's keys (never the keys themselves)").add_argument("org")
+
+
+async def _inventory_cmd(args: argparse.Namespace, a: Admin, s: Settings) -> int:
+    """The read-only commands, and the limits in force after (or without) ``org limits``' flags; every other
+    command is ``_admin_cmd``'s."""
+    from . import inventory as inv
+    d = inv.Defaults(rpm=s.default_rpm, concurrency=s.default_concurrency)
+    c, sc = args.cmd, getattr(args, "sub", None)
+    if c == "org" and sc == "limits":
+        flags = {k: v for k, v in vars(args).items() if k not in ("cmd", "sub", "org", "json") and v is not None}
+        if flags:
+            await _admin_cmd(args, a)
+        o = await inv.show_org(a.pool, a.r, args.org, d)
+        b = await a.balance(args.org)
+        limits = {k: v for k, v in o.items() if k.startswith(("rpm", "concurrency"))}
+        _print(args, {"id": o["id"], **limits, **{k: b[k] for k in _CREDIT_FIELDS}},
+               f"{inv.limit_lines(o)}\n{_credit_text(b)}")
+    elif c == "org" and sc == "list":
+        orgs = await inv.list_orgs(a.pool, a.r, d)
+        _print(args, orgs, inv.orgs_table(orgs))
+    elif c == "org" and sc == "show":
+        o = await inv.show_org(a.pool, a.r, args.org, d)
+        b = await a.balance(args.org)
+        _print(args, {**o, **{k: b[k] for k in _CREDIT_FIELDS}}, f"{inv.org_lines(o)}\n{_credit_text(b)}")
+    elif c == "key" and sc == "list":
+        keys = await inv.list_keys(a.pool, args.org, d)
+        _print(args, keys, inv.keys_table(keys))
+    else:
+        return await _admin_cmd(args, a)
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace, s: Settings) -> int:
+    """``gateway migrate``: the schema brought up to date on DATABASE_URL (or the running stack's)."""
+    import asyncpg
+
+    from .launcher import migrate
+    db = s.database_url or _urls(s)[0]
+    try:
+        version = asyncio.run(migrate(db, timeout=args.wait))
+    except StartError as e:
+        raise AdminError(str(e)) from None
+    except (ValueError, asyncpg.InterfaceError, asyncpg.PostgresError) as e:
+        raise AdminError(db_problem(db, e)) from None
+    _print(args, {"schema_version": version}, f"schema at version {version}")
+    return 0
 
 
 async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
@@ -392,10 +459,7 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
         limit = None if args.credit_limit is None else _credit_limit(args.credit_limit)
         await a.set_limits(args.org, args.rpm, args.concurrency)
         if limit is not None:
-            await a.set_credit_limit(args.org, limit)
-        b = await a.balance(args.org)
-        _print(args, {"id": args.org, "rpm": args.rpm, "concurrency": args.concurrency,
-                      **{k: b[k] for k in _CREDIT_FIELDS}}, f"ok; {_credit_text(b)}")
+            await a.set_credit_limit(args.org, limit)  # the limits in force printed by _inventory_cmd
     elif c == "key" and sc == "create":
         kid, k = await a.create_key(args.org)
         _print(args, {"id": kid, "key": k}, f"{kid}\n{k}\n(the key is shown once; store it now)")

@@ -14,7 +14,8 @@ from extproc.catalog import Catalog, CatalogError, load
 
 from .settings import Settings
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "envoy" / "envoy.yaml"
+# envoy/ at the repository root, shipped in the control package (control/envoy links to it)
+TEMPLATE = Path(__file__).resolve().parent / "envoy" / "envoy.yaml"
 SSE_RELAY = TEMPLATE.parent / "sse_relay.lua"  # Envoy's relay of a streamed reply (Lua)
 
 
@@ -47,6 +48,12 @@ def _extproc_endpoints(s: Settings) -> str:
                            for _, g, _ in extproc_workers(s)) + "]"
 
 
+def access_log_path(s: Settings) -> str:
+    """Where Envoy writes its access log: GATEWAY_ENVOY_ACCESS_LOG (the image: /dev/stdout), else a file in
+    the state directory's logs."""
+    return s.envoy_access_log or str(s.state / "logs" / "envoy-access.log")
+
+
 def render_bootstrap(s: Settings) -> str:
     text = Template(TEMPLATE.read_text()).substitute(
         STATE=str(s.state), HOST=s.gateway_host, PORT=s.gateway_port, ADMIN_PORT=s.envoy_admin_port,
@@ -57,7 +64,7 @@ def render_bootstrap(s: Settings) -> str:
         FIRST_BYTE_TIMEOUT=s.first_byte_timeout_s, HEADERS_TIMEOUT=s.request_headers_timeout_s,
         CONNECTION_IDLE_TIMEOUT=s.connection_idle_timeout_s, MAX_CONNECTIONS=s.max_connections,
         MAX_STREAMS=s.max_streams_per_connection, TRUSTED_HOPS=trusted_hops(s), SSE_RELAY=str(SSE_RELAY),
-        EXTPROC_LIMIT=2 * s.max_connections)
+        EXTPROC_LIMIT=2 * s.max_connections, ACCESS_LOG=access_log_path(s))
     if s.extproc_workers == 1 and not s.otlp_endpoint:
         return text
     doc = yaml.safe_load(text)

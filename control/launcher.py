@@ -78,6 +78,18 @@ async def _reach(connect: Callable[[], Awaitable[T]], failed: str, setting: str,
         pause = min(2 * pause, 1.0)
 
 
+def dsn_problem(database_url: str, e: BaseException) -> str:
+    """A DATABASE_URL asyncpg cannot parse, in one line that never quotes it: asyncpg's own configuration
+    errors name the parameter; any other (``int()`` of a "port" that is a piece of a password with an
+    unescaped ``#`` or ``/``) could quote a secret, so only its type is told."""
+    import asyncpg
+    from extproc.urls import mask
+    why = str(e) if isinstance(e, asyncpg.ClientConfigurationError) else (
+        f"{type(e).__name__}; a reserved character in the password (@ : / ? # % or a space) must be "
+        "percent-encoded")
+    return f"DATABASE_URL {mask(database_url)} cannot be used: {why}"
+
+
 async def migrate(database_url: str, timeout: float = 10.0) -> int:
     """Apply the pending migrations (control.schema) once PostgreSQL accepts a connection, waiting up to
     ``timeout`` seconds for that; returns the schema version.  A StartError says what went wrong."""
@@ -92,6 +104,8 @@ async def migrate(database_url: str, timeout: float = 10.0) -> int:
     except refused as e:
         raise embedded.StartError(f"PostgreSQL at {mask(database_url)} refused the credentials ({e}); "
                                   "check DATABASE_URL") from None
+    except ValueError as e:  # a malformed URL (asyncpg's ClientConfigurationError is one too)
+        raise embedded.StartError(dsn_problem(database_url, e)) from None
     try:
         return await apply(conn)
     finally:

@@ -54,6 +54,8 @@ FINISHES_WAITING = Gauge("gateway_usage_records_waiting",
 FINISHED_WITHOUT_JOURNAL = Counter("gateway_finished_without_journal",
                                    "Finishes that found no in-flight entry in Redis (lost with Redis, or a repeat): "
                                    "record queued, Redis's balance not debited")
+# the usage writer's: records in the Redis usage stream not yet written to PostgreSQL (set every second)
+RECORDS_QUEUED = Gauge("gateway_usage_records_queued", "Usage records queued in Redis, not yet in PostgreSQL")
 
 # an error code -> the ``kind`` label of REJECTIONS
 REJECTION_KIND = {"rate_limit_exceeded": "rate", "concurrency_limit_exceeded": "concurrency",

@@ -29,6 +29,7 @@ class GatewaySettings(SharedSettings):
     connection_idle_timeout_s: float = env("GATEWAY_CONNECTION_IDLE_TIMEOUT_S", 60.0)  # a connection without a request in flight is closed after this
     max_connections: int = env("GATEWAY_MAX_CONNECTIONS", 10000)  # client connections open at once (more are closed on arrival)
     max_streams_per_connection: int = env("GATEWAY_MAX_STREAMS_PER_CONNECTION", 100)  # concurrent HTTP/2 requests on one connection
+    envoy_access_log: str = env("GATEWAY_ENVOY_ACCESS_LOG", "")  # Envoy's access log file; empty = <state>/logs/envoy-access.log (the image: /dev/stdout)
     metrics_port: int = env("GATEWAY_METRICS_PORT", 0)        # Prometheus metrics; 0 = gateway_port + 1384 (9464)
     metrics_envoy: bool = env("GATEWAY_METRICS_ENVOY", True)  # serve Envoy's own statistics (envoy_*) beside the ext_proc's
 

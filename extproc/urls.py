@@ -34,9 +34,17 @@ _FALSE = ("0", "F", "FALSE", "N", "NO")  # redis-py's to_bool
 
 def mask(url: str) -> str:
     """``url`` with its password (in the authority, or a ``password``/``ssl_password`` query value)
-    replaced by ``***``: for log lines and error messages."""
-    url = re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/?#@:]*):[^/?#]*@", r"\1:***@", url)
-    return re.sub(r"([?&](?:ssl_)?password=)[^&#]*", r"\1***", url)
+    replaced by ``***``: for log lines and error messages.  Malformed URLs too: a password with an
+    unescaped ``@``, ``/``, ``?`` or ``#`` is hidden up to the last ``@`` (more rather than less), and a
+    URL whose scheme is misspelt (``postgres//user:password@host``) is masked all the same."""
+    at = url.rfind("@")
+    if at >= 0:
+        sep = url.find("://")
+        start = sep + 3 if 0 <= sep < at else 0
+        colon = url.find(":", start, at)  # user:password@ (everything from the first colon on is hidden)
+        if colon >= 0:
+            url = url[:colon + 1] + "***" + url[at:]
+    return re.sub(r"([?&\s](?:ssl_)?password=)[^&#\s]*", r"\1***", url)
 
 
 class RedisUrlError(ValueError):

@@ -130,6 +130,7 @@ class UsageWriter:
         periodic = now - self._last_reap > 1.0
         if periodic:
             self._last_reap = now
+            metrics.RECORDS_QUEUED.set(await self.r.xlen(USAGE_STREAM))  # before PostgreSQL: set while it is down
             await self.reap()
         entries = await self._take(claim=periodic)
         if not entries:

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = Path("/usr/bin/prometheus")
 PROMTOOL = Path("/usr/bin/promtool")
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yaml"
+SCRAPE_CONFIG = ALERTS.with_name("prometheus.yml")
 SCRAPE_S = 1.0
 MISSING = (f"{PROMETHEUS} or {PROMTOOL} is missing (Debian's prometheus package; `make prometheus`, which "
            "`make test` runs, installs it where apt-get is available)")
@@ -34,14 +35,19 @@ def installed() -> bool:
 
 
 def scrape_config(s: Settings) -> dict[str, Any]:
-    """The stack's metrics endpoints as Prometheus jobs, scraped every second."""
-    extproc = [f"127.0.0.1:{metrics}" for _, _, metrics in envoy_config.extproc_workers(s)]
+    """deploy/prometheus/prometheus.yml with its targets moved to the stack's metrics endpoints, scraped
+    every second (its jobs and rules as they are)."""
+    doc = dict(yaml.safe_load(SCRAPE_CONFIG.read_text()))
+    targets = {"gateway": [f"127.0.0.1:{metrics}" for _, _, metrics in envoy_config.extproc_workers(s)],
+               "usage-writer": [f"127.0.0.1:{s.writer_metrics_http_port}"]}
+    assert [j["job_name"] for j in doc["scrape_configs"]] == list(targets), "the jobs the rules name"
+    for job in doc["scrape_configs"]:
+        job["static_configs"] = [{"targets": targets[job["job_name"]]}]
     interval = f"{SCRAPE_S:g}s"
-    return {"global": {"scrape_interval": interval, "evaluation_interval": interval},
-            "rule_files": [str(ALERTS)],
-            "scrape_configs": [
-                {"job_name": "gateway", "static_configs": [{"targets": extproc}]},
-                {"job_name": "usage-writer", "static_configs": [{"targets": [f"127.0.0.1:{s.writer_metrics_http_port}"]}]}]}
+    doc["global"] = {"scrape_interval": interval, "evaluation_interval": interval}
+    doc["rule_files"] = [str(SCRAPE_CONFIG.parent / f) for f in doc["rule_files"]]
+    assert doc["rule_files"] == [str(ALERTS)]
+    return doc
 
 
 class Prometheus:

@@ -70,8 +70,12 @@ def test_credit_limit_set_and_shown(gateway: Gateway) -> None:
     says the one in force (text and --json), with an environment default (GATEWAY_CREDIT_LIMIT_PLN)."""
     org = j(gateway, "org", "create", "acme", "--balance", "1")["id"]  # an operator's credit: paying
     shown = j(gateway, "org", "limits", org, "--credit-limit", "2.5")
-    assert shown == {"id": org, "rpm": None, "concurrency": None, "paid": True, "credit_limit_micro_pln": 2_500_000,
-                     "credit_limit_pln": "2.500000", "credit_limit_own": "2500000", "held_micro_pln": 0}
+    assert shown == {"id": org, "rpm_per_key": 600, "rpm_per_key_from": "GATEWAY_DEFAULT_RPM",
+                     "concurrency_per_organisation": 32,
+                     "concurrency_per_organisation_from": "GATEWAY_DEFAULT_CONCURRENCY", "paid": True,
+                     "credit_limit_micro_pln": 2_500_000, "credit_limit_pln": "2.500000", "credit_limit_own": "2500000",
+                     "held_micro_pln": 0}
+    assert gw_cli(gateway, "org", "limits", org).stdout.splitlines()[-1] == "credit limit 2.500000 PLN (its own)"
     assert gw_cli(gateway, "balance", "show", org).stdout.strip() == "1.000000 PLN; credit limit 2.500000 PLN (its own)"
     assert j(gateway, "org", "limits", org, "--credit-limit", "none")["credit_limit_micro_pln"] is None  # type: ignore[index]
     assert gw_cli(gateway, "balance", "show", org).stdout.strip() == "1.000000 PLN; no credit limit (its own)"
@@ -109,3 +113,42 @@ def test_status_reports_every_component(gateway: Gateway) -> None:
     for name in ("envoy", "extproc", "metrics", "usage-writer", "postgres", "redis", "console", "sim:sim-a",
                  "sim:sim-b"):
         assert doc[name]["ok"] is True, (name, doc[name])
+
+
+def test_org_list_show_limits_and_key_list(gateway: Gateway) -> None:
+    """What an operator has, with the limits in force and where each comes from: --rpm is per key (a key's
+    own limit wins), --concurrency per organisation; the defaults are GATEWAY_DEFAULT_* (this shell's)."""
+    org = j(gateway, "org", "create", "listed", "--balance", "3")["id"]  # type: ignore[index]
+    k1 = j(gateway, "key", "create", org)
+    k2 = j(gateway, "key", "create", org)
+    j(gateway, "key", "revoke", k2["id"])  # type: ignore[index]
+    defaults = {"rpm_per_key": 600, "rpm_per_key_from": "GATEWAY_DEFAULT_RPM", "concurrency_per_organisation": 32,
+                "concurrency_per_organisation_from": "GATEWAY_DEFAULT_CONCURRENCY"}
+    credit = {"paid": True, "credit_limit_micro_pln": None, "credit_limit_pln": None, "credit_limit_own": "default",
+              "held_micro_pln": 0}  # --balance is an operator's credit: paying, GATEWAY_CREDIT_LIMIT_PLN unset
+    assert j(gateway, "org", "limits", org) == {"id": org, **defaults, **credit}
+    text = gw_cli(gateway, "org", "limits", org)
+    assert text.returncode == 0 and "null" not in text.stdout and "None" not in text.stdout
+    assert text.stdout.splitlines() == ["rpm           600 per key (default, GATEWAY_DEFAULT_RPM)",
+                                        "concurrency   32 per organisation (default, GATEWAY_DEFAULT_CONCURRENCY)",
+                                        "no credit limit"]
+    after = j(gateway, "org", "limits", org, "--rpm", "7")
+    assert after == {"id": org, **defaults, **credit, "rpm_per_key": 7, "rpm_per_key_from": "organisation"}
+    shown = j(gateway, "org", "show", org)
+    assert shown == {"id": org, "name": "listed", "status": "active", "balance_micro_pln": 3_000_000,
+                     "balance_pln": "3.000000", **after, "active_keys": 1,
+                     "created_at": shown["created_at"]}  # type: ignore[index]
+    assert "7 per key (the organisation's limit)" in gw_cli(gateway, "org", "show", org).stdout
+    listed = {o["id"]: o for o in j(gateway, "org", "list")}  # type: ignore[union-attr]
+    assert listed[org] == {k: v for k, v in shown.items() if k not in credit}  # type: ignore[union-attr]
+    j(gateway, "key", "limits", k1["id"], "--rpm", "3")  # type: ignore[index]
+    keys = j(gateway, "key", "list", org)
+    assert [(k["id"], k["rpm"], k["rpm_in_force"], k["revoked_at"] is None) for k in keys] == [  # type: ignore[union-attr]
+        (k1["id"], 3, 3, True), (k2["id"], None, 7, False)]  # type: ignore[index]
+    assert all(k["prefix"] == k1["key"][:15] or k["prefix"] == k2["key"][:15] for k in keys)  # type: ignore[union-attr,index]
+    text = gw_cli(gateway, "key", "list", org).stdout
+    assert k1["key"] not in text and k2["key"] not in text and "revoked" in text  # type: ignore[index]
+    assert "WHOLE organisation" in gw_cli(gateway, "org", "limits", "--help").stdout
+    assert "EACH key" in gw_cli(gateway, "org", "limits", "--help").stdout
+    missing = gw_cli(gateway, "org", "show", "org_nope")
+    assert (missing.returncode, missing.stdout, missing.stderr) == (2, "", "gateway: no such organisation: org_nope\n")

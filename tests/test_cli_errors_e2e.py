@@ -21,6 +21,7 @@ COMMANDS = [
     ["org", "limits", "org_x", "--rpm", "5"], ["key", "create", "org_x"], ["key", "revoke", "key_x"],
     ["key", "limits", "key_x", "--rpm", "5"], ["balance", "credit", "org_x", "1"], ["balance", "show", "org_x"],
     ["usage", "org_x"], ["status"], ["--json", "usage", "org_x"],
+    ["org", "list"], ["org", "show", "org_x"], ["org", "limits", "org_x"], ["key", "list", "org_x"],
 ]
 SECRET = "s3cret-Wrong"
 
@@ -85,6 +86,33 @@ def test_urls_that_cannot_be_used(gw: Gateway, monkeypatch: pytest.MonkeyPatch, 
           "DATABASE_URL mysql://root:***@127.0.0.1:3306/x cannot be used")
     check(run_all(gw, monkeypatch, capsys, DATABASE_URL=gw.stack.database_url, REDIS_URL=f"http://:{SECRET}@127.0.0.1:1/0"),
           "REDIS_URL http://:***@127.0.0.1:1/0 must start with redis://")
+
+
+@pytest.mark.parametrize("url,says", [
+    # a password with an unescaped "#": asyncpg reads "s3cr" as the port and int() quotes it
+    (f"postgresql://postgres:{SECRET[:4]}#{SECRET[4:]}@127.0.0.1:5432/postgres",
+     "DATABASE_URL postgresql://postgres:***@127.0.0.1:5432/postgres cannot be used: ValueError; a reserved "
+     "character in the password (@ : / ? # % or a space) must be percent-encoded"),
+    (f"postgres//postgres:{SECRET}@127.0.0.1/postgres",  # the scheme's colon forgotten
+     f"DATABASE_URL postgres//postgres:***@127.0.0.1/postgres cannot be used: invalid DSN"),
+    (f"postgresql://postgres:{SECRET}@127.0.0.1:5432/postgres?sslmode=bogus",
+     "DATABASE_URL postgresql://postgres:***@127.0.0.1:5432/postgres?sslmode=bogus cannot be used: `sslmode`"),
+])
+def test_malformed_database_urls_never_print_the_password(url: str, says: str, gw: Gateway,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """No piece of the password either (SECRET[:4] is the one int() would have quoted); `gateway
+    migrate` and `gateway up` say the same in one line."""
+    check(run_all(gw, monkeypatch, capsys, DATABASE_URL=url, REDIS_URL=gw.stack.redis_url), says)
+    env = {**os.environ, "DATABASE_URL": url, "REDIS_URL": gw.stack.redis_url, "GATEWAY_DEV": "1",
+           "GATEWAY_PORT": str(free_base()), "GATEWAY_STATE_DIR": tempfile.mkdtemp(prefix="gw-badurl-")}
+    env["GATEWAY_METRICS_PORT"] = str(int(env["GATEWAY_PORT"]) + 19)
+    for argv in (["migrate", "--wait", "1"], ["up"]):
+        r = subprocess.run([sys.executable, "-m", "control.cli", *argv], env=env, capture_output=True, text=True,
+                           timeout=60)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode != 0 and len(lines) == 1 and says in lines[0], (argv, r.stderr)
+        assert SECRET[:4] not in r.stderr + r.stdout and "Traceback" not in r.stderr, argv
 
 
 def test_no_stack_ever_started(gw: Gateway, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ COMPOSE = ROOT / "compose.yaml"
 DOCKERFILE = ROOT / "Dockerfile"
 ENTRYPOINT = ROOT / "deploy" / "docker" / "entrypoint.py"
 CATALOG = ROOT / "control" / "catalog.yaml"
-PROJECT_SERVICES = ("migrate", "envoy", "extproc", "usage-writer")
+PROJECT_SERVICES = ("migrate", "envoy", "extproc", "usage-writer", "console")
 LOOPBACK = ("127.0.0.1", "localhost")
 
 
@@ -84,7 +85,7 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
 # ---- services and images -----------------------------------------------------------------------
 
 def test_services_present(services: dict[str, dict[str, Any]]) -> None:
-    for name in ("postgres", "redis", "migrate", "envoy", "extproc"):
+    for name in ("postgres", "redis", "migrate", "envoy", "extproc", "usage-writer", "console"):
         assert name in services, f"compose.yaml lacks the {name} service"
     assert sim_services(services), "compose.yaml runs no simulator"
     assert services["postgres"]["image"] == "postgres:18"
@@ -149,14 +150,14 @@ def test_env_var_names_are_settings(services: dict[str, dict[str, Any]]) -> None
 
 def test_services_reach_postgres_and_redis(services: dict[str, dict[str, Any]]) -> None:
     pg_env = env_of(services["postgres"])
-    for name in ("migrate", "extproc", "usage-writer"):
+    for name in ("migrate", "extproc", "usage-writer", "console"):
         env = env_of(services[name])
         db = env.get("DATABASE_URL", "")
         assert db.startswith("postgresql://") and "@postgres:5432/" in db, f"{name}: DATABASE_URL {db!r}"
         assert db.rsplit("/", 1)[1] == pg_env["POSTGRES_DB"]
         assert db.split("//", 1)[1].split(":", 1)[0] == pg_env["POSTGRES_USER"]
-    for name in ("extproc", "usage-writer"):
-        assert env_of(services[name]).get("REDIS_URL", "").startswith("redis://redis:6379")
+    for name in ("extproc", "usage-writer", "console"):  # with the password Redis requires
+        assert env_of(services[name]).get("REDIS_URL", "") == "redis://:${REDIS_PASSWORD:?set REDIS_PASSWORD (in .env)}@redis:6379/0"
 
 
 def test_published_gateway_port(services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -165,7 +166,8 @@ def test_published_gateway_port(services: dict[str, dict[str, Any]], monkeypatch
     for name, svc in services.items():
         for p in svc.get("ports") or []:
             published.append((name, str(p)))
-    assert published == [("envoy", f"{default}:{default}")], published
+    console = Settings(gateway_port=default).console_http_port
+    assert published == [("envoy", f"{default}:{default}"), ("console", f"{console}:{console}")], published
     s = settings_from(env_of(services["envoy"]), monkeypatch)
     assert s.gateway_port == default
     assert s.gateway_host == "0.0.0.0", "Envoy must listen on all interfaces to be reachable via the port"
@@ -195,6 +197,7 @@ def test_redis_is_durable(services: dict[str, dict[str, Any]]) -> None:
     opts = dict(zip(argv[1::2], argv[2::2]))
     assert opts.get("--appendonly") == "yes"
     assert opts.get("--appendfsync") == "everysec"
+    assert opts.get("--requirepass") == "${REDIS_PASSWORD:?set REDIS_PASSWORD (in .env)}", "Redis without a password"
     assert any(v.split(":")[1] == "/data" for v in services["redis"]["volumes"])
 
 
@@ -207,7 +210,7 @@ def test_postgres_volume_layout(services: dict[str, dict[str, Any]]) -> None:
 def test_migrate_runs_first(services: dict[str, dict[str, Any]]) -> None:
     assert argv_of(services["migrate"]) == ["migrate"]
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
-    for name in ("extproc", "usage-writer"):
+    for name in ("extproc", "usage-writer", "console"):
         deps = services[name]["depends_on"]
         assert deps["migrate"]["condition"] == "service_completed_successfully"
         assert deps["redis"]["condition"] == "service_healthy"
@@ -279,3 +282,61 @@ def test_entrypoint_renders_envoy(services: dict[str, dict[str, Any]], monkeypat
                       for c in cds["resources"]
                       for group in c["load_assignment"]["endpoints"] for e in group["lb_endpoints"]}
     assert upstream_ports == {port for _, port in expected_sims()}
+
+
+# ---- what docker compose makes of it (Debian's docker-compose: `make compose`) ------------------------
+
+DOCKER_COMPOSE = Path("/usr/bin/docker-compose")
+REQUIRED = {"POSTGRES_PASSWORD": "pg-s3cret", "REDIS_PASSWORD": "redis-s3cret",
+            "GATEWAY_CONSOLE_URL": "https://console.example.com", "GATEWAY_CONSOLE_SECRET": "c" * 64,
+            "GATEWAY_SMTP_HOST": "smtp.example.com", "GATEWAY_MAIL_FROM": "console@example.com",
+            "GATEWAY_P24_MERCHANT_ID": "12345", "GATEWAY_P24_CRC": "crc", "GATEWAY_P24_API_KEY": "api"}
+
+
+def compose_config(env: dict[str, str], tmp_path: Path, text: str | None = None) -> subprocess.CompletedProcess[str]:
+    """`docker-compose config` (validation against the compose schema, then interpolation) of compose.yaml,
+    or of ``text`` in its place, with exactly ``env`` (no .env file: a clean directory)."""
+    if not DOCKER_COMPOSE.exists():
+        pytest.skip(f"{DOCKER_COMPOSE} is missing (Debian's docker-compose; `make compose`, which `make test` runs, "
+                    "installs it where apt-get is available)")
+    f = tmp_path / "compose.yaml"
+    f.write_text(COMPOSE.read_text() if text is None else text)
+    (tmp_path / "Dockerfile").write_text(DOCKERFILE.read_text())  # in the build context the file names
+    return subprocess.run([str(DOCKER_COMPOSE), "-f", str(f), "--project-directory", str(tmp_path), "config"],
+                          env={"PATH": "/usr/bin:/bin", **env}, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_compose_validates_and_the_console_passes_its_production_checks(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from control.console.launch import refusal
+    done = compose_config(REQUIRED, tmp_path)
+    assert done.returncode == 0, done.stderr
+    resolved = yaml.safe_load(done.stdout)["services"]
+    console = settings_from({k: str(v) for k, v in resolved["console"]["environment"].items()}, monkeypatch)
+    assert refusal(console) is None and not console.dev
+    assert console.console_url == "https://console.example.com" and console.smtp_tls == "starttls"
+    for name in ("migrate", "extproc", "usage-writer", "console"):
+        env = resolved[name]["environment"]
+        assert env["DATABASE_URL"] == "postgresql://gateway:pg-s3cret@postgres:5432/gateway", name
+    for name in ("extproc", "usage-writer", "console"):
+        assert resolved[name]["environment"]["REDIS_URL"] == "redis://:redis-s3cret@redis:6379/0", name
+    assert resolved["postgres"]["environment"]["POSTGRES_PASSWORD"] == "pg-s3cret"
+    argv = resolved["redis"]["command"]
+    assert argv[argv.index("--requirepass") + 1] == "redis-s3cret"
+    assert resolved["redis"]["environment"]["REDISCLI_AUTH"] == "redis-s3cret"  # the health check logs in
+    hc = " ".join(resolved["console"]["healthcheck"]["test"])
+    assert f"127.0.0.1:{console.console_http_port}/healthz" in hc
+
+
+@pytest.mark.parametrize("missing", sorted(REQUIRED))
+def test_every_secret_is_required(missing: str, tmp_path: Path) -> None:
+    """No password or secret has a default: without one compose stops with the variable's message."""
+    done = compose_config({k: v for k, v in REQUIRED.items() if k != missing}, tmp_path)
+    assert done.returncode != 0 and f"set {missing}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_compose_schema_check_catches_a_misspelt_field(tmp_path: Path) -> None:
+    done = compose_config(REQUIRED, tmp_path, COMPOSE.read_text().replace("    healthcheck:", "    healtcheck:", 1))
+    assert done.returncode != 0 and "healtcheck" in done.stderr, done.stderr

@@ -18,10 +18,13 @@ HISTOGRAMS = {"gen_ai_client_token_usage", "gen_ai_server_time_to_first_token_se
 COUNTERS = {"gateway_requests_total", "gateway_billed_micro_pln_total", "gateway_limiter_rejections_total",
             "gateway_key_cache_lookups_total", "gateway_upstream_failures_total",
             "gateway_finished_without_journal_total"}
-GAUGES = {"gateway_usage_records_waiting"}
-ALLOWED = COUNTERS | GAUGES | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
+# the ext_proc's finished requests Redis has not taken yet, the usage writer's records queued in Redis
+GAUGES = {"gateway_usage_records_waiting", "gateway_usage_records_queued"}
+# the ext_proc's view of its dependencies (1 = usable; extproc/health.py), and Prometheus's own `up`
+ALLOWED = (COUNTERS | GAUGES | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
+           | {"gateway_dependency_up", "up"})
 LABELS = {"gen_ai_token_type", "gen_ai_request_model", "gen_ai_response_model", "endpoint", "alias", "status",
-          "code", "kind", "phase", "result", "le", "envoy_cluster_name", "instance", "job", "pod"}
+          "code", "kind", "phase", "result", "le", "envoy_cluster_name", "instance", "job", "pod", "dependency"}
 
 _KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
              "offset", "inf", "nan"}
@@ -122,7 +125,8 @@ def alerts() -> dict[str, Any]:
 
 def test_alert_rules_parse_with_expected_groups(alerts: dict[str, Any]) -> None:
     groups = {g["name"]: g for g in alerts["groups"]}
-    assert set(groups) == {"gateway-errors", "gateway-usage", "gateway-limits", "gateway-upstream"}
+    assert set(groups) == {"gateway-errors", "gateway-usage", "gateway-limits", "gateway-upstream",
+                           "gateway-availability"}
     names = set()
     for g in alerts["groups"]:
         assert set(g) <= {"name", "rules", "interval", "limit"}
@@ -141,6 +145,10 @@ def test_alert_rules_parse_with_expected_groups(alerts: dict[str, Any]) -> None:
     assert "gateway_usage_write_lag_seconds_bucket" in used      # usage-write lag
     assert "gateway_limiter_rejections_total" in used            # limiter rejections
     assert "gateway_upstream_failures_total" in used             # upstream failures
+    assert {"up", "envoy_cluster_membership_healthy", "gateway_usage_records_waiting",
+            "gateway_usage_records_queued"} <= used  # availability
+    avail = {r["alert"]: r["expr"] for r in groups["gateway-availability"]["rules"]}
+    assert 'dependency="redis"' in avail["RedisUnreachable"] and 'dependency="postgres"' in avail["PostgresUnreachable"]
 
 
 def test_metric_list_matches_the_code() -> None:
@@ -156,6 +164,16 @@ def test_metric_list_matches_the_code() -> None:
     assert {n + "_total" for n, t in found.items() if t == "counter"} == COUNTERS
     assert {n for n, t in found.items() if t == "histogram"} == HISTOGRAMS
     assert {n for n, t in found.items() if t == "gauge"} == GAUGES
+
+
+def test_every_input_and_variable_is_used(dashboard: dict[str, Any]) -> None:
+    """An import input (``__inputs``) or a template variable nobody references is a question Grafana asks
+    for nothing: each is used as ``${name}`` (the panels pick the data source through ``${datasource}``)."""
+    text = dashboard_queries.DASHBOARD.read_text()
+    names = [i["name"] for i in dashboard.get("__inputs", [])] + [v["name"] for v in dashboard["templating"]["list"]]
+    assert "datasource" in names
+    unused = [n for n in names if f"${{{n}}}" not in text and f"${n}" not in text]
+    assert not unused, f"declared and never used: {unused}"
 
 
 def test_grafana_variables_are_substituted(dashboard: dict[str, Any]) -> None:

@@ -104,8 +104,8 @@ def test_every_manifest_is_listed_and_parses(kustomization: dict[str, Any],
     on_disk = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
     assert listed == on_disk, f"kustomization.yaml resources differ from the files: {listed ^ on_disk}"
     kinds = {k for k, _ in objects}
-    assert {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Job", "ConfigMap",
-            "Secret"} <= kinds
+    assert {"Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget", "ConfigMap", "Secret",
+            "Ingress", "NetworkPolicy"} <= kinds
     ns = kustomization["namespace"]
     assert get(objects, "Namespace", ns)
     for (kind, name), obj in objects.items():
@@ -230,8 +230,28 @@ def test_services_target_declared_ports(objects: dict[tuple[str, str], dict[str,
             t = p["targetPort"]
             assert (t in declared) if isinstance(t, str) else (t in declared.values()), (svc, p)
     gw = {p["name"]: p for p in get(objects, "Service", "gateway")["spec"]["ports"]}
-    assert gw["http"]["port"] == Settings().gateway_port
-    assert gw["metrics"]["port"] == 9464
+    assert list(gw) == ["http"] and gw["http"]["port"] == Settings().gateway_port, "the public Service: the API only"
+    assert [p["name"] for p in get(objects, "Service", "console")["spec"]["ports"]] == ["http"]
+
+
+def test_metrics_have_services_of_their_own(objects: dict[tuple[str, str], dict[str, Any]],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ext_proc's and the usage writer's metrics ports, each behind a headless Service of its own
+    (for the ServiceMonitor), never behind a public one."""
+    for svc, dep, container in (("gateway-metrics", "gateway", "extproc"),
+                                ("usage-writer-metrics", "usage-writer", "usage-writer")):
+        service = get(objects, "Service", svc)
+        pod_labels = get(objects, "Deployment", dep)["spec"]["template"]["metadata"]["labels"]
+        assert service["spec"]["selector"].items() <= pod_labels.items(), svc
+        assert service["spec"]["clusterIP"] == "None" and service["metadata"]["labels"]["llm-gateway-metrics"] == "true"
+        c = containers(get(objects, "Deployment", dep))[container]
+        s = settings_of(env_of(objects, c), monkeypatch)
+        want = s.metrics_http_port if container == "extproc" else s.writer_metrics_http_port
+        assert [(p["name"], p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [("metrics", want, "metrics")]
+        assert ports(c)["metrics"] == want
+    for (kind, name), obj in objects.items():
+        if kind == "Service" and name not in ("gateway-metrics", "usage-writer-metrics"):
+            assert all(p["name"] != "metrics" and p["port"] not in (9464, 8094) for p in obj["spec"]["ports"]), name
 
 
 def test_volumes_and_catalog_path(objects: dict[tuple[str, str], dict[str, Any]],
@@ -280,6 +300,8 @@ def test_console_deployment(objects: dict[tuple[str, str], dict[str, Any]],
     assert s.console_http_port == 8081 and ports(c) == {"http": 8081}
     assert s.gateway_host == "0.0.0.0", "the console listens on GATEWAY_HOST"
     assert s.console_secret and s.smtp_host, "console secret and SMTP server are set (no local capture)"
+    from control.console.launch import refusal
+    assert refusal(s) is None, "the console's production checks pass with these settings"
     for probe in ("readinessProbe", "livenessProbe"):
         assert c[probe]["httpGet"]["path"] == "/healthz"
         assert probe_ports(c[probe], c) == [8081]
@@ -306,13 +328,136 @@ def test_usage_writer_deployment(objects: dict[tuple[str, str], dict[str, Any]],
     assert not gw_sel.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
 
 
-def test_migrations_job(objects: dict[tuple[str, str], dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
-    job = get(objects, "Job", "gateway-migrate")
-    (c,) = containers(job).values()
-    assert c["args"] == ["migrate"] and "command" not in c
-    assert pod_spec(job)["restartPolicy"] in ("OnFailure", "Never")
-    assert settings_of(env_of(objects, c), monkeypatch).database_url.startswith("postgresql://")
-    assert c["image"] == containers(get(objects, "Deployment", "gateway"))["envoy"]["image"]
+def test_migrations_run_before_every_pod(objects: dict[tuple[str, str], dict[str, Any]],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every Deployment whose pods use PostgreSQL starts with the init container `migrate` (the image's
+    `gateway migrate`: idempotent, under an advisory lock), on the same image and settings."""
+    gw_image = containers(get(objects, "Deployment", "gateway"))["envoy"]["image"]
+    deployments = {name: obj for (kind, name), obj in objects.items() if kind == "Deployment"}
+    assert set(deployments) == {"gateway", "usage-writer", "console"}
+    for name, dep in deployments.items():
+        (init,) = pod_spec(dep)["initContainers"]
+        assert init["name"] == "migrate" and init["args"] == ["migrate"] and "command" not in init, name
+        assert init["image"] == gw_image
+        assert settings_of(env_of(objects, init), monkeypatch).database_url.startswith("postgresql://")
+        assert init["securityContext"]["readOnlyRootFilesystem"] is True
+    assert not [k for k in objects if k[0] == "Job"], "no separate Job: kubectl apply would not order it"
+
+
+def test_logs_go_to_standard_output(objects: dict[tuple[str, str], dict[str, Any]],
+                                    monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Envoy's access log goes to the container's standard output, not to a file in the pod's small
+    emptyDir (about 280 bytes a request would fill it and get the pod evicted)."""
+    from control import envoy_config
+    envoy = containers(get(objects, "Deployment", "gateway"))["envoy"]
+    env = env_of(objects, envoy)
+    env.update(GATEWAY_STATE_DIR=str(tmp_path / "state"))
+    s = settings_of(env, monkeypatch)
+    assert s.envoy_access_log == "/dev/stdout"
+    boot = yaml.safe_load(envoy_config.render_bootstrap(s))
+    files = [log["typed_config"]["path"] for listener in boot["static_resources"]["listeners"]
+             for chain in listener["filter_chains"] for f in chain["filters"]
+             for log in f["typed_config"].get("access_log", []) if "path" in log["typed_config"]]
+    assert files == ["/dev/stdout"]
+
+
+def test_certificates_for_the_urls_are_mounted_read_only(objects: dict[tuple[str, str], dict[str, Any]],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """REDIS_URL (rediss://, ssl_ca_certs) and DATABASE_URL (verify-full, sslrootcert) name files of the
+    gateway-certs Secret, mounted read-only where every container that reaches them (the init containers
+    too) finds them, on a read-only root filesystem."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from extproc.urls import parse_redis
+    secret = get(objects, "Secret", "gateway-secrets")["stringData"]
+    db_query = parse_qs(urlsplit(secret["DATABASE_URL"]).query)
+    assert db_query["sslmode"] == ["verify-full"]
+    redis = parse_redis(secret["REDIS_URL"])
+    assert secret["REDIS_URL"].startswith("rediss://") and redis.tls is not None and redis.tls.ca_certs
+    files = [db_query["sslrootcert"][0], redis.tls.ca_certs]
+    certs = get(objects, "Secret", "gateway-certs")["stringData"]
+    users = 0
+    for (kind, name), obj in objects.items():
+        if kind != "Deployment":
+            continue
+        vols = {v["name"]: v for v in pod_spec(obj).get("volumes", [])}
+        for c in [*pod_spec(obj).get("initContainers", []), *pod_spec(obj)["containers"]]:
+            if {"secretRef": {"name": "gateway-secrets"}} not in c.get("envFrom", []) or c["name"] == "envoy":
+                continue
+            users += 1
+            assert c["securityContext"]["readOnlyRootFilesystem"] is True
+            for f in files:
+                directory, file = f.rsplit("/", 1)
+                (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == directory]
+                assert mount.get("readOnly") is True, (name, c["name"])
+                assert vols[mount["name"]]["secret"]["secretName"] == "gateway-certs"
+                assert "BEGIN CERTIFICATE" in certs[file], file
+    assert users == 6  # 3 init containers, the ext_proc, the usage writer, the console
+
+
+def test_ingress_with_tls_and_trusted_hops(objects: dict[tuple[str, str], dict[str, Any]],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Ingress terminates TLS for every host it routes, to the public Services' declared ports; the
+    one proxy it adds is trusted for the client's address (GATEWAY_TRUSTED_HOPS=1) by Envoy and the
+    console alike, and streamed replies are not buffered."""
+    ing = get(objects, "Ingress", "gateway")
+    hosts = {r["host"] for r in ing["spec"]["rules"]}
+    assert hosts and hosts <= {h for t in ing["spec"]["tls"] for h in t["hosts"]} and ing["spec"]["tls"][0]["secretName"]
+    backends = {(r["host"], p["path"]): (p["backend"]["service"]["name"], p["backend"]["service"]["port"]["name"])
+                for r in ing["spec"]["rules"] for p in r["http"]["paths"]}
+    assert sorted(backends.values()) == [("console", "http"), ("gateway", "http")]
+    assert ing["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"
+    for dep, container in (("gateway", "envoy"), ("console", "console")):
+        c = containers(get(objects, "Deployment", dep))[container]
+        assert settings_of(env_of(objects, c), monkeypatch).trusted_hops == 1, dep
+
+
+def test_network_policies(objects: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """Nothing may connect unless allowed: the ingress controller to the API and the console, the
+    monitoring namespace to the metrics ports; no policy opens Envoy's admin or the ext_proc's gRPC port."""
+    policies = {name: obj["spec"] for (kind, name), obj in objects.items() if kind == "NetworkPolicy"}
+    deny = policies["default-deny-ingress"]
+    assert deny["podSelector"] == {} and deny["policyTypes"] == ["Ingress"] and "ingress" not in deny
+    pods = {name: obj["spec"]["template"]["metadata"]["labels"] for (kind, name), obj in objects.items()
+            if kind == "Deployment"}
+    opened: dict[str, set[tuple[str, str]]] = {name: set() for name in pods}
+    for spec in policies.values():
+        sel = spec["podSelector"].get("matchLabels", {})
+        for rule in spec.get("ingress", []):
+            (source,) = rule["from"]
+            ns = source["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+            for name, labels in pods.items():
+                if sel.items() <= labels.items():
+                    opened[name] |= {(ns, p["port"]) for p in rule["ports"]}
+    assert opened == {"gateway": {("ingress-nginx", "http"), ("monitoring", "metrics")},
+                      "console": {("ingress-nginx", "http")},
+                      "usage-writer": {("monitoring", "metrics")}}
+    for name, opened_ports in opened.items():  # the names are the pods' declared ports
+        declared = {p for c in containers(get(objects, "Deployment", name)).values() for p in ports(c)}
+        assert {p for _, p in opened_ports} <= declared, name
+
+
+def test_monitoring_objects(objects: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """deploy/k8s/monitoring (Prometheus Operator): the ServiceMonitor selects exactly the metrics Services
+    on their `metrics` port, with job names the alert rules use; the PrometheusRule carries the alert
+    rules of deploy/prometheus/alerts.yaml unchanged."""
+    mon = K8S / "monitoring"
+    kust = yaml.safe_load((mon / "kustomization.yaml").read_text())
+    assert kust["namespace"] == yaml.safe_load((K8S / "kustomization.yaml").read_text())["namespace"]
+    docs = {doc["kind"]: doc for res in kust["resources"] for doc in yaml.safe_load_all((mon / res).read_text())}
+    assert set(docs) == {"ServiceMonitor", "PrometheusRule"}
+    assert {d["apiVersion"] for d in docs.values()} == {"monitoring.coreos.com/v1"}
+    sm = docs["ServiceMonitor"]["spec"]
+    selected = {name: obj for (kind, name), obj in objects.items() if kind == "Service"
+                and sm["selector"]["matchLabels"].items() <= obj["metadata"].get("labels", {}).items()}
+    assert set(selected) == {"gateway-metrics", "usage-writer-metrics"}
+    assert [e["port"] for e in sm["endpoints"]] == ["metrics"]
+    assert {obj["metadata"]["labels"][sm["jobLabel"]] for obj in selected.values()} == {"gateway", "usage-writer"}
+    alerts = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yaml").read_text())
+    assert docs["PrometheusRule"]["spec"]["groups"] == alerts["groups"]
+    jobs = [j["job_name"] for j in yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+            ["scrape_configs"]]
+    assert sorted(jobs) == ["gateway", "usage-writer"]
 
 
 def test_rendered_envoy_config_matches(objects: dict[tuple[str, str], dict[str, Any]],

@@ -16,7 +16,8 @@ import yaml
 import dashboard_queries
 from conftest import Gateway, wait_for
 from mixed_load import make_keys, run_load
-from prometheus_server import ALERTS, MISSING, PROMTOOL, SCRAPE_S, Prometheus, finite, installed, running_prometheus
+from prometheus_server import (ALERTS, MISSING, PROMTOOL, SCRAPE_CONFIG, SCRAPE_S, Prometheus, finite, installed,
+                               running_prometheus)
 
 if not installed():
     pytest.skip(f"Prometheus tests did not run: {MISSING}", allow_module_level=True)
@@ -95,6 +96,18 @@ def test_alert_rules_load_and_evaluate(run: Run) -> None:
     assert state["AliasNoCapacity"]["state"] == "pending"
     assert state["GatewayErrorRatioHigh"]["state"] == "pending"
     assert state["GatewayInternalErrors"]["state"] == "inactive"
+    # every target up, every ext_proc serving, records written: the availability alerts stay quiet, on
+    # series that exist (Envoy's health-check membership of the ext_proc cluster, the records waiting)
+    for name in ("GatewayTargetDown", "ExtprocNotServing", "RedisUnreachable", "PostgresUnreachable",
+                 "UsageRecordsWaiting", "UsageRecordsQueued"):
+        assert state[name]["state"] == "inactive", name
+    assert [int(float(v["value"][1])) for v in prom.query(
+        'envoy_cluster_membership_healthy{envoy_cluster_name="extproc"}')] == [1]
+    assert [int(float(v["value"][1])) for v in prom.query(
+        'envoy_cluster_membership_total{envoy_cluster_name="extproc"}')] == [1]
+    assert len(prom.query('up{job=~"gateway|usage-writer"} == 1')) == 2
+    assert finite(prom.query('gateway_usage_records_queued{job="usage-writer"}'))
+    assert finite(prom.query('gateway_usage_records_waiting{job="gateway"}'))
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -104,7 +117,18 @@ def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_promtool_checks_the_rules() -> None:
     r = _promtool("check", "rules", ALERTS.name)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 9 rules found" in r.stdout
+    assert "SUCCESS: 15 rules found" in r.stdout
+
+
+def test_promtool_checks_the_scrape_config() -> None:
+    """deploy/prometheus/prometheus.yml is a valid configuration that loads alerts.yaml, with the jobs the
+    rules name (the tests scrape the stack with it, tests/prometheus_server.py)."""
+    r = _promtool("check", "config", SCRAPE_CONFIG.name)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS: 1 rule files found" in r.stdout and "SUCCESS: 15 rules found" in r.stdout
+    doc = yaml.safe_load(SCRAPE_CONFIG.read_text())
+    assert doc["rule_files"] == [ALERTS.name]
+    assert [j["job_name"] for j in doc["scrape_configs"]] == ["gateway", "usage-writer"]
 
 
 def test_promtool_unit_tests_cover_every_alert() -> None:

@@ -194,7 +194,8 @@ def test_a_redis_that_could_lose_money_is_refused_outside_development(tmp_path: 
         env = dict(os.environ, REDIS_URL=url, GATEWAY_DEV="0", GATEWAY_PORT=str(port + 20),
                    GATEWAY_STATE_DIR=str(tmp_path / "state"), GATEWAY_SMTP_HOST="127.0.0.1",
                    GATEWAY_PAYMENT_PROVIDER="p24", GATEWAY_P24_MERCHANT_ID="1", GATEWAY_P24_CRC="c",
-                   GATEWAY_P24_API_KEY="k", DATABASE_URL="postgresql://u:p@127.0.0.1:1/db")
+                   GATEWAY_P24_API_KEY="k", GATEWAY_CONSOLE_URL="https://console.example.com",
+                   DATABASE_URL="postgresql://u:p@127.0.0.1:1/db")
         line = f"Redis at redis://:***@127.0.0.1:{port}/0 {says}"
         up = subprocess.run([sys.executable, "-m", "control.cli", "up"], env=env, capture_output=True, text=True,
                             timeout=60)

@@ -141,6 +141,11 @@ def test_mask() -> None:
     assert mask("unix:///s.sock?db=1&password=pw") == "unix:///s.sock?db=1&password=***"
     assert mask("redis://h:6379/0") == "redis://h:6379/0"
     assert mask("redis://user@h/0") == "redis://user@h/0"
+    # malformed: a password with unescaped reserved characters, a scheme without its colon
+    assert mask("postgresql://u:s3cr@t/x@db/gw") == "postgresql://u:***@db/gw"
+    assert mask("postgresql://u:pa?ss#w@db:5432/gw") == "postgresql://u:***@db:5432/gw"
+    assert mask("postgres//u:s3cret@db/gw") == "postgres//u:***@db/gw"
+    assert mask("postgresql://db/gw?user=a@b") == "postgresql://db/gw?user=a@b"
 
 
 def _urls(port: int, sock: str) -> dict[str, str]:

@@ -2,19 +2,17 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 import secrets
 from typing import AsyncIterator, Awaitable, Callable
 
 import asyncpg
 from aiohttp import web
-from aiohttp.abc import AbstractAccessLogger
 
 from control.admin import Admin
 from extproc.store import redis_client
 
-from . import i18n, low_balance, model_changes
+from . import i18n, logs, low_balance, model_changes
 from .listener import BODY_MAX, GUARD, Guard, guard_mw, serve
 from .mail import Mailer
 from .payments import make_provider
@@ -39,17 +37,6 @@ HEADERS = {
     "Cross-Origin-Opener-Policy": "same-origin",
     "Strict-Transport-Security": "max-age=31536000",
 }
-
-
-class SafeAccessLogger(AbstractAccessLogger):
-    """Logs the route's pattern, never the path: e-mail links carry single-use tokens."""
-
-    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        route = "?"
-        mi = getattr(request, "match_info", None)
-        if mi is not None and mi.route.resource is not None:
-            route = mi.route.resource.canonical
-        self.logger.info("%s %s %s %.1fms", request.method, route, response.status, time * 1000)
 
 
 @web.middleware
@@ -148,7 +135,8 @@ async def healthz(request: web.Request) -> web.Response:
 
 def make_app(settings: ConsoleSettings) -> web.Application:
     from .pages import api_docs, auth, billing, changelog, dev, keys, language, members, usage
-    app = web.Application(middlewares=[guard_mw, lang_mw, session_mw, errors_mw, inputs_mw, csrf_mw], client_max_size=BODY_MAX)
+    app = web.Application(middlewares=[logs.request_id_mw, guard_mw, lang_mw, session_mw, errors_mw, inputs_mw,
+                                       csrf_mw], client_max_size=BODY_MAX)
     app[GUARD] = Guard(settings)
 
     async def resources(app: web.Application) -> AsyncIterator[None]:
@@ -168,6 +156,7 @@ def make_app(settings: ConsoleSettings) -> web.Application:
 
     app.cleanup_ctx.append(resources)
     app.on_response_prepare.append(on_prepare)
+    app.on_response_prepare.append(logs.on_prepare)
     app.router.add_get("/healthz", healthz)
     app.router.add_static("/static", HERE / "static")
     for mod in (auth, keys, usage, billing, members, dev, api_docs, changelog, language):
@@ -180,6 +169,5 @@ def run(settings: ConsoleSettings) -> None:
     why = refusal(settings)
     if why:
         raise SystemExit(f"console: {why}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("aiohttp.access").setLevel(logging.INFO)
-    asyncio.run(serve(make_app(settings), settings, SafeAccessLogger))
+    logs.setup()
+    asyncio.run(serve(make_app(settings), settings, logs.AccessLogger))

@@ -30,13 +30,43 @@ def refusal(s: ConsoleSettings) -> str | None:
     if provider not in ("", "sandbox", "p24"):
         return f"GATEWAY_PAYMENT_PROVIDER must be p24 (or sandbox in development mode), not {provider!r}"
     if s.dev:
-        return None
+        missing = _p24_missing(s) if provider == "p24" else []
+        return f"GATEWAY_PAYMENT_PROVIDER=p24 needs {', '.join(missing)}" if missing else None
     missing = [what for what, absent in (
         ("an SMTP server (GATEWAY_SMTP_HOST)", not s.smtp_host),
         ("a payment provider (GATEWAY_PAYMENT_PROVIDER=p24 and GATEWAY_P24_*)", provider != "p24")) if absent]
-    return ("the console needs " + " and ".join(missing)
-            + "; the local mail capture and the sandbox payments exist only in development mode (GATEWAY_DEV=1)"
-            if missing else None)
+    if missing:
+        return ("the console needs " + " and ".join(missing)
+                + "; the local mail capture and the sandbox payments exist only in development mode (GATEWAY_DEV=1)")
+    return _production_refusal(s)
+
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def _p24_missing(s: ConsoleSettings) -> list[str]:
+    return [name for name, value in (("GATEWAY_P24_MERCHANT_ID", s.p24_merchant_id), ("GATEWAY_P24_CRC", s.p24_crc),
+                                     ("GATEWAY_P24_API_KEY", s.p24_api_key)) if not value]
+
+
+def _production_refusal(s: ConsoleSettings) -> str | None:
+    """What a production start needs beyond a mail server and a payment provider (one line, or None):
+    Przelewy24's whole account, the console's public https:// address (e-mail links, payment returns,
+    Secure cookies), and SMTP over TLS (passwords and sign-in links cross the network; a relay on this
+    host's loopback may take plain SMTP)."""
+    if missing := _p24_missing(s):
+        return f"GATEWAY_PAYMENT_PROVIDER=p24 needs {', '.join(missing)} (Przelewy24's merchant id, CRC and API key)"
+    scheme = s.console_url.split("://", 1)[0].lower() if "://" in s.console_url else ""
+    if scheme != "https":
+        shown = f"not {s.console_url.split('://', 1)[0]}://…" if s.console_url else "it is not set"
+        return ("GATEWAY_CONSOLE_URL must be the console's public https:// address outside development mode "
+                f"(GATEWAY_DEV=1); {shown}")
+    if s.smtp_tls not in ("starttls", "tls", "none"):
+        return f"GATEWAY_SMTP_TLS must be starttls, tls or none, not {s.smtp_tls!r}"
+    if s.smtp_tls == "none" and s.smtp_host not in LOOPBACK:
+        return (f"GATEWAY_SMTP_TLS=none sends mail to {s.smtp_host} without TLS: use starttls or tls (plain SMTP "
+                "only to a relay on this host's loopback, or in development mode, GATEWAY_DEV=1)")
+    return None
 
 
 def check(s: ConsoleSettings) -> None:

@@ -4,7 +4,7 @@
                            envoy/envoy.yaml) and the model-server clusters (CDS, from $GATEWAY_CATALOG)
                            into $GATEWAY_STATE_DIR/envoy, start it, re-render the clusters when the
                            catalog changes, and on SIGTERM drain it before it stops
-    migrate                apply the PostgreSQL migrations (control.schema.migrate) to $DATABASE_URL, exit
+    migrate                apply the PostgreSQL migrations to $DATABASE_URL (``gateway migrate``), exit
     anything else          exec'd as given: ``python -m extproc``, ``python -m extproc.usage_writer``,
                            ``python -m sim ...``, ``gateway ...``
 
@@ -12,13 +12,11 @@ All settings come from the environment variables of control/settings.py.
 """
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 
-from control.embedded import StartError
+from control.cli import main as gateway
 from control.envoy_runner import run as run_envoy
-from control.launcher import migrate
 from control.settings import Settings
 
 
@@ -29,12 +27,9 @@ def main(argv: list[str]) -> None:
     if cmd == "envoy":
         sys.exit(run_envoy(Settings.from_env(), rest))
     elif cmd == "migrate":
-        if not (url := Settings.from_env().database_url):
+        if not Settings.from_env().database_url:
             sys.exit("entrypoint: DATABASE_URL is not set")
-        try:  # PostgreSQL may still be starting: waiting up to a minute for it
-            print(f"schema at version {asyncio.run(migrate(url, timeout=60))}", flush=True)
-        except StartError as e:
-            sys.exit(f"entrypoint: {e}")
+        sys.exit(gateway(["migrate", *rest]))  # PostgreSQL may still be starting: waits up to a minute
     else:
         os.execvp(cmd, argv)
 

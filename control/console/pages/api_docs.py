@@ -1,4 +1,5 @@
-"""The public API's machine-readable description (``openapi.yaml`` at the repository root) as
+"""The public API's machine-readable description (``openapi.yaml`` at the repository root, shipped in the
+console's package: control/console/openapi.yaml links to it) as
 ``/openapi.json``, and its reference page ``/docs/api`` rendered here, server-side, from that document:
 operations, parameters, request bodies, statuses with headers, and every schema.  No JavaScript, no
 external resources; no login needed (the document is public).  The gateway's ``/v1`` listener does not
@@ -20,7 +21,7 @@ from ..web import HERE, render
 
 routes = web.RouteTableDef()
 
-OPENAPI = HERE.parent.parent / "openapi.yaml"
+OPENAPI = HERE / "openapi.yaml"
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 
 
