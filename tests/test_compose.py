@@ -184,6 +184,17 @@ def test_envoy_and_extproc_agree(services: dict[str, dict[str, Any]], monkeypatc
     assert str(extproc.grpc_port) in hc
 
 
+def test_stopping_drains_as_gateway_up_does(services: dict[str, dict[str, Any]],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """compose stops the ext_proc before Envoy (it shares Envoy's network): the ext_proc drains that Envoy
+    first; both are given the drain's budget, which covers a stream's whole upstream budget, and more."""
+    extproc = settings_from(env_of(services["extproc"]), monkeypatch)
+    assert extproc.drain_envoy_on_stop and extproc.drain_grace_s >= extproc.total_timeout_s
+    for name in ("envoy", "extproc"):
+        grace = services[name]["stop_grace_period"]
+        assert grace.endswith("s") and int(grace[:-1]) >= extproc.drain_grace_s + 20, name
+
+
 def test_loopback_services_share_envoys_network(services: dict[str, dict[str, Any]]) -> None:
     """ext_proc binds 127.0.0.1 and the catalog's deployments are loopback: same namespace as Envoy."""
     for name in ["extproc", *sim_services(services)]:
