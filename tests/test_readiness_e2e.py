@@ -1,20 +1,28 @@
-"""Honest readiness (issue 16 part 3): the ext_proc's gRPC health is NOT_SERVING while Redis refuses it
-(credentials no longer accepted, or Redis gone) and SERVING again once it answers; `gateway up` with
+"""Honest readiness: the ext_proc's gRPC health is NOT_SERVING while Redis refuses it (credentials no
+longer accepted, Redis gone, or Redis frozen) and SERVING again once it answers; a frozen Redis or
+PostgreSQL shows as down in `gateway status`, in the ext_proc's gRPC health and in its metrics within 2 s,
+and as back within 2 s, and `gateway status` answers within 2 s whatever is frozen; `gateway up` with
 credentials a server refuses, or a server that is not there, stops with one line naming the service and
 the URL with its password masked."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import grpc
+import httpx
 import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -28,12 +36,76 @@ def gw() -> Iterator[Gateway]:
         yield g
 
 
-def health(gw: Gateway) -> str:
+def health(gw: Gateway, service: str = "") -> str:
     async def go() -> str:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{gw.stack.s.grpc_port}") as ch:
-            res = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+            res = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service),
+                                                             timeout=2)
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(res.status))
     return asyncio.run(go())
+
+
+def dependency_up(gw: Gateway, name: str) -> float:
+    """The ext_proc's gauge ``gateway_dependency_up{dependency=name}``, read from its metrics endpoint."""
+    s = gw.stack.s
+    text = httpx.get(f"http://{s.metrics_host}:{s.metrics_http_port}/metrics", timeout=2).text
+    m = re.search(r'^gateway_dependency_up\{dependency="%s"\} (\S+)$' % name, text, re.M)
+    assert m, f"no gateway_dependency_up for {name}"
+    return float(m.group(1))
+
+
+def gateway_status(gw: Gateway) -> tuple[int, dict[str, Any], float]:
+    """`gateway --json status` as an operator runs it: (exit code, its document, seconds it took)."""
+    s = gw.stack.s
+    env = dict(os.environ, GATEWAY_PORT=str(s.gateway_port), GATEWAY_STATE_DIR=str(s.state),
+               GATEWAY_CATALOG=s.catalog, GATEWAY_METRICS_PORT=str(s.metrics_http_port))
+    env.pop("DATABASE_URL", None)
+    env.pop("REDIS_URL", None)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "control.cli", "--json", "status"], env=env, capture_output=True,
+                       text=True, timeout=30)
+    took = time.monotonic() - t0
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.returncode, json.loads(r.stdout), took
+
+
+def seen_within(pred: Callable[[], bool], since: float, limit: float) -> float:
+    """Seconds from ``since`` (monotonic) until ``pred()`` first held; it must hold within ``limit``."""
+    while not pred():
+        assert time.monotonic() - since < limit + 1, f"not within {limit} s"
+        time.sleep(0.05)
+    took = time.monotonic() - since
+    assert took <= limit, f"{took:.2f} s, not within {limit} s"
+    return took
+
+
+def _pids(gw: Gateway, name: str) -> list[int]:
+    """The component's process, and for PostgreSQL its backends (each in a session of its own)."""
+    pid = gw.stack.procs[name].popen.pid  # type: ignore[union-attr]
+    kids = [int(e) for e in os.listdir("/proc") if e.isdigit() and _parent(int(e)) == pid]
+    return [pid, *kids] if name == "postgres" else [pid]
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1
+
+
+@contextlib.contextmanager
+def frozen(gw: Gateway, name: str) -> Iterator[float]:
+    """The stimulus: the component stopped (SIGSTOP: it keeps its connections and answers nothing) from
+    the monotonic time yielded until the block ends, then continued."""
+    pids = _pids(gw, name)
+    for p in pids:
+        os.kill(p, signal.SIGSTOP)
+    try:
+        yield time.monotonic()
+    finally:
+        for p in pids:
+            os.kill(p, signal.SIGCONT)
 
 
 def redis_cmd(gw: Gateway, *args: str) -> bytes:
@@ -205,3 +277,79 @@ def test_a_redis_that_could_lose_money_is_refused_outside_development(tmp_path: 
     finally:
         redis.kill()
         redis.wait()
+
+
+def _status_in_background(gw: Gateway) -> tuple[threading.Thread, list[tuple[int, dict[str, Any], float]]]:
+    got: list[tuple[int, dict[str, Any], float]] = []
+    t = threading.Thread(target=lambda: got.append(gateway_status(gw)))
+    t.start()
+    return t, got
+
+
+def test_a_frozen_redis_is_down_within_2_s_everywhere_and_back_within_2_s(gw: Gateway) -> None:
+    assert (health(gw), health(gw, "redis"), dependency_up(gw, "redis")) == ("SERVING", "SERVING", 1.0)
+    with frozen(gw, "redis") as t0:
+        t, got = _status_in_background(gw)  # an operator asks right away
+        down = seen_within(lambda: health(gw) == "NOT_SERVING", t0, 2.0)
+        assert health(gw, "redis") == "NOT_SERVING" and health(gw, "postgres") == "SERVING"
+        seen_within(lambda: dependency_up(gw, "redis") == 0.0, t0, 2.0)
+        assert dependency_up(gw, "postgres") == 1.0
+        t.join()
+        [(code, doc, took)] = got
+        assert took < 2.0, took
+        assert code == 1
+        assert doc["redis"] == {"ok": False, "detail": "no answer within 0.75 s"}, doc["redis"]
+        assert doc["postgres"]["ok"] is True and doc["envoy"]["ok"] is True, doc
+        # and asked once the ext_proc noticed: it says it is out of rotation, and why
+        code, doc, took = gateway_status(gw)
+        assert took < 2.0, took
+        assert doc["extproc"] == {"ok": False, "detail": "NOT_SERVING (redis not answering it)"}, doc["extproc"]
+    t1 = time.monotonic()
+    back = seen_within(lambda: health(gw) == "SERVING", t1, 2.0)
+    assert health(gw, "redis") == "SERVING"
+    seen_within(lambda: dependency_up(gw, "redis") == 1.0, t1, 2.0)
+    code, doc, took = gateway_status(gw)
+    assert code == 0 and took < 2.0, (code, took, doc)
+    assert doc["redis"] == {"ok": True, "detail": "PONG"} and doc["extproc"] == {"ok": True, "detail": "SERVING"}
+    print(f"redis frozen: NOT_SERVING after {down:.2f} s; SERVING {back:.2f} s after it resumed")
+
+
+def test_a_frozen_postgresql_is_down_within_2_s_everywhere_and_back_within_2_s(gw: Gateway) -> None:
+    """The ext_proc stays in rotation (requests of keys cached in Redis are served) and says which
+    dependency it cannot reach."""
+    assert (health(gw, "postgres"), dependency_up(gw, "postgres")) == ("SERVING", 1.0)
+    with frozen(gw, "postgres") as t0:
+        t, got = _status_in_background(gw)
+        down = seen_within(lambda: health(gw, "postgres") == "NOT_SERVING", t0, 2.0)
+        seen_within(lambda: dependency_up(gw, "postgres") == 0.0, t0, 2.0)
+        assert health(gw) == "SERVING" and health(gw, "redis") == "SERVING"
+        t.join()
+        [(code, doc, took)] = got
+        assert took < 2.0, took
+        assert code == 1
+        assert doc["postgres"] == {"ok": False, "detail": "no answer within 0.75 s"}, doc["postgres"]
+        assert doc["redis"]["ok"] is True, doc
+        code, doc, took = gateway_status(gw)
+        assert took < 2.0, took
+        assert doc["extproc"] == {"ok": True, "detail": "SERVING (postgres not answering it)"}, doc["extproc"]
+    t1 = time.monotonic()
+    back = seen_within(lambda: health(gw, "postgres") == "SERVING", t1, 2.0)
+    seen_within(lambda: dependency_up(gw, "postgres") == 1.0, t1, 2.0)
+    code, doc, took = gateway_status(gw)
+    assert code == 0 and took < 2.0, (code, took, doc)
+    assert doc["postgres"] == {"ok": True, "detail": "accepting connections"}
+    print(f"postgresql frozen: down after {down:.2f} s; back {back:.2f} s after it resumed")
+
+
+@pytest.mark.parametrize("name, rows", [("extproc", ("extproc", "metrics")), ("envoy", ("envoy",)),
+                                        ("usage-writer", ("usage-writer",))])
+def test_status_answers_within_2_s_whatever_is_frozen(gw: Gateway, name: str, rows: tuple[str, ...]) -> None:
+    with frozen(gw, name):
+        code, doc, took = gateway_status(gw)
+    print(f"gateway status with {name} frozen: {took:.2f} s")
+    assert took < 2.0, took
+    assert code == 1
+    for row in rows:
+        assert doc[row] == {"ok": False, "detail": "no answer within 0.75 s"}, (row, doc[row])
+    assert [n for n, v in doc.items() if not v["ok"]] == list(rows), doc
+    wait_for(lambda: gateway_status(gw)[0] == 0, timeout=10)
