@@ -111,7 +111,7 @@ class Gateway:
         try:
             return await self.store.client_left(request_id)
         except Exception as e:  # noqa: BLE001
-            log.warning("request %s: could not tell how its reply ended: %s", request_id, type(e).__name__)
+            log.warning("could not tell how a reply ended: %s", type(e).__name__, extra={"request_id": request_id})
             return False
 
     async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, refused: bool = False,
@@ -439,9 +439,9 @@ class Exchange:
                 raise TimeoutError("admitted after the budget")  # too late for Envoy: undone below
         except Exception as e:  # noqa: BLE001 - Redis or PostgreSQL hung, gone or late
             if isinstance(e, (TimeoutError, OSError, Late)):  # ConnectionError is an OSError
-                log.warning("request %s: admission failed: %s", self.request_id, type(e).__name__)
+                log.warning("admission failed: %s", type(e).__name__, extra={"request_id": self.request_id})
             else:
-                log.exception("request %s: admission failed", self.request_id)
+                log.exception("admission failed", extra={"request_id": self.request_id})
             if limits:
                 self.gw.cancel(self.request_id)
             self.admission = None
