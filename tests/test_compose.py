@@ -279,3 +279,14 @@ def test_entrypoint_renders_envoy(services: dict[str, dict[str, Any]], monkeypat
                       for c in cds["resources"]
                       for group in c["load_assignment"]["endpoints"] for e in group["lb_endpoints"]}
     assert upstream_ports == {port for _, port in expected_sims()}
+
+
+def test_every_healthcheck_times_out_before_the_next_one(services: dict[str, dict[str, Any]]) -> None:
+    def seconds(d: str) -> float:
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)s", d)
+        assert m, d
+        return float(m.group(1))
+    checked = {name: svc["healthcheck"] for name, svc in services.items() if "healthcheck" in svc}
+    assert {"postgres", "redis", "envoy", "extproc"} <= set(checked), sorted(checked)
+    for name, hc in checked.items():
+        assert seconds(hc["timeout"]) < seconds(hc["interval"]), (name, hc)
