@@ -18,10 +18,10 @@ HISTOGRAMS = {"gen_ai_client_token_usage", "gen_ai_server_time_to_first_token_se
 COUNTERS = {"gateway_requests_total", "gateway_billed_micro_pln_total", "gateway_limiter_rejections_total",
             "gateway_key_cache_lookups_total", "gateway_upstream_failures_total",
             "gateway_finished_without_journal_total"}
-GAUGES = {"gateway_usage_records_waiting"}
+GAUGES = {"gateway_usage_records_waiting", "gateway_dependency_up"}
 ALLOWED = COUNTERS | GAUGES | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
 LABELS = {"gen_ai_token_type", "gen_ai_request_model", "gen_ai_response_model", "endpoint", "alias", "status",
-          "code", "kind", "phase", "result", "le", "envoy_cluster_name", "instance", "job", "pod"}
+          "code", "kind", "phase", "result", "le", "envoy_cluster_name", "instance", "job", "pod", "dependency"}
 
 _KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool",
              "offset", "inf", "nan"}
