@@ -57,6 +57,7 @@ ON CONFLICT (ref) DO NOTHING
 
 BATCH = 500
 CLAIM_IDLE_MS = 15000  # a dead writer's pending entries are claimed this long after it read them
+BUSY = 16  # records in one batch from which the writer waits longer for the next
 DEAD_IDLE_MS = 60000  # a consumer that has not read for this long and holds no entry is a dead writer's
 PRUNE_EVERY_S = 10.0
 
@@ -86,7 +87,6 @@ async def prune(r: Any, stream: str, group: str, keep: str, idle_ms: int = DEAD_
     Returns their names."""
     gone: Any = await r.eval(_PRUNE, 1, stream, group, keep, idle_ms)
     return [g.decode() if isinstance(g, bytes) else str(g) for g in gone]
-BUSY = 16  # records in one batch from which the writer waits longer for the next
 
 
 def pause_after(written: int) -> float:
@@ -164,7 +164,8 @@ class UsageWriter:
         if now - self._last_prune > PRUNE_EVERY_S:
             self._last_prune = now
             if gone := await prune(self.r, USAGE_STREAM, GROUP, self.consumer, DEAD_IDLE_MS):
-                log.info("removed %d stopped usage writer(s) from the group: %s", len(gone), ", ".join(gone))
+                log.info("removed %d idle consumer(s) holding no entry from the usage group: %s", len(gone),
+                         ", ".join(gone))
         entries = await self._take(claim=periodic)
         if not entries:
             return 0
