@@ -104,7 +104,7 @@ def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_promtool_checks_the_rules() -> None:
     r = _promtool("check", "rules", ALERTS.name)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 9 rules found" in r.stdout
+    assert "SUCCESS: 10 rules found" in r.stdout
 
 
 def test_promtool_unit_tests_cover_every_alert() -> None:
