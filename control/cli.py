@@ -196,28 +196,108 @@ def cmd_up(args: argparse.Namespace, s: Settings) -> int:
     return 0
 
 
+STATUS_TIMEOUT_S = 0.75  # each component's own: they are asked at once, so the whole answer comes within it
+
+
 async def status(s: Settings) -> dict[str, dict[str, Any]]:
-    """Every component's health: Envoy's readiness, each ext_proc process's gRPC health and metrics
-    endpoint, the usage writer's metrics endpoint, PostgreSQL, Redis, the simulators and the console."""
+    """Every component's health: Envoy's readiness, each ext_proc process's gRPC health (and what it sees
+    of Redis and PostgreSQL) and metrics endpoint, the usage writer's metrics endpoint, PostgreSQL,
+    Redis, the simulators and the console.  All are asked at once, each with ``STATUS_TIMEOUT_S``: a
+    component that is stopped or frozen (it accepts a connection and never answers) is DOWN within it,
+    and does not hold up the others."""
+    import concurrent.futures
+    import dataclasses
+    import urllib.error
+    import urllib.request
     import asyncpg
     import grpc
-    import urllib.request
     from extproc.store import redis_client
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from extproc import catalog as catalog_mod
+    from .envoy_config import extproc_workers
 
-    def http(url: str) -> dict[str, Any]:
+    timeout = STATUS_TIMEOUT_S
+
+    def get(url: str) -> dict[str, Any]:
+        # a frozen server accepts the connection (the kernel does) and never answers: the timeout is the
+        # read's, so this thread ends within it
         try:
-            with urllib.request.urlopen(url, timeout=2) as r:
+            with urllib.request.urlopen(url, timeout=timeout) as r:
                 return {"ok": 200 <= r.status < 300, "detail": f"HTTP {r.status}"}
         except Exception as e:  # noqa: BLE001
+            if isinstance(e, TimeoutError) or isinstance(getattr(e, "reason", None), TimeoutError):
+                return {"ok": False, "detail": f"no answer within {timeout:g} s"}
             return {"ok": False, "detail": type(e).__name__}
 
+    threads = concurrent.futures.ThreadPoolExecutor(max_workers=16)  # one each: none waits for another
+
+    async def http(url: str) -> dict[str, Any]:
+        return await asyncio.get_running_loop().run_in_executor(threads, get, url)
+
+    def serving(status: int) -> str:
+        return str(health_pb2.HealthCheckResponse.ServingStatus.Name(status))
+
+    async def extproc(port: int) -> dict[str, Any]:
+        """The process's own health ("" service), and the dependencies it cannot reach."""
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+                stub = health_pb2_grpc.HealthStub(ch)
+                own, *deps = await asyncio.gather(*(
+                    stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=timeout)
+                    for name in ("", "redis", "postgres")), return_exceptions=True)
+        except Exception as e:  # noqa: BLE001
+            return {"ok": False, "detail": type(e).__name__}
+        if isinstance(own, grpc.aio.AioRpcError) and own.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return {"ok": False, "detail": f"no answer within {timeout:g} s"}
+        if isinstance(own, BaseException):
+            return {"ok": False, "detail": type(own).__name__}
+        cannot = [name for name, d in zip(("redis", "postgres"), deps)
+                  if not isinstance(d, BaseException) and d.status != health_pb2.HealthCheckResponse.SERVING]
+        detail = serving(own.status) + (f" ({', '.join(cannot)} not answering it)" if cannot else "")
+        return {"ok": own.status == health_pb2.HealthCheckResponse.SERVING, "detail": detail}
+
+    async def postgres(db: str) -> dict[str, Any]:
+        try:
+            conn = await asyncio.wait_for(asyncpg.connect(db, timeout=timeout), timeout)
+            try:
+                await conn.fetchval("SELECT 1", timeout=timeout)
+            finally:
+                conn.terminate()
+            return {"ok": True, "detail": "accepting connections"}
+        except asyncio.TimeoutError:
+            return {"ok": False, "detail": f"no answer within {timeout:g} s"}
+        except Exception as e:  # noqa: BLE001
+            return {"ok": False, "detail": db_problem(db, e)}
+
+    async def redis(rd: str) -> dict[str, Any]:
+        r = None
+        try:
+            r = redis_client(rd, 1)
+            await asyncio.wait_for(r.ping(), timeout)
+            return {"ok": True, "detail": "PONG"}
+        except asyncio.TimeoutError:
+            return {"ok": False, "detail": f"no answer within {timeout:g} s"}
+        except Exception as e:  # noqa: BLE001
+            return {"ok": False, "detail": redis_problem(rd, e)}
+        finally:
+            if r is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(r.aclose(close_connection_pool=True), 0.1)
+
+    sims: list[tuple[str, int]] = []
+    if s.run_sim:
+        cat = catalog_mod.load(s.catalog)
+        sims = sorted({(d.name, d.port_at(s.gateway_port)) for deps in cat.deployments.values() for d in deps
+                       if d.host in ("127.0.0.1", "localhost")})
     out: dict[str, dict[str, Any]] = {}
-    out["envoy"] = http(f"http://127.0.0.1:{s.envoy_admin_port}/ready")
-    import dataclasses
-    from .envoy_config import extproc_workers
+    try:
+        db, rd = _urls(s)
+    except AdminError as e:
+        db, rd = "", ""
+        out["stack"] = {"ok": False, "detail": str(e)}
+    checks: dict[str, Awaitable[dict[str, Any]]] = {}
+    checks["envoy"] = http(f"http://127.0.0.1:{s.envoy_admin_port}/ready")
     n = s.extproc_workers  # the running stack's count when it recorded one (stack.json), else the setting
     with contextlib.suppress(OSError, ValueError, AttributeError):
         rec = json.loads((s.state / "stack.json").read_text())
@@ -225,43 +305,22 @@ async def status(s: Settings) -> dict[str, dict[str, Any]]:
             n = int(rec.get("extproc_workers", n))
     workers = extproc_workers(dataclasses.replace(s, extproc_workers=n))  # "extproc", "extproc-2", ...
     for name, grpc_port, _ in workers:
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
-                res = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
-            out[name] = {"ok": res.status == health_pb2.HealthCheckResponse.SERVING,
-                         "detail": health_pb2.HealthCheckResponse.ServingStatus.Name(res.status)}
-        except Exception as e:  # noqa: BLE001
-            out[name] = {"ok": False, "detail": type(e).__name__}
+        checks[name] = extproc(grpc_port)
     for name, _, metrics_port in workers:
-        out["metrics" + name[len("extproc"):]] = http(f"http://{s.metrics_host}:{metrics_port}/metrics")
-    out["usage-writer"] = http(f"http://{s.metrics_host}:{s.writer_metrics_http_port}/metrics")
-    out["console"] = http(f"http://127.0.0.1:{s.console_http_port}/login")
+        checks["metrics" + name[len("extproc"):]] = http(f"http://{s.metrics_host}:{metrics_port}/metrics")
+    checks["usage-writer"] = http(f"http://{s.metrics_host}:{s.writer_metrics_http_port}/metrics")
+    checks["console"] = http(f"http://127.0.0.1:{s.console_http_port}/login")
+    if db:
+        checks["postgres"] = postgres(db)
+    if rd:
+        checks["redis"] = redis(rd)
+    for name, port in sims:
+        checks[f"sim:{name}"] = http(f"http://127.0.0.1:{port}/health")
     try:
-        db, rd = _urls(s)
-    except AdminError as e:
-        db, rd = "", ""
-        out["stack"] = {"ok": False, "detail": str(e)}
-    try:
-        conn = await asyncpg.connect(db, timeout=2)
-        await conn.fetchval("SELECT 1")
-        await conn.close()
-        out["postgres"] = {"ok": True, "detail": "accepting connections"}
-    except Exception as e:  # noqa: BLE001
-        out["postgres"] = {"ok": False, "detail": db_problem(db, e) if db else type(e).__name__}
-    try:
-        r = redis_client(rd, 1)
-        await r.ping()
-        await r.aclose()
-        out["redis"] = {"ok": True, "detail": "PONG"}
-    except Exception as e:  # noqa: BLE001
-        out["redis"] = {"ok": False, "detail": redis_problem(rd, e) if rd else type(e).__name__}
-    if s.run_sim:
-        cat = catalog_mod.load(s.catalog)
-        ports = sorted({(d.name, d.port_at(s.gateway_port)) for deps in cat.deployments.values() for d in deps
-                        if d.host in ("127.0.0.1", "localhost")})
-        for name, port in ports:
-            out[f"sim:{name}"] = http(f"http://127.0.0.1:{port}/health")
-    return out
+        done = await asyncio.gather(*checks.values())
+    finally:
+        threads.shutdown(wait=False)
+    return out | dict(zip(checks, done))
 
 
 def cmd_status(args: argparse.Namespace, s: Settings) -> int:

@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from . import catalog as catalog_mod
-from . import access_log, alias_policy, envoy_admin, metrics, tracing
+from . import access_log, alias_policy, envoy_admin, health, metrics, tracing
 from .directory import Directory
 from .exchange import Gateway
 from .grpc_server import Server
@@ -66,10 +66,15 @@ async def watch_catalog(path: str, gw: Gateway, applied: Callable[[str], Awaitab
             log.exception("catalog not reloaded, the one in force stays")
 
 
-def serving(server: Server, ok: bool) -> None:
-    status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+def serving(server: Server, up: dict[str, bool]) -> None:
+    """The gRPC health (extproc/health.py): the process's services follow Redis, without which every
+    request fails; "redis" and "postgres" tell each dependency."""
+    def status(ok: bool) -> int:
+        return int(health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING)
     for service in HEALTH_SERVICES:
-        server.health[service] = status
+        server.health[service] = status(up.get("redis", False))
+    for name, ok in up.items():
+        server.health[name] = status(ok)
 
 
 async def serve(settings: GatewaySettings) -> None:
@@ -105,34 +110,29 @@ async def serve(settings: GatewaySettings) -> None:
     gc.freeze()
     gc.set_threshold(20000, 20, 20)
     await server.start("127.0.0.1", settings.grpc_port)
-    serving(server, redis_ok)
+    serving(server, {"redis": redis_ok})
 
-    async def beat() -> None:
-        """Every second: the heartbeat, and the health Envoy and Kubernetes ask: SERVING only while
-        Redis answers the request path's own connection (refused credentials or unreachable: every
-        request would fail, so this process is taken out of rotation)."""
-        while True:
-            try:
-                await store.fast.call("PING")
-                await heartbeat(r, gw.owner)
-                await store.sync_clock()
-                ok = True
-            except Exception:  # noqa: BLE001 - Redis down or refusing: the next beat tries again
-                ok = False
-            serving(server, ok)
-            await asyncio.sleep(1.0)
+    async def redis_check() -> None:
+        # the request path's own connection first: that is the one every request needs
+        await store.fast.call("PING")
+        await heartbeat(r, gw.owner)
+        await store.sync_clock()
 
-    beat_task = asyncio.create_task(beat())
+    postgres_check = health.PostgresCheck(settings.database_url)
+    watch = health.Health({"redis": redis_check, "postgres": postgres_check},
+                          lambda up: serving(server, up))
+    beat_task = asyncio.create_task(watch.run())
     watch_task = asyncio.create_task(watch_catalog(settings.catalog, gw, gw.directory.applied))
     log.info("ext_proc listening on 127.0.0.1:%d", settings.grpc_port)
     await until_stopped()
     beat_task.cancel()
-    serving(server, False)
+    serving(server, {})
     if settings.drain_envoy_on_stop:  # compose stops it before its Envoy, Kubernetes both at once: drain
         # that Envoy, serving what it still relays, before stopping
         await asyncio.to_thread(envoy_admin.drain, settings.envoy_admin_port, settings.drain_grace_s)
     await server.stop(grace=settings.drain_grace_s)
     watch_task.cancel()
+    postgres_check.close()
     await pool.close()
     await r.aclose()
 

@@ -53,4 +53,4 @@ class ClientsLeft:
                     try:
                         await self.store.mark_left(rid)
                     except Exception as e:  # noqa: BLE001 - Redis down or hung: that stream is taken for a break
-                        log.warning("request %s: could not mark its client gone: %s", rid, type(e).__name__)
+                        log.warning("could not mark a client gone: %s", type(e).__name__, extra={"request_id": rid})

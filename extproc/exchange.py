@@ -111,7 +111,7 @@ class Gateway:
         try:
             return await self.store.client_left(request_id)
         except Exception as e:  # noqa: BLE001
-            log.warning("request %s: could not tell how its reply ended: %s", request_id, type(e).__name__)
+            log.warning("could not tell how a reply ended: %s", type(e).__name__, extra={"request_id": request_id})
             return False
 
     async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, refused: bool = False,
@@ -134,7 +134,7 @@ class Gateway:
             await self.store.finish(p.org_id, p.request_id, p.record, refused=p.refused, first_only=p.first_only)
             self.spool.done(p.request_id)
             metrics.FINISHES_WAITING.dec()
-        self._retry(once, f"usage record of request {p.request_id}")
+        self._retry(once, "a usage record", p.request_id)
 
     def finish_later(self, org_id: str, request_id: str, record: UsageRecord) -> None:
         """``finish`` after ``HAND_OVER_GRACE_S``, unless this process's stream watch took the request
@@ -149,17 +149,18 @@ class Gateway:
 
     def cancel(self, request_id: str) -> None:
         """An admission given up on (``Store.cancel``), in the background until Redis takes it."""
-        self._retry(lambda: self.store.cancel(request_id), f"cancellation of request {request_id}", first=0.0)
+        self._retry(lambda: self.store.cancel(request_id), "a cancellation", request_id, first=0.0)
 
-    def _retry(self, call: Callable[[], Awaitable[None]], what: str, first: float = 0.1) -> None:
-        self._background(self._retrying_call(call, what, first))
+    def _retry(self, call: Callable[[], Awaitable[None]], what: str, request_id: str, first: float = 0.1) -> None:
+        self._background(self._retrying_call(call, what, request_id, first))
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
         self._retrying.add(task)  # held here: the loop keeps only a weak reference to a task
         task.add_done_callback(self._retrying.discard)
 
-    async def _retrying_call(self, call: Callable[[], Awaitable[None]], what: str, delay: float) -> None:
+    async def _retrying_call(self, call: Callable[[], Awaitable[None]], what: str, request_id: str,
+                             delay: float) -> None:
         deadline = self.clock() + 3600
         while self.clock() < deadline:
             await asyncio.sleep(delay)
@@ -168,7 +169,8 @@ class Gateway:
                 return
             except Exception:  # noqa: BLE001
                 delay = min(max(delay, 0.05) * 2, 2.0)
-        log.error("%s could not be handed to Redis for an hour: kept on disk for the next start", what)
+        log.error("%s could not be handed to Redis for an hour: kept on disk for the next start", what,
+                  extra={"request_id": request_id})
 
     def models_body(self) -> bytes:
         """The model list, rendered at most once a second (prices change at whole seconds)."""
@@ -439,9 +441,9 @@ class Exchange:
                 raise TimeoutError("admitted after the budget")  # too late for Envoy: undone below
         except Exception as e:  # noqa: BLE001 - Redis or PostgreSQL hung, gone or late
             if isinstance(e, (TimeoutError, OSError, Late)):  # ConnectionError is an OSError
-                log.warning("request %s: admission failed: %s", self.request_id, type(e).__name__)
+                log.warning("admission failed: %s", type(e).__name__, extra={"request_id": self.request_id})
             else:
-                log.exception("request %s: admission failed", self.request_id)
+                log.exception("admission failed", extra={"request_id": self.request_id})
             if limits:
                 self.gw.cancel(self.request_id)
             self.admission = None

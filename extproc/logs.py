@@ -6,11 +6,13 @@ import json
 from json.encoder import encode_basestring_ascii as _q  # C: a JSON string literal, ASCII
 import logging
 import sys
+import threading
 import time
+from collections.abc import Callable
 
 # Fields a caller may attach with ``extra=``; anything else is not written.
 FIELDS = ("request_id", "alias", "endpoint", "status", "code", "prompt_tokens", "completion_tokens",
-          "estimated", "cost_micro_pln", "duration_ms", "ttfb_ms", "bytes_in", "bytes_out", "phase")
+          "estimated", "cost_micro_pln", "duration_ms", "ttfb_ms", "bytes_in", "bytes_out", "phase", "repeated")
 
 
 class JsonFormatter(logging.Formatter):
@@ -55,9 +57,68 @@ def _stamp(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
 
 
+REPEAT_WINDOW_S = 10.0
+
+
+class Repeats(logging.Filter):
+    """A burst of identical warnings or errors is one line, then one summary: the first record of a kind
+    (same logger, level, message and exception type; a request id rides in ``extra``, not in the message,
+    so it does not tell two apart) is written, the same ones within ``window`` seconds of it are only
+    counted, and when the window ends one line says how many there were (the first one's message with
+    "... repeated N times in W s", and ``repeated``: N).  A Redis that restarts under load would
+    otherwise write the same line once per request in flight."""
+
+    def __init__(self, emit: Callable[[logging.LogRecord], object], window: float = REPEAT_WINDOW_S) -> None:
+        super().__init__()
+        self.emit = emit
+        self.window = window
+        self._lock = threading.Lock()
+        self._bursts: dict[tuple[str, int, str, object], _Burst] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or "repeated" in record.__dict__:
+            return True
+        kind = (record.name, record.levelno, record.getMessage(), record.exc_info[0] if record.exc_info else None)
+        with self._lock:
+            burst = self._bursts.get(kind)
+            if burst is not None:
+                burst.count += 1
+                return False
+            self._bursts[kind] = _Burst(record)
+        timer = threading.Timer(self.window, self._end, (kind,))
+        timer.daemon = True  # a summary still due when the process exits is lost, never waited for
+        timer.start()
+        return True
+
+    def _end(self, kind: tuple[str, int, str, object]) -> None:
+        with self._lock:
+            burst = self._bursts.pop(kind)
+        if burst.count:
+            self.emit(_summary(burst.first, burst.count, self.window))
+
+
+class _Burst:
+    """The first record of a kind, and how many like it followed within the window."""
+
+    __slots__ = ("first", "count")
+
+    def __init__(self, first: logging.LogRecord) -> None:
+        self.first = first
+        self.count = 0
+
+
+def _summary(first: logging.LogRecord, count: int, window: float) -> logging.LogRecord:
+    rec = logging.LogRecord(first.name, first.levelno, first.pathname, first.lineno,
+                            "%s ... repeated %d times in %g s", (first.getMessage(), count, window),
+                            first.exc_info, first.funcName)
+    rec.repeated = count
+    return rec
+
+
 def setup(level: int = logging.INFO) -> None:
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(JsonFormatter())
+    handler.addFilter(Repeats(handler.handle))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -47,6 +47,8 @@ KEY_LOOKUPS = Counter("gateway_key_cache_lookups", "Key look-ups by result (hit:
                       ["result"])
 WRITE_LAG = Histogram("gateway_usage_write_lag_seconds", "From a request's end to its usage record in PostgreSQL",
                       buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300))
+DEPENDENCY_UP = Gauge("gateway_dependency_up", "1 while the dependency (redis, postgres) answered the ext_proc's "
+                      "last health check within its timeout, else 0 (extproc/health.py)", ["dependency"])
 UPSTREAM_FAILURES = Counter("gateway_upstream_failures", "Model-server failures by alias and code",
                             ["alias", "code"])
 FINISHES_WAITING = Gauge("gateway_usage_records_waiting",
@@ -64,14 +66,18 @@ REJECTION_KIND = {"rate_limit_exceeded": "rate", "concurrency_limit_exceeded": "
 
 class EnvoyStats(Collector):
     """Envoy's own statistics (its admin ``/stats/prometheus``, loopback only), served beside the
-    ext_proc's so that one scrape of the metrics port sees both.  Fetched at scrape time only."""
+    ext_proc's so that one scrape of the metrics port sees both.  Fetched at scrape time only, within
+    ``TIMEOUT_S``: a frozen Envoy leaves its statistics out rather than hold up the scrape (and the
+    health checks of ``gateway status``, which read this endpoint within 1 s)."""
+
+    TIMEOUT_S = 0.5
 
     def __init__(self, admin_port: int) -> None:
         self.url = f"http://127.0.0.1:{admin_port}/stats/prometheus"
 
     def collect(self) -> Iterator[Metric]:
         try:
-            with urllib.request.urlopen(self.url, timeout=1) as r:
+            with urllib.request.urlopen(self.url, timeout=self.TIMEOUT_S) as r:
                 text = r.read().decode()
         except OSError:
             return

@@ -163,7 +163,7 @@ class Processor:
                     else:  # the trailers of a handed-over stream (or of a request): nothing to do
                         answer = Answer()
                 except Exception:  # noqa: BLE001 - every failure becomes SPEC's 500, never a hang
-                    log.exception("ext_proc phase %s failed (request %s)", phase, ex.request_id)
+                    log.exception("ext_proc phase %s failed", phase, extra={"request_id": ex.request_id})
                     answer = error_answer(INTERNAL_ERROR, ex.request_id)
                 msg = _to_message(phase or "", answer)
                 spent = perf_counter() - t0
@@ -188,7 +188,7 @@ class Processor:
             try:
                 await ex.close()
             except Exception:  # noqa: BLE001
-                log.exception("closing request %s failed", ex.request_id)
+                log.exception("closing a request failed", extra={"request_id": ex.request_id})
 
     async def watch(self, call: Call) -> None:
         """The stream watch's call (``observer``): copies of a streamed reply's chunks, never answered.

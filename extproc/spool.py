@@ -52,8 +52,8 @@ class Spool:
             tmp.write_text(p.to_json())
             os.replace(tmp, self._path(p.request_id))
         except OSError as e:  # a full or read-only disk: the retry in memory goes on
-            log.error("request %s: finish not kept on disk (%s): retried in memory only", p.request_id,
-                      type(e).__name__)
+            log.error("finish not kept on disk (%s): retried in memory only", type(e).__name__,
+                      extra={"request_id": p.request_id})
 
     def done(self, request_id: str) -> None:
         self._path(request_id).unlink(missing_ok=True)

@@ -288,8 +288,8 @@ class Store:
         if done == 2:
             metrics.FINISHED_WITHOUT_JOURNAL.inc()
             logging.getLogger("extproc").warning(
-                "request %s: finished with no in-flight entry in Redis (lost, or finished already): record "
-                "queued for PostgreSQL, Redis's balance not debited (gateway reconcile)", request_id)
+                "finished with no in-flight entry in Redis (lost, or finished already): record queued for "
+                "PostgreSQL, Redis's balance not debited (gateway reconcile)", extra={"request_id": request_id})
 
     async def mark_left(self, request_id: str) -> None:
         """The client of this request went away (``access_log``): kept for two minutes."""

@@ -58,6 +58,35 @@ ON CONFLICT (ref) DO NOTHING
 BATCH = 500
 CLAIM_IDLE_MS = 15000  # a dead writer's pending entries are claimed this long after it read them
 BUSY = 16  # records in one batch from which the writer waits longer for the next
+DEAD_IDLE_MS = 60000  # a consumer that has not read for this long and holds no entry is a dead writer's
+PRUNE_EVERY_S = 10.0
+
+# The group's consumers that hold no pending entry and have not read for ARGV[3] ms, other than ARGV[2]
+# (this writer), removed in one step: a consumer that reads between a look and its removal cannot lose
+# the entries it just read (XGROUP DELCONSUMER drops a consumer's pending entries with it).
+_PRUNE = """
+local gone = {}
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local f = {}
+  for i = 1, #c, 2 do f[c[i]] = c[i + 1] end
+  if f['name'] ~= ARGV[2] and f['pending'] == 0 and f['idle'] >= tonumber(ARGV[3]) then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], f['name'])
+    gone[#gone + 1] = f['name']
+  end
+end
+return gone
+"""
+
+
+async def prune(r: Any, stream: str, group: str, keep: str, idle_ms: int = DEAD_IDLE_MS) -> list[str]:
+    """Remove the consumers of dead writers from ``group`` (each start of a writer is a consumer of its
+    own, host and pid): those idle ``idle_ms`` or more with no pending entry, never ``keep``.  A dead
+    writer's pending entries are claimed first (``CLAIM_IDLE_MS``), which empties it.  Redis before 7.2
+    counts the idle time from the last entries a consumer was given, so a live writer of a quiet system
+    may be removed too: harmless, it holds no entry, and the next entries it reads add it back.
+    Returns their names."""
+    gone: Any = await r.eval(_PRUNE, 1, stream, group, keep, idle_ms)
+    return [g.decode() if isinstance(g, bytes) else str(g) for g in gone]
 
 
 def pause_after(written: int) -> float:
@@ -76,6 +105,7 @@ class UsageWriter:
         self.r = store.r
         self.store = store
         self._last_reap = 0.0
+        self._last_prune = 0.0
         self._recover = True  # look for this consumer's own pending entries (at start, after a failure)
         self._suspects: dict[str, float] = {}  # request id -> when its owner was first seen gone
         self.pool = pool
@@ -132,6 +162,11 @@ class UsageWriter:
             self._last_reap = now
             metrics.RECORDS_QUEUED.set(await self.r.xlen(USAGE_STREAM))  # before PostgreSQL: set while it is down
             await self.reap()
+        if now - self._last_prune > PRUNE_EVERY_S:
+            self._last_prune = now
+            if gone := await prune(self.r, USAGE_STREAM, GROUP, self.consumer, DEAD_IDLE_MS):
+                log.info("removed %d idle consumer(s) holding no entry from the usage group: %s", len(gone),
+                         ", ".join(gone))
         entries = await self._take(claim=periodic)
         if not entries:
             return 0

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from conftest import Gateway, assert_error, usage_caught_up, wait_for
-from extproc.cost import estimate_chat_prompt, estimate_tokens
+from extproc.cost import estimate_chat_prompt, estimate_text
 
 MSGS = [{"role": "user", "content": "Ile kosztuje bilet do Krakowa?"}]
 EST_PROMPT = estimate_chat_prompt(MSGS)
@@ -178,7 +178,7 @@ def test_complete_reply_without_usage_has_its_output_estimated(gateway: Gateway,
                    json={"model": "polish-pro", "messages": MSGS, "sim": {"no_usage": True, "output_tokens": 9}})
     assert r.status_code == 200
     text = r.json()["choices"][0]["message"]["content"]
-    out = estimate_tokens(len(text.encode()))
+    out = estimate_text(text)
     assert out > 0
     # the client is shown the usage it is billed (SPEC section 2: a reply has ``usage``)
     assert r.json()["usage"] == {"prompt_tokens": EST_PROMPT, "completion_tokens": out,

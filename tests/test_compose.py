@@ -351,3 +351,14 @@ def test_every_secret_is_required(missing: str, tmp_path: Path) -> None:
 def test_the_compose_schema_check_catches_a_misspelt_field(tmp_path: Path) -> None:
     done = compose_config(REQUIRED, tmp_path, COMPOSE.read_text().replace("    healthcheck:", "    healtcheck:", 1))
     assert done.returncode != 0 and "healtcheck" in done.stderr, done.stderr
+
+
+def test_every_healthcheck_times_out_before_the_next_one(services: dict[str, dict[str, Any]]) -> None:
+    def seconds(d: str) -> float:
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)s", d)
+        assert m, d
+        return float(m.group(1))
+    checked = {name: svc["healthcheck"] for name, svc in services.items() if "healthcheck" in svc}
+    assert {"postgres", "redis", "envoy", "extproc"} <= set(checked), sorted(checked)
+    for name, hc in checked.items():
+        assert seconds(hc["timeout"]) < seconds(hc["interval"]), (name, hc)

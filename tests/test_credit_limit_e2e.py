@@ -13,7 +13,7 @@ from conftest import Gateway, assert_error, wait_for
 from extproc.cost import Prices, cost_micro_pln, estimate_chat_prompt
 
 ADVANCED = Prices(4_000_000, 8_000_000)  # the test catalog's "advanced": 4 / 8 PLN per 1M tokens
-MSGS = [{"role": "user", "content": "x" * 40}]  # estimated 14 tokens; the simulator counts 8
+MSGS = [{"role": "user", "content": "x" * 32}]  # estimated 14 tokens (7 + 4 + 3); the simulator counts 8
 EST = estimate_chat_prompt(MSGS)
 
 

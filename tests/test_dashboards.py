@@ -18,11 +18,10 @@ HISTOGRAMS = {"gen_ai_client_token_usage", "gen_ai_server_time_to_first_token_se
 COUNTERS = {"gateway_requests_total", "gateway_billed_micro_pln_total", "gateway_limiter_rejections_total",
             "gateway_key_cache_lookups_total", "gateway_upstream_failures_total",
             "gateway_finished_without_journal_total"}
-# the ext_proc's finished requests Redis has not taken yet, the usage writer's records queued in Redis
-GAUGES = {"gateway_usage_records_waiting", "gateway_usage_records_queued"}
-# the ext_proc's view of its dependencies (1 = usable; extproc/health.py), and Prometheus's own `up`
-ALLOWED = (COUNTERS | GAUGES | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
-           | {"gateway_dependency_up", "up"})
+# the ext_proc's finished requests Redis has not taken yet, the usage writer's records queued in Redis, and
+# the ext_proc's view of its dependencies (1 = usable; extproc/health.py); and Prometheus's own `up`
+GAUGES = {"gateway_usage_records_waiting", "gateway_usage_records_queued", "gateway_dependency_up"}
+ALLOWED = COUNTERS | GAUGES | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")} | {"up"}
 LABELS = {"gen_ai_token_type", "gen_ai_request_model", "gen_ai_response_model", "endpoint", "alias", "status",
           "code", "kind", "phase", "result", "le", "envoy_cluster_name", "instance", "job", "pod", "dependency"}
 

@@ -147,3 +147,15 @@ def test_envoys_own_error_replies_agree_with_the_ext_procs() -> None:
             seen.add(code)
         assert "%" not in err["message"]
     assert seen == set(ours)
+
+
+def test_every_health_check_times_out_before_the_next_one() -> None:
+    """A frozen ext_proc (it accepts the connection and never answers) fails its check within the check's
+    own timeout, below the interval, so it is out of the rotation within 1.5 s."""
+    def seconds(d: str) -> float:
+        assert d.endswith("s"), d
+        return float(d[:-1])
+    checks = [(c["name"], h) for c in _render()["static_resources"]["clusters"] for h in c.get("health_checks", [])]
+    assert [name for name, _ in checks] == ["extproc"]
+    for name, h in checks:
+        assert seconds(h["timeout"]) < seconds(h["interval"]), (name, h)

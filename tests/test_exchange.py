@@ -247,7 +247,7 @@ def test_reply_without_usage_is_estimated() -> None:
         await ex.response_headers({":status": "200", "content-type": "application/json"})
         doc = json.loads(chat_reply())
         del doc["usage"]
-        doc["choices"][0]["message"]["content"] = "x" * 40  # 40 bytes: 10 tokens at 4 bytes a token
+        doc["choices"][0]["message"]["content"] = "x" * 46  # 46 characters: 10 tokens at 4.6 a token
         answer = await ex.response_body(json.dumps(doc).encode(), True)
         await ex.close()
         # the client gets the usage it is billed (SPEC section 2: a reply has one), the rest as it came

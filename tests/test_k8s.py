@@ -539,3 +539,12 @@ def test_the_extproc_probes_tell_serving_from_not(gateway: Any) -> None:
     finally:
         os.kill(pid, signal.SIGCONT)
     assert run("readinessProbe") == 0
+
+
+def test_every_probe_times_out_before_the_next_one(objects: dict[tuple[str, str], dict[str, Any]]) -> None:
+    probes = [(name, c["name"], kind, c[kind]) for (k, name), doc in objects.items() if k == "Deployment"
+              for c in doc["spec"]["template"]["spec"]["containers"]
+              for kind in ("readinessProbe", "livenessProbe", "startupProbe") if kind in c]
+    assert len(probes) >= 6, probes
+    for name, container, kind, p in probes:
+        assert p["timeoutSeconds"] < p.get("periodSeconds", 10), (name, container, kind, p)

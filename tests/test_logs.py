@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from conftest import wait_for
 from extproc import logs
 
 FIELDS = dict(request_id="0f8fad5b-d9cb-469f-a165-70867728950e", alias='ąę "x"\\\n', endpoint="chat", status=200,
@@ -38,3 +39,58 @@ def test_request_line_is_one_json_object(monkeypatch: pytest.MonkeyPatch, over: 
 
 def test_request_line_off_below_info(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _written(monkeypatch, logging.WARNING) == ""
+
+
+def _repeats(window: float) -> tuple[logging.Logger, list[dict[str, object]], logs.Repeats]:
+    """A logger whose records go through ``Repeats`` into a list, as JSON lines would."""
+    out: list[dict[str, object]] = []
+    fmt = logs.JsonFormatter()
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            out.append(json.loads(fmt.format(record)))
+
+    handler = Collect()
+    repeats = logs.Repeats(handler.handle, window=window)
+    handler.addFilter(repeats)
+    log = logging.getLogger(f"extproc.test-repeats-{id(out)}")
+    log.propagate = False
+    log.handlers[:] = [handler]
+    log.setLevel(logging.INFO)
+    return log, out, repeats
+
+
+def test_a_burst_of_identical_errors_is_one_line_then_a_count() -> None:
+    """112 requests whose admission failed alike within the window (a Redis restarting under load): the
+    first is written with its request id, the other 111 are one summary line when the window ends."""
+    log, out, _ = _repeats(window=0.3)
+    for i in range(112):
+        log.warning("admission failed: %s", "ConnectionError", extra={"request_id": f"rid-{i}"})
+    log.warning("could not mark a client gone: %s", "TimeoutError", extra={"request_id": "rid-x"})  # another kind
+    log.info("catalog reloaded: %d aliases", 3)  # below warning: never held back
+    log.info("catalog reloaded: %d aliases", 3)
+    assert [(d["msg"], d.get("request_id")) for d in out] == [
+        ("admission failed: ConnectionError", "rid-0"), ("could not mark a client gone: TimeoutError", "rid-x"),
+        ("catalog reloaded: 3 aliases", None), ("catalog reloaded: 3 aliases", None)]
+    wait_for(lambda: len(out) >= 5, timeout=5)
+    summary = out[4]
+    assert len(out) == 5, out
+    assert summary["msg"] == "admission failed: ConnectionError ... repeated 111 times in 0.3 s"
+    assert (summary["level"], summary["repeated"], summary.get("request_id")) == ("warning", 111, None)
+    # the window over: the next one is written again, and starts a window of its own
+    log.warning("admission failed: %s", "ConnectionError", extra={"request_id": "rid-later"})
+    assert out[5]["msg"] == "admission failed: ConnectionError" and out[5]["request_id"] == "rid-later"
+
+
+def test_a_lone_error_has_no_summary_and_an_exception_is_told_by_its_type() -> None:
+    log, out, _ = _repeats(window=0.1)
+    for exc in (KeyError, KeyError, ValueError):
+        try:
+            raise exc("a message that may quote data")
+        except Exception:
+            log.exception("phase %s failed", "request_body")
+    wait_for(lambda: len(out) >= 3, timeout=5)
+    assert [(d["msg"], d["error"]) for d in out] == [
+        ("phase request_body failed", "KeyError"), ("phase request_body failed", "ValueError"),
+        ("phase request_body failed ... repeated 1 times in 0.1 s", "KeyError")]
+    assert "quote data" not in json.dumps(out)

@@ -49,7 +49,7 @@ def test_cost_rounds_each_term_up() -> None:
     assert cost_micro_pln(1000, 500, p) == 1500 + 1500
     assert cost_micro_pln(3, 0, Prices(333_333, 0)) == 1  # 0.999999 -> 1
     assert cost_micro_pln(0, 0, p) == 0
-    assert estimate_chat_prompt([{"role": "user", "content": "abcdefgh"}]) == 2 + 4
+    assert estimate_chat_prompt([{"role": "user", "content": "abcdefgh"}]) == 3 + 2 + 4  # priming, text, framing
 
 
 def test_catalog_errors_name_the_field() -> None:
