@@ -3,6 +3,8 @@ small time budgets: first byte 1.5 s (retried once on another deployment), idle 
 ext_proc from the moment the reply starts), total 4 s."""
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -212,9 +214,14 @@ def test_catalog_change_under_load_without_failures(gw: Gateway, key: str) -> No
 
 
 def _apply_catalog(gw: Gateway, key: str, doc: dict, marker: bool) -> None:
-    """Write the catalog, have Envoy load its clusters, and wait until the ext_proc has it in force: the
-    model list has the alias "reloaded" exactly when ``marker``."""
-    Path(gw.stack.s.catalog).write_text(yaml.safe_dump(doc))
+    """Put the catalog in force as an operator does (`gateway catalog apply --force`: a traffic change
+    effective at once is one the alias change policy would refuse), have Envoy load its clusters, and wait
+    until the ext_proc has it in force: the model list has the alias "reloaded" exactly when ``marker``."""
+    new = Path(gw.stack.s.catalog).with_name("catalog-next.yaml")
+    new.write_text(yaml.safe_dump(doc))
+    r = subprocess.run([sys.executable, "-m", "control.cli", "catalog", "apply", str(new), "--force"],
+                       env=gw.stack.child_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
     gw.stack.reload_catalog()
 
     def applied() -> bool:
