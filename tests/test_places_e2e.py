@@ -162,12 +162,12 @@ def test_make_run_from_private_folders_two_stacks_side_by_side(places: list[Path
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         for clone, modes in zip(clones, before):
             assert _modes(clone) == modes  # nothing outside the state directory changed owner or mode
-        # no account was made for PostgreSQL (as root it runs in a user namespace)
-        assert [(f, f.read_bytes(), f.stat().st_mtime_ns) for f, _, _ in accounts] == accounts
             for root, dirs, files in os.walk(clone / ".gateway"):
                 for n in dirs + files:
                     st = os.lstat(Path(root) / n)
                     assert st.st_uid == os.geteuid(), (root, n)
+        # no account was made for PostgreSQL (as root it runs in a user namespace)
+        assert [(f, f.read_bytes(), f.stat().st_mtime_ns) for f, _, _ in accounts] == accounts
         # Ctrl-C: make reports the interrupt (exit by SIGINT) once `gateway up` has stopped every process
         assert [run.stop() for run in runs] == [-signal.SIGINT] * 2, [run.out.decode()[-1500:] for run in runs]
         for run in runs:
