@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -158,18 +157,12 @@ def cmd_up(args: argparse.Namespace, s: Settings) -> int:
     from extproc import catalog as catalog_mod
 
     from .launcher import GaveUp, Stack
+    from .procs import stop_requested
     from .readiness import wait_ready
     if args.port:
         s = Settings.from_env(gateway_port=args.port)
     stack = Stack(s)
-    stopping = False
-
-    def _stop(*_: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
+    stopping = stop_requested()
     try:
         stack.start()
         s2 = Settings.from_env(gateway_port=s.gateway_port, database_url=stack.database_url,
@@ -177,14 +170,14 @@ def cmd_up(args: argparse.Namespace, s: Settings) -> int:
         key, demo = asyncio.run(_with_admin(s2, lambda a: _start_keys(a, s2)))
         host = "127.0.0.1" if s.gateway_host in ("", "0.0.0.0", "::") else s.gateway_host
         outcomes = wait_ready(f"http://{host}:{s.gateway_port}/v1", key, catalog_mod.load(s.catalog),
-                              s.gateway_port, s.run_sim, READY_TIMEOUT_S, lambda: stopping)
-        if not stopping:
+                              s.gateway_port, s.run_sim, READY_TIMEOUT_S, stopping)
+        if not stopping():
             failed = [f"{a}: {o.detail}" for a, o in sorted(outcomes.items()) if not o.ok]
             base = f"http://{s.gateway_host}:{s.gateway_port}/v1"
             heading = (f"Gateway ready on {base}" if not failed else
                        f"Gateway up on {base} but NOT READY: " + "; ".join(failed) + f" (see {stack.logs})")
             print(_banner(s, heading, demo), flush=True)
-        stack.supervise(lambda: stopping)
+        stack.supervise(stopping)
     except GaveUp as e:
         print(f"gateway: stopping: {e}", file=sys.stderr)
         return 1

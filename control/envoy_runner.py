@@ -6,14 +6,13 @@ flight given GATEWAY_DRAIN_GRACE_S to finish) before stopping it.  Its exit stat
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from . import envoy_config, envoy_ops
+from .procs import stop_requested
 from .settings import Settings
 
 
@@ -28,16 +27,9 @@ def envoy_binary() -> str:
 def run(s: Settings, envoy_args: list[str], poll_s: float = 0.5) -> int:
     boot = envoy_config.write_config(s)
     envoy = subprocess.Popen([envoy_binary(), "-c", str(boot), *envoy_args])
-    stopping = False
-
-    def stop(*_: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    stopping = stop_requested()
     catalog = envoy_ops.CatalogWatch(s)
-    while not stopping and envoy.poll() is None:
+    while not stopping() and envoy.poll() is None:
         if (said := catalog.poll()) is not None:
             print(f"envoy-runner: {said}", file=sys.stderr, flush=True)
         time.sleep(poll_s)

@@ -1,11 +1,24 @@
 """A process of the stack as the launcher runs it, and the readiness probes it waits on."""
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
+
+
+def stop_requested() -> Callable[[], bool]:
+    """From now on SIGTERM and SIGINT only raise a flag: the returned function says whether one came."""
+    came: list[bool] = []
+
+    def note(*_: Any) -> None:
+        came.append(True)
+
+    signal.signal(signal.SIGTERM, note)
+    signal.signal(signal.SIGINT, note)
+    return lambda: bool(came)
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:

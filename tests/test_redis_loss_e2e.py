@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -16,27 +15,13 @@ import httpx
 import pytest
 
 from conftest import Gateway, running_stack, wait_for
+from test_drain_e2e import _streams
 
 
 @pytest.fixture(scope="module")
 def gw() -> Iterator[Gateway]:
     with running_stack("gw-redisloss-") as g:
         yield g
-
-
-def _streams(gw: Gateway, key: str, n: int = 3, tokens: int = 15) -> tuple[list[tuple[str, bytes]], list[threading.Thread]]:
-    results: list[tuple[str, bytes]] = []
-    body = {"model": "polish-pro", "stream": True, "messages": [{"role": "user", "content": "x"}],
-            "sim": {"itl_ms": 100, "output_tokens": tokens}}
-
-    def one() -> None:
-        with httpx.stream("POST", gw.v1 + "/chat/completions", json=body, timeout=60,
-                          headers={"Authorization": f"Bearer {key}"}) as st:
-            results.append((st.headers["x-request-id"], st.read()))
-    threads = [threading.Thread(target=one) for _ in range(n)]
-    for t in threads:
-        t.start()
-    return results, threads
 
 
 def _billed(gw: Gateway, org: str) -> list[dict[str, object]]:
@@ -47,7 +32,7 @@ def _billed(gw: Gateway, org: str) -> list[dict[str, object]]:
 
 def test_a_redis_that_lost_its_data_still_gets_the_bills_in_flight(gw: Gateway) -> None:
     org, _, key = gw.new_org()
-    results, threads = _streams(gw, key)
+    results, threads = _streams(gw.v1, key, tokens=15)
     wait_for(lambda: gw.slots_held(org) == 3, timeout=5, interval=0.02)
     gw.redis(lambda r: r.flushall())  # a Redis emptied (or failed over to a replica without the writes)
     for t in threads:
@@ -64,7 +49,7 @@ def test_a_redis_that_lost_its_data_still_gets_the_bills_in_flight(gw: Gateway) 
 
 def test_a_finish_redis_did_not_take_survives_a_restart_of_the_ext_proc(gw: Gateway) -> None:
     org, _, key = gw.new_org()
-    results, threads = _streams(gw, key, n=1, tokens=20)
+    results, threads = _streams(gw.v1, key, tokens=20, n=1)
     wait_for(lambda: gw.slots_held(org) == 1, timeout=5, interval=0.02)
     gw.stack.stop_proc("redis")  # away while the stream ends
     for t in threads:
