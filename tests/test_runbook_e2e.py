@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -26,7 +27,6 @@ def gw() -> Iterator[Gateway]:
 def _sh(gw: Gateway, block: Block, cwd: Path) -> subprocess.CompletedProcess[str]:
     """The block's lines one by one, as an operator types them (each line's exit status kept)."""
     import os
-    import sys
     env = {**gw.stack.child_env(), "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
     script = "\n".join(f"{line}; echo \"exit=$?\"" for line in block.text.splitlines() if line.strip())
     return subprocess.run(["sh", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
@@ -54,8 +54,8 @@ def test_restore_a_backup_then_reconcile(gw: Gateway, tmp_path: Path) -> None:
     org, _, key = gw.new_org(5_000_000)
     _request(gw, key)
     wait_for(lambda: gw.usage_drained(org), timeout=10, interval=0.1)
-    backup = subprocess.run(["sh", "-c", f"{Path(__import__('sys').executable).parent}/gateway backup saved.dump"],
-                            cwd=tmp_path, env=gw.stack.child_env(), capture_output=True, text=True, timeout=120)
+    backup = subprocess.run([str(Path(sys.executable).parent / "gateway"), "backup", "saved.dump"], cwd=tmp_path,
+                            env=gw.stack.child_env(), capture_output=True, text=True, timeout=120)
     assert backup.returncode == 0, backup.stderr
     at_backup = _balance(gw, org)
     assert at_backup[0] == at_backup[1]
