@@ -1,4 +1,4 @@
-"""CPU per request by process over one cell (issue 24, part 5): where a request's CPU goes on the machine.
+"""CPU per request by process over one cell: where a request's CPU goes on the machine.
 
 Every process's utime + stime is read from /proc before and after the wrk run, and the differences are
 put to roles by command line; wrk is this process's child, read from ``os.times()``.  Divided by the

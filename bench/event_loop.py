@@ -1,4 +1,4 @@
-"""The event loop under the ext_proc (issue 24, part 3): the gateway stack with GATEWAY_EVENT_LOOP=asyncio
+"""The event loop under the ext_proc: the gateway stack with GATEWAY_EVENT_LOOP=asyncio
 and with uvloop, each in turn on the same fixed-reply upstream, measured with the same cells as
 ``make bench`` (wrk): non-streaming chat and streaming at 64 connections, alternated ``--rounds`` times
 so a drift of the shared machine falls on both alike.  Reports requests per second, the ext_proc's CPU

@@ -1,4 +1,4 @@
-"""Which gRPC server the ext_proc should run on (issue 21, part 2): the same pass-through processor
+"""Which gRPC server the ext_proc should run on: the same pass-through processor
 (bench/minimal_extproc.py) on grpcio's asyncio server, on the gateway's own HTTP/2 server
 (extproc/grpc_server.py) and on grpclib, each behind an Envoy of its own with the gateway's ext_proc
 filter settings, measured in turn with wrk (chat and streaming at 64 connections), alternated

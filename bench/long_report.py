@@ -10,7 +10,7 @@ from typing import Any
 from .markdown import md_table, profile_lines
 
 CHART = Path(__file__).resolve().parent / "chart-streams.svg"
-TARGET_MS = 10.0  # issue 24 part 2: the gateway's added gap p99 at 500 streams
+TARGET_MS = 10.0  # the gateway's added gap p99 at 500 streams
 ORDER = ["direct", "bare_envoy", "minimal_extproc", "gateway", "litellm"]
 COLORS = {"direct": "#9e9e9e", "bare_envoy": "#4c78a8", "minimal_extproc": "#72b7b2", "gateway": "#e45756",
           "litellm": "#b279a2"}
@@ -38,8 +38,7 @@ the short-request cells before, up to 256 connections, so their allocators may a
 that memory); "per added": the peak's growth from the previous C's cell, over the streams added — the
 marginal cost, which the earlier cells cannot hide.  The headline's `kb_per_stream` is the gateway
 ext_proc's KB per stream at the largest C measured.  CPU per chunk: the
-process's utime + stime (/proc) over the cell, over the token events delivered.  Targets (issue 24, part
-2): at 500 streams the gateway adds ≤ 10 ms p99 with 0 errors; at 2,000 it holds every stream; ext_proc
+process's utime + stime (/proc) over the cell, over the token events delivered.  Targets: at 500 streams the gateway adds ≤ 10 ms p99 with 0 errors; at 2,000 it holds every stream; ext_proc
 ≤ 20 KB per open stream; at every C the gateway adds no more than the minimal ext_proc.  The bench's
 own Envoys (bare, minimal) lift Envoy's default circuit breakers (1,024 connections, pending and active
 requests per cluster); the gateway's configuration keeps them, so beyond 1,024 streams its ext_proc
@@ -88,7 +87,7 @@ def table(ls: dict[str, Any]) -> list[list[str]]:
 
 
 def targets(ls: dict[str, Any]) -> list[str]:
-    """Issue 24 part 2's targets against the gateway's cells: one line each, met or missed."""
+    """The long-stream targets against the gateway's cells: one line each, met or missed."""
     sy = ls["systems"]
     gw, mini = sy.get("gateway", {}).get("cells", {}), sy.get("minimal_extproc", {}).get("cells", {})
     out = []
@@ -172,7 +171,7 @@ def section(ls: dict[str, Any], prof: dict[str, Any] | None, timestamp: str, whe
                            cadence=ls["cadence_ms"], ramp=ls["ramp_ms"], timeout=ls["timeout_s"],
                            nominal=(ls["tokens"] - 1) * ls["cadence_ms"] / 1000), "",
              f"Latest: {when}.", "", md_table(HEAD, table(ls)), "",
-             "![added gap p99 against concurrency](bench/chart-streams.svg)", "", "Targets (issue 24, part 2):", "",
+             "![added gap p99 against concurrency](bench/chart-streams.svg)", "", "Targets:", "",
              *targets(ls), ""]
     gave = {s["label"]: s["gave_up_after"] for s in ls["systems"].values() if "gave_up_after" in s}
     parts += [f"{k} failed more than half its streams at C = {v:,} and was not run at a higher C." for k, v in gave.items()]

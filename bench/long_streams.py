@@ -1,4 +1,4 @@
-"""The long-stream cell (issue 24, part 1): C concurrent chat streams of ``fx.LONG_TOKENS`` tokens, one
+"""The long-stream cell: C concurrent chat streams of ``fx.LONG_TOKENS`` tokens, one
 event every ``fx.LONG_CADENCE_MS`` ms, for every system of the comparison.
 
 Both ends are small C programs compiled with gcc into the run's temporary directory (the sources are

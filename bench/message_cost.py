@@ -1,4 +1,4 @@
-"""What an ext_proc costs Envoy per request, and per message (issue 24, part 5): the pass-through
+"""What an ext_proc costs Envoy per request, and per message: the pass-through
 processor (bench/minimal_extproc.py on the gateway's own HTTP/2 server) behind Envoys that differ only
 in which phases their ext_proc filter sends — 4 messages (request headers and body, response headers
 and body), 3 (no response headers), 2 (request only), 1 (request headers only) — and bare Envoy (no

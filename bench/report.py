@@ -97,7 +97,7 @@ def ratios(cmp: dict[str, Any]) -> list[tuple[str, str]]:
                           f"{r('gateway', 'minimal_extproc', cell)}, vs LiteLLM {r('gateway', 'litellm', cell)}"))
     g, m = sy.get("gateway", {}).get("cells", {}).get("models"), sy.get("minimal_extproc", {}).get("cells", {}).get("chat")
     if g and m and m["rps"]:
-        out.append(("models vs minimal chat", f"{g['rps'] / m['rps']:.2f}× (the issue's target: 2×; "
+        out.append(("models vs minimal chat", f"{g['rps'] / m['rps']:.2f}× (target: 2×; "
                                               "`models_ratio_vs_minimal` in the headline)"))
     return out
 

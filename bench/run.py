@@ -327,7 +327,7 @@ def headline(cmp: dict[str, Any] | None, sk: dict[str, Any] | None) -> dict[str,
         "ratio_vs_minimal", "ratio_vs_litellm", "overhead_p50_ms", "overhead_p50_minimal_ms",
         "overhead_p99_ms", "stream_chunks_per_s", "stream_ratio_vs_minimal", "models_ratio_vs_minimal",
         "errors", "rss_growth_pct", "streams_c500_added_itl_p99_ms", "streams_c2000_errors", "kb_per_stream",
-        "redis_us_per_request")}  # exactly the keys: the 2-process row is in the table
+        "redis_us_per_request")}  # exactly the headline's keys: the 2-process row is in the table
     if cmp:
         sy = cmp["systems"]
         h.update(long_streams.headline(cmp.get("long_streams")))
@@ -354,7 +354,7 @@ def headline(cmp: dict[str, Any] | None, sk: dict[str, Any] | None) -> dict[str,
         sg = cell("gateway", "stream")
         h["stream_chunks_per_s"] = None if sg is None else round(sg * cmp["stream_chunks_per_reply"], 1)
         h["stream_ratio_vs_minimal"] = ratio(sg, cell("minimal_extproc", "stream"))
-        # as the target is worded: the gateway's GET /v1/models against the minimal ext_proc's chat
+        # as the target is worded: the gateway's GET /v1/models against the minimal ext_proc's chat
         h["models_ratio_vs_minimal"] = ratio(cell("gateway", "models"), rm)
         gw = sy.get("gateway")
         if gw is not None:

@@ -1,4 +1,4 @@
-"""Streams the model server breaks, through the real stack (issue 18): reconciled per request id, the
+"""Streams the model server breaks, through the real stack: reconciled per request id, the
 events the client received, what the simulator sent, the tokens billed, the estimated flag and the
 logged status.  Every event sent before the failure reaches the client; the client pays for nothing it
 did not receive, and a failure before anything reached it (an error status, or an empty broken stream)

@@ -1,6 +1,6 @@
 """Every `gateway` command with the stack stopped, with no stack at all, with a URL it cannot use and
 with credentials a server refuses prints one line (what failed, what to do) and exits non-zero: no
-traceback, no password (issue 16 part 5)."""
+traceback, no password."""
 from __future__ import annotations
 
 import os

@@ -1,4 +1,4 @@
-"""Issue 20: clients that need the model to follow the request (structured output, tool loops, streamed
+"""Clients that need the model to follow the request (structured output, tool loops, streamed
 tool calls, embedding dimensions) work through the whole stack against the simulator's guided decoding.
 Each test asserts on the result, not only on success."""
 from __future__ import annotations

@@ -176,7 +176,7 @@ def _too_wide(page: Any, con: str, paths: list[str]) -> dict[str, int]:
 
 
 def test_first_call_from_what_the_pages_show_on_a_phone(gateway: Gateway, browser: Any) -> None:
-    """Issue 19, part 3: from sign-up to a first 200 at 390 px, using only what the pages show: the
+    """From sign-up to a first 200 at 390 px, using only what the pages show: the
     captured confirmation mail, the trial explained on Overview, the key page's curl snippet run as it is
     shown.  Revoking asks first.  Every page fits the screen, in both languages.  The phone asks for
     English (Accept-Language)."""

@@ -1,4 +1,4 @@
-"""The console under attack (issue 17), each test reproducing the attack against the real stack:
+"""The console under attack, each test reproducing the attack against the real stack:
 development conveniences outside development mode or off loopback, open redirects, parallel login
 guessing, reset timing, header injection and mail abuse, CSV formulas, stale reset links, key
 ownership, and the limiter's client address behind proxies.  docs/security.md lists them."""

@@ -1,5 +1,5 @@
 """Deployment settings of the catalog (api_key_env, tls, ca_file, sni) and the Envoy clusters rendered
-from them (issue 22 part 3)."""
+from them."""
 from __future__ import annotations
 
 import json

@@ -129,7 +129,7 @@ async def _refused(ex: Exchange, body: bytes = CHAT_BODY) -> Answer:
 
 def test_refusals_are_logged_at_no_cost() -> None:
     """Every refused chat/embeddings request of a known key goes to the usage log: the status and SPEC
-    code the client got, no tokens, cost 0, no slot, no balance touched (issue 18, part 4)."""
+    code the client got, no tokens, cost 0, no slot, no balance touched."""
     cases = [(10_000_000, "active", b'{"model": "polish-pro", "messages": [', 400, "invalid_json"),
              (10_000_000, "active", b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}', 404,
               "model_not_found"),

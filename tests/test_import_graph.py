@@ -1,4 +1,4 @@
-"""No import cycles among the project's modules (issue 21, part 5): every import counts, at the top of a
+"""No import cycles among the project's modules: every import counts, at the top of a
 module, inside a function or under TYPE_CHECKING, so a cycle cannot hide behind a lazy import."""
 from __future__ import annotations
 

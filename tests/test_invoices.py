@@ -1,4 +1,4 @@
-"""VAT invoices (issue 19, part 2): the NIP checksum, net and VAT exact in grosze, a gap-free number per
+"""VAT invoices: the NIP checksum, net and VAT exact in grosze, a gap-free number per
 year under concurrent payments, the PDF read back (pypdf), the billing details form, the download from
 Billing and the payment e-mail with the PDF attached."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The whole stack against a real third-party OpenAI-compatible server (issue 22 part 4): LiteLLM's proxy,
+"""The whole stack against a real third-party OpenAI-compatible server: LiteLLM's proxy,
 answering with mock responses and wanting its master key, which the gateway sends from api_key_env.
 
 LiteLLM runs from its own environment (bench/.venv-litellm, `make litellm-env`); usage is what LiteLLM

@@ -1,4 +1,4 @@
-"""Prices in Polish time (issue 19, part 7): a date-only ``effective`` starts at 00:00 Europe/Warsaw (not
+"""Prices in Polish time: a date-only ``effective`` starts at 00:00 Europe/Warsaw (not
 UTC); Billing shows the prices in force and every scheduled change with its Warsaw date and time; the
 public changelog of prices and models is generated from the catalog."""
 from __future__ import annotations

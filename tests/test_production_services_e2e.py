@@ -1,4 +1,4 @@
-"""Production-shaped services (issue 16): the whole stack on Debian's redis-server 7 and PostgreSQL 15
+"""Production-shaped services: the whole stack on Debian's redis-server 7 and PostgreSQL 15
 with authentication and TLS switched on, as a managed Redis and PostgreSQL have them, each given only
 by REDIS_URL / DATABASE_URL:
 

@@ -1,4 +1,4 @@
-"""One owner for the Redis key layout (issue 21, part 5): no module but ``extproc.redis_keys`` spells a
+"""One owner for the Redis key layout: no module but ``extproc.redis_keys`` spells a
 ``gw:`` key, and the scripts get their prefixes filled in from it."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Settings split per process (issue 21, part 5): each process reads its own settings class, the launcher's
+"""Settings split per process: each process reads its own settings class, the launcher's
 composed ``control.settings.Settings`` hands each of them every value it holds, every environment variable
 belongs to one setting, and the README's configuration table names exactly the variables the code reads."""
 from __future__ import annotations

@@ -488,7 +488,7 @@ def test_make_app_in_process() -> None:
         loop.close()
 
 
-# --- guided decoding (issue 20) ---------------------------------------------------------------
+# --- guided decoding ---------------------------------------------------------------
 
 def _pydantic_schema() -> dict[str, Any]:
     from typing import Literal

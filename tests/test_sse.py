@@ -75,7 +75,7 @@ def test_spaced_json_from_another_server_is_handled_too() -> None:
     assert relay.usage == (11, 2) and relay.content_events == 2
 
 
-# ---- framing (issue 18 part 6): any SSE line ending, comments, multi-line data, any cut ------------
+# ---- framing: any SSE line ending, comments, multi-line data, any cut ------------
 
 def sse_data(out: bytes) -> list[str]:
     """The data of each event as an SSE client reads it (the HTML standard's parser): lines end with
@@ -175,7 +175,7 @@ def test_any_cuts_property(framing: tuple[bytes, bool, bool], cuts: list[int], s
     assert relay.usage == (11, 2)
 
 
-# ---- usage recognised by content, not shape (issue 22 part 2) ---------------------------------------
+# ---- usage recognised by content, not shape ---------------------------------------
 
 SHAPES = ["vllm", "sglang", "llamacpp", "tgi", "litellm"]
 USAGE = {"prompt_tokens": 11, "total_tokens": 14, "completion_tokens": 3}

@@ -1,6 +1,5 @@
 """The embedded databases run with generated credentials kept in the state directory, which is the
-account's own (every file 0600, every directory 0700); nothing outside it is touched (issue 17 part 3,
-issue 16 part 1)."""
+account's own (every file 0600, every directory 0700); nothing outside it is touched."""
 from __future__ import annotations
 
 import asyncio

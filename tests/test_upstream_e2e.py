@@ -1,4 +1,4 @@
-"""What the model server gets (issue 22): a canonical request whatever the client sent; usage read by
+"""What the model server gets: a canonical request whatever the client sent; usage read by
 content whatever shape the model server gives its usage chunk; SSE framings; deployment credentials."""
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def test_no_envoy_internal_header_reaches_the_client(client: httpx.Client) -> No
         assert not [k for k in r.headers if k.lower().startswith(("x-envoy-", "x-gateway-"))], dict(r.headers)
 
 
-# ---- SSE framings through the stack (issue 18 part 6) ------------------------------------------------
+# ---- SSE framings through the stack ------------------------------------------------
 
 def _usage_row(gateway: Gateway, rid: str) -> dict[str, Any]:
     return dict(wait_for(lambda: gateway.sql("SELECT * FROM usage_records WHERE request_id = $1", rid), 10)[0])
@@ -157,7 +157,7 @@ def test_stream_framings(gateway: Gateway, client: httpx.Client, knobs: dict[str
         assert row["prompt_tokens"] == with_usage[0]["usage"]["prompt_tokens"]
 
 
-# ---- usage by content (issue 22 part 2) ----------------------------------------------------------------
+# ---- usage by content ----------------------------------------------------------------
 
 @pytest.mark.parametrize("include_usage", [True, False])
 def test_a_null_usage_on_every_chunk_never_reaches_the_client(gateway: Gateway, client: httpx.Client,
@@ -216,7 +216,7 @@ def test_usage_chunk_shapes_with_the_sdk(gateway: Gateway, org: tuple[str, str, 
     assert served is not None and served["prompt_tokens"] == row["prompt_tokens"]
 
 
-# ---- null stream_options (issue 18 part 3) ------------------------------------------------------------
+# ---- null stream_options ------------------------------------------------------------
 
 def test_null_stream_options_gets_the_usage_chunk(gateway: Gateway, client: httpx.Client) -> None:
     """SPEC section 4 rule 4 replaces a null stream_options by include_usage true: the client gets the
@@ -234,7 +234,7 @@ def test_null_stream_options_gets_the_usage_chunk(gateway: Gateway, client: http
         False, last["usage"]["prompt_tokens"], 5)
 
 
-# ---- deployment credentials and TLS (issue 22 part 3) -------------------------------------------------
+# ---- deployment credentials and TLS -------------------------------------------------
 
 KEY_ENV = "GW_TEST_UPSTREAM_KEY"
 SIM_HOST = "127.0.0.3"  # the launcher starts simulators on 127.0.0.1 only: these are the test's own

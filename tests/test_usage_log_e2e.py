@@ -1,4 +1,4 @@
-"""The usage log lists every authenticated chat and embeddings request (issue 18, part 4): refusals and
+"""The usage log lists every authenticated chat and embeddings request: refusals and
 failures too, each with the status and SPEC error code the client got, at no cost, within 2 s; the
 balance and the ledger are untouched by them.  Checked in PostgreSQL, on the console's usage page
 (status filter, request-id search, date checks), in its CSV and through ``gateway usage``."""
