@@ -116,8 +116,8 @@ class Gateway:
 
     async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, refused: bool = False,
                      first_only: bool = False) -> None:
-        """Release and record through the store; while Redis is unreachable, keep retrying in the
-        background (bounded by the slot's lease), so a served request's record is not lost."""
+        """Release and record through the store; while Redis does not take it, keep it on disk and retry in
+        the background (``finish_until_taken``), so a served request's record is not lost."""
         try:
             await self.store.finish(org_id, request_id, record, refused=refused, first_only=first_only)
         except Exception:  # noqa: BLE001
