@@ -185,6 +185,21 @@ class Gateway:
             return org, kid, key
         return self.admin(go)
 
+    @contextlib.contextmanager
+    def another_console(self, name: str, **changes: Any) -> Iterator[int]:
+        """A second console process on this stack's stores, with ``changes`` to its settings, on a port of its
+        own: that port; stopped on exit."""
+        import dataclasses
+        from control.console.launch import console_proc
+        port = free_base(span=1)
+        s = dataclasses.replace(self.stack.s, console_port=port, **changes)
+        self.stack.start_proc(console_proc(self.stack.child_env(), s, name=name))
+        try:
+            yield port
+        finally:
+            self.stack.stop_proc(name)
+            self.stack.procs.pop(name, None)
+
     def sim_record(self, request_id: str, sim: str | None = None) -> dict[str, Any] | None:
         for url in ([sim] if sim else [self.sim_a, self.sim_b]):
             r = httpx.get(f"{url}/sim/requests/{request_id}")

@@ -6,7 +6,6 @@ console of the test stack's with small limits (seconds, not minutes) takes the a
 own console shows the defaults: a trickle cut off at 10 s, 250 idle connections not stopping it."""
 from __future__ import annotations
 
-import dataclasses
 import selectors
 import socket
 import time
@@ -15,8 +14,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from conftest import Gateway, free_base, wait_for
-from control.console.launch import console_proc
+from conftest import Gateway, wait_for
 from control.console.listener import REFUSAL
 from test_listener_e2e import _reply_of, _until_closed
 
@@ -29,16 +27,10 @@ MAX_CONNECTIONS = 40
 @pytest.fixture(scope="module")
 def small(gateway: Gateway) -> Iterator[int]:
     """A second console on the test stack's stores, with small listener limits: its port."""
-    port = free_base(span=1)
-    s = dataclasses.replace(gateway.stack.s, console_port=port, console_headers_timeout_s=HEADERS_TIMEOUT,
-                            console_body_timeout_s=BODY_TIMEOUT, console_idle_timeout_s=IDLE_TIMEOUT,
-                            console_max_connections=MAX_CONNECTIONS)
-    gateway.stack.start_proc(console_proc(gateway.stack.child_env(), s, name="console-small"))
-    try:
+    with gateway.another_console("console-small", console_headers_timeout_s=HEADERS_TIMEOUT,
+                                 console_body_timeout_s=BODY_TIMEOUT, console_idle_timeout_s=IDLE_TIMEOUT,
+                                 console_max_connections=MAX_CONNECTIONS) as port:
         yield port
-    finally:
-        gateway.stack.stop_proc("console-small")
-        gateway.stack.procs.pop("console-small", None)
 
 
 def _connect(port: int) -> socket.socket:

@@ -16,8 +16,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from conftest import Gateway, free_base, wait_for
-from control.console.launch import console_proc
+from conftest import Gateway, wait_for
 from control.console.payments import BadNotification
 from control.console.payments.przelewy24 import Przelewy24, notification_sign, register_sign, verify_sign
 from test_console_support import PASSWORD, ConsoleClient, mails, signed_up
@@ -126,17 +125,14 @@ class FakeP24:
 @pytest.fixture
 def p24_console(gateway: Gateway) -> Iterator[tuple[str, FakeP24]]:
     fake = FakeP24()
-    port = free_base(span=1)
-    s = dataclasses.replace(gateway.stack.s, console_port=port, payment_provider="p24", p24_merchant_id=MERCHANT,
-                            p24_pos_id=POS, p24_crc=CRC, p24_api_key=API_KEY, p24_api_url=fake.url,
-                            # a configured SMTP server (the capture server, as a plain SMTP server)
-                            smtp_host="127.0.0.1", smtp_port=gateway.stack.s.smtp_capture_port, smtp_tls="none")
-    gateway.stack.start_proc(console_proc(gateway.stack.child_env(), s, name="console-p24"))
     try:
-        yield f"http://127.0.0.1:{port}", fake
+        # a configured SMTP server: the capture server, as a plain SMTP server
+        with gateway.another_console("console-p24", payment_provider="p24", p24_merchant_id=MERCHANT,
+                                     p24_pos_id=POS, p24_crc=CRC, p24_api_key=API_KEY, p24_api_url=fake.url,
+                                     smtp_host="127.0.0.1", smtp_port=gateway.stack.s.smtp_capture_port,
+                                     smtp_tls="none") as port:
+            yield f"http://127.0.0.1:{port}", fake
     finally:
-        gateway.stack.stop_proc("console-p24")
-        gateway.stack.procs.pop("console-p24", None)
         fake.close()
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import csv
-import dataclasses
 import io
 import ipaddress
 import os
@@ -25,7 +24,7 @@ from conftest import Gateway, free_base, wait_for
 from test_console_keys_usage import create_key
 from test_console_members import invite
 from test_console_support import PASSWORD, ConsoleClient, mail_link, mails, new_email, signed_up
-from control.console.launch import ConfigError, console_proc
+from control.console.launch import ConfigError
 from control.launcher import Stack
 from control.settings import Settings
 
@@ -114,14 +113,8 @@ def _non_loopback_address() -> str | None:
 @pytest.fixture
 def public_dev_console(gateway: Gateway) -> Iterator[int]:
     """A development-mode console listening on every address (GATEWAY_HOST=0.0.0.0)."""
-    port = free_base(span=1)
-    s = dataclasses.replace(gateway.stack.s, console_port=port, gateway_host="0.0.0.0", dev=True)
-    gateway.stack.start_proc(console_proc(gateway.stack.child_env(), s, name="console-public"))
-    try:
+    with gateway.another_console("console-public", gateway_host="0.0.0.0", dev=True) as port:
         yield port
-    finally:
-        gateway.stack.stop_proc("console-public")
-        gateway.stack.procs.pop("console-public", None)
 
 
 def test_development_pages_answer_loopback_only(gateway: Gateway, public_dev_console: int) -> None:
@@ -450,14 +443,8 @@ def parallel_posts(base: str, address: str, c: ConsoleClient, path: str,
 @pytest.fixture
 def console_behind_one_proxy(gateway: Gateway) -> Iterator[str]:
     """A console told that one proxy (appending X-Forwarded-For) stands in front of it."""
-    port = free_base(span=1)
-    s = dataclasses.replace(gateway.stack.s, console_port=port, trusted_hops=1)
-    gateway.stack.start_proc(console_proc(gateway.stack.child_env(), s, name="console-hops"))
-    try:
+    with gateway.another_console("console-hops", trusted_hops=1) as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        gateway.stack.stop_proc("console-hops")
-        gateway.stack.procs.pop("console-hops", None)
 
 
 def test_behind_a_proxy_one_client_locked_out_does_not_lock_out_the_others(
