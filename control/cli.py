@@ -280,9 +280,8 @@ async def status(s: Settings) -> dict[str, dict[str, Any]]:
 
     sims: list[tuple[str, int]] = []
     if s.run_sim:
-        cat = catalog_mod.load(s.catalog)
-        sims = sorted({(d.name, d.port_at(s.gateway_port)) for deps in cat.deployments.values() for d in deps
-                       if d.host in ("127.0.0.1", "localhost")})
+        from .ports import simulators
+        sims = sorted(simulators(catalog_mod.load(s.catalog), s))
     out: dict[str, dict[str, Any]] = {}
     try:
         db, rd = _urls(s)
