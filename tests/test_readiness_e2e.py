@@ -417,9 +417,11 @@ def test_a_stopped_extproc_is_one_line_each_way_in_envoys_logs_not_one_per_reque
         assert "[ext_proc]" not in added and len(added) < 2000, added[:2000]
     finally:
         gw.stack.restart("extproc")
-    wait_for(lambda: any("add_healthy_event" in e for e in events()), timeout=10)
-    # one line out and one back (a loaded machine may add one more pair: a health check answered late)
+    # back in the rotation (on a loaded machine a health check answered late may take it out and back once
+    # or twice more: a few lines, never one per request refused)
+    wait_for(lambda: kinds((logs / "envoy-health.log").read_text().splitlines()[health_lines:])[-1:]
+             == ["add_healthy_event"], timeout=20)
     seen_kinds = kinds((logs / "envoy-health.log").read_text().splitlines()[health_lines:])
     assert seen_kinds[0] == "eject_unhealthy_event" and seen_kinds[-1] == "add_healthy_event", events()
-    assert len(seen_kinds) <= 4, events()
+    assert len(seen_kinds) <= 6 < len(rids), events()
     wait_for(lambda: health(gw) == "SERVING", timeout=10)
