@@ -13,10 +13,11 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Coroutine
+from typing import Any, Awaitable, Callable, Coroutine, Protocol
 from urllib.parse import unquote
 
 from . import logs, metrics
+from .billing_outcome import Facts, Outcome, decide
 from .catalog import Alias, Catalog
 from .cost import Prices, cost_micro_pln
 from .decisions import Admission, UsageRecord
@@ -44,6 +45,7 @@ ATTR_DETAILS, VIA_UPSTREAM = "response.code_details", "via_upstream"
 STREAM_HEADER = "x-gateway-stream"
 # How long after the end of a call a stream it handed over may still be billed by the stream watch
 # (Envoy keeps the watch's call open 1 s after the stream ended, envoy/envoy.yaml deferred_close_timeout).
+# The concurrency slot is given back at the end of the call, not after this (``Gateway.release``).
 HAND_OVER_GRACE_S = 5.0
 # How long a non-streaming reply that ended before its end waits for Envoy's access log to say whether the
 # client left (logged 499) or the model server broke it (502): both end the call alike, the access log's
@@ -55,6 +57,14 @@ _EMB_PATH = "/v1/embeddings"
 _MODELS_PATH = "/v1/models"
 _ENDPOINTS = {_CHAT_PATH: "chat", _EMB_PATH: "embeddings", _MODELS_PATH: "models"}
 _FREE = Prices(0, 0)  # a refusal's, logged before an alias was chosen
+
+
+class Watch(Protocol):
+    """This process's stream watch of a request (``observer.StreamWatch``), as the exchange sees it."""
+
+    @property
+    def settled(self) -> bool:
+        """The stream reached its end or the watch billed it: its finish frees the slot now."""
 
 
 @dataclass(slots=True)
@@ -95,9 +105,9 @@ class Gateway:
     auth_cache: "AuthCache" = field(default_factory=lambda: AuthCache())
     _models: tuple[int, Catalog, bytes] | None = None
     owner: str = field(default_factory=lambda: uuid.uuid4().hex)  # this process, in the in-flight journal
-    # streams this process handed over whose stream watch runs in this process too (``observer``): their
-    # hand-over needs no finish of its own (``Exchange._handed_over_end``)
-    watched: set[str] = field(default_factory=set)
+    # streams this process handed over whose stream watch runs in this process too (``observer``), by
+    # request id: their hand-over needs no finish of its own (``Exchange._handed_over_end``)
+    watched: dict[str, Watch] = field(default_factory=dict)
     # what in this process waits on Envoy's access log to say a client left (``access_log``), by request
     # id: a stream watch (billed and its slot freed at once, not when Envoy's deferred close of its call,
     # 1 s later, would end it) or a non-streaming reply that ended before its end (499 or 502)
@@ -141,11 +151,20 @@ class Gateway:
         meanwhile: a record that counts only if no other came first."""
         async def later() -> None:
             await asyncio.sleep(HAND_OVER_GRACE_S)
-            if request_id in self.watched:
-                self.watched.discard(request_id)
+            if self.watched.pop(request_id, None) is not None:
                 return
             await self.finish(org_id, request_id, record, first_only=True)
         self._background(later())
+
+    def release(self, org_id: str, request_id: str) -> None:
+        """Give the request's concurrency slot back now, in the background, ahead of its finish (which
+        still comes, with the record and the debit); Redis unreachable: the finish gives it back."""
+        async def once() -> None:
+            try:
+                await self.store.release(org_id, request_id)
+            except Exception as e:  # noqa: BLE001
+                log.warning("could not free a slot early: %s", type(e).__name__, extra={"request_id": request_id})
+        self._background(once())
 
     def cancel(self, request_id: str) -> None:
         """An admission given up on (``Store.cancel``), in the background until Redis takes it."""
@@ -277,7 +296,7 @@ def _json(doc: object) -> bytes:
 class Exchange:
     __slots__ = ("gw", "request_id", "method", "path", "key_hash", "admission", "prepared", "started",
                  "ttfb", "status", "error_code", "handed_over", "envoys_reply", "finished", "idle", "finishing",
-                 "cut")
+                 "cut", "delivered")
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
@@ -295,6 +314,7 @@ class Exchange:
         self.handed_over = False
         self.envoys_reply = False  # the reply is Envoy's own (local_reply_config: SPEC's shape already)
         self.finished = False
+        self.delivered = True  # False: Envoy ended the call before the request went on (``undelivered``)
         # Envoy ended the call while the answer to this response phase was in flight (``cut_off``)
         self.cut: str | None = None
         # seconds the next message may take to come (None: no limit here); set once the reply started
@@ -327,8 +347,8 @@ class Exchange:
                 or self.path not in (_CHAT_PATH, _EMB_PATH)):
             return
         self.finished = True
-        self.finishing = (adm.identity.org_id, self._record((0, 0), False, adm.identity.org_id,
-                                                           adm.identity.key_id), True)
+        o = decide(Facts(0, reached_model=False, status=self.status, code=self.error_code))
+        self.finishing = (adm.identity.org_id, self._record(o, adm.identity.org_id, adm.identity.key_id), True)
 
     def _ok(self, body: bytes) -> Answer:
         self._count(200, "")
@@ -513,14 +533,13 @@ class Exchange:
                 code = err.code
                 answer = self._reject(err)
             metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, code).inc()
-            self._finish(None)  # the model server produced no output
+            self._finish(Facts(p.estimated_prompt_tokens, status=self.status, code=code))
             return answer
         new, usage = rewrite_body(body, p.upstream_model, p.alias.id, embeddings=p.endpoint != CHAT)
+        output = 0
         if usage is None:  # a complete reply without usage: its input and its output estimated, and shown
             new, output = with_estimated_usage(new, p.estimated_prompt_tokens, embeddings=p.endpoint != CHAT)
-            self._finish((p.estimated_prompt_tokens, output), estimated=True)
-        else:
-            self._finish(usage)
+        self._finish(Facts(p.estimated_prompt_tokens, status=self.status, ended=True, usage=usage, output=output))
         return Answer(body=new, set_headers={"content-length": str(len(new))})
 
     async def idle_gap(self) -> Answer:
@@ -545,10 +564,9 @@ class Exchange:
 
     def undelivered(self) -> None:
         """Envoy ended the call before the answer that lets the request through (this process was late
-        past Envoy's message timeout, or the client left): no model server ever saw the request, so its
-        slot is released and nothing is billed."""
-        if self.prepared is not None:
-            self._finish(None)
+        past Envoy's message timeout, or the client left): no model server ever saw the request, so
+        nothing is billed (``close`` records it, as the client's 499 or Envoy's 500)."""
+        self.delivered = False
 
     async def close(self) -> None:
         """The gRPC stream ended.  A forwarded request not billed yet ended abnormally."""
@@ -556,8 +574,12 @@ class Exchange:
         if self.handed_over:
             self._handed_over_end()
         elif not self.finished and p is not None:
-            # a reply under way that ended before its end: the client left, or the model server broke it
-            self._bill_failure(p, 200 <= self.status < 400 and await self._client_left())
+            # never let through, or a reply under way that ended before its end: the client left, the
+            # model server broke it, or Envoy went away
+            asked = self.status == 0 or (200 <= self.status < 400 and not self.error_code)
+            self._finish(Facts(p.estimated_prompt_tokens, reached_model=self.delivered, status=self.status,
+                               code=self.error_code, content_seen=200 <= self.status < 400,
+                               client_left=asked and await self._client_left(), failure=self.error_code))
         await self.send_finish()
 
     async def _client_left(self) -> bool:
@@ -580,52 +602,37 @@ class Exchange:
 
     def _handed_over_end(self) -> None:
         """A stream handed over to Envoy's relay is the stream watch's to bill, once Envoy passed its
-        headers on.  This call ends with the stream; a finish of its own follows ``HAND_OVER_GRACE_S``
-        later, and counts only if the stream watch's did not come first (``Store.finish`` takes the first
-        finish of a request): when the call ended right after the hand-over, Envoy may have reset the
-        client's stream before it read it (the client got 502 and the stream watch saw nothing), recorded
-        as that 502 at no cost; otherwise the stream watch's process died with the stream, billed the
-        estimated input as the reaper bills a request whose ext_proc died."""
+        headers on.  This call ends with the stream: its concurrency slot is given back now (a client's
+        next request is not refused for a stream that is over), and a finish of its own follows
+        ``HAND_OVER_GRACE_S`` later, which counts only if the stream watch's did not come first
+        (``Store.finish`` takes the first finish of a request): when the call ended right after the
+        hand-over, Envoy may have reset the client's stream before it read it (the client got 502 and the
+        stream watch saw nothing), recorded as that 502 at no cost; otherwise the stream watch's process
+        died with the stream, billed the estimated input as the reaper bills a request whose ext_proc died."""
         p = self.prepared
         adm = self.admission
         if self.finished or p is None or adm is None or adm.identity is None:
             return
         self.finished = True
-        if self.request_id in self.gw.watched:  # this process's stream watch has it
-            self.gw.watched.discard(self.request_id)
+        org_id = adm.identity.org_id
+        watch = self.gw.watched.pop(self.request_id, None)
+        if watch is not None:  # this process's stream watch has it
+            if not watch.settled:  # broken or left: billed when the watch's call ends, up to 1 s later
+                self.gw.release(org_id, self.request_id)
             return
-        tokens = (p.estimated_prompt_tokens, 0)
+        self.gw.release(org_id, self.request_id)
         if self.cut == "response_headers":
-            self.status, self.error_code, tokens = 502, "upstream_unavailable", (0, 0)
-        record = self._record(tokens, tokens != (0, 0), adm.identity.org_id, adm.identity.key_id)
-        self.gw.finish_later(adm.identity.org_id, self.request_id, record)
-
-    def _bill_failure(self, p: Prepared, client_left: bool) -> None:
-        """The reply ended abnormally; SPEC section 4, "Billing on failure" (README, Billing)."""
-        est_input = p.estimated_prompt_tokens
-        if self.status == 0 or client_left:
-            # no reply yet, or one the client did not wait for: the client left (or gave up) after the
-            # request reached the model server
-            self.status = 499
-            self._finish((est_input, 0), estimated=True)
-        elif self.status >= 400 or self.status < 200:
-            self._finish(None)  # the model server's error reply, cut short: it produced no output
+            facts = Facts(p.estimated_prompt_tokens, streamed=True, status=502, code="upstream_unavailable")
         else:
-            # a non-streaming reply that broke after the model server started it (the client got
-            # Envoy's 502): its estimated input
-            self.status = 502
-            self._finish((est_input, 0), estimated=True)
+            facts = Facts(p.estimated_prompt_tokens, streamed=True, status=200, observed=False)
+        record = self._record(decide(facts), org_id, adm.identity.key_id)
+        self.gw.finish_later(org_id, self.request_id, record)
 
-    def _record(self, tokens: tuple[int, int], estimated: bool, org_id: str, key_id: str) -> UsageRecord:
+    def _record(self, o: Outcome, org_id: str, key_id: str) -> UsageRecord:
         """The request's usage record; without ``prepared`` (refused before an alias was chosen) it has
         no alias, no prices and costs nothing."""
         p = self.prepared
-        prompt, completion = tokens
-        status = self.status or 500
-        code = self.error_code
-        if not code and status >= 500 and self.finished:
-            # an ending the gateway decided after the reply began (a broken or cut reply)
-            code = "internal_error" if status == 500 else "upstream_unavailable"
+        prompt, completion = o.tokens or (0, 0)
         if p is None:
             alias, upstream, endpoint, stream, prices = "", "", _ENDPOINTS[self.path], False, _FREE
         else:
@@ -635,10 +642,10 @@ class Exchange:
                 completion = 0
         return UsageRecord(
             request_id=self.request_id, org_id=org_id, key_id=key_id, alias=alias, upstream_model=upstream,
-            endpoint=endpoint, status=status, stream=stream, prompt_tokens=prompt, completion_tokens=completion,
-            estimated=estimated, cost_micro_pln=cost_micro_pln(prompt, completion, prices),
+            endpoint=endpoint, status=o.status, stream=stream, prompt_tokens=prompt, completion_tokens=completion,
+            estimated=o.estimated, cost_micro_pln=cost_micro_pln(prompt, completion, prices),
             input_price=prices.input, output_price=prices.output, started_at=self.started,
-            ttfb_ms=self._ttfb_ms(), ended_at=self.gw.clock(), error_code=code)
+            ttfb_ms=self._ttfb_ms(), ended_at=self.gw.clock(), error_code=o.code)
 
     def _ttfb_ms(self) -> int | None:
         return None if self.ttfb is None else int((self.ttfb - self.started) * 1000)
@@ -646,12 +653,12 @@ class Exchange:
     def _pending(self) -> str:
         """The journal entry while in flight: what is billed if this process dies (estimated input)."""
         assert self.prepared is not None  # only a request with limits (a prepared one) is journalled
-        rec = self._record((self.prepared.estimated_prompt_tokens, 0), True, "", "")
+        rec = self._record(decide(Facts(self.prepared.estimated_prompt_tokens, observed=False)), "", "")
         return self.gw.owner + "|" + rec.to_json()
 
-    def _finish(self, tokens: tuple[int, int] | None, *, estimated: bool = False) -> None:
-        """Release the slot and record the request once; ``None`` tokens: nothing billed (the record,
-        at cost 0, still goes to the usage log)."""
+    def _finish(self, facts: Facts) -> None:
+        """Release the slot and record the request once, as ``billing_outcome`` decides (a request billed
+        nothing still goes to the usage log, at cost 0)."""
         if self.finished:
             return
         self.finished = True
@@ -659,8 +666,9 @@ class Exchange:
         if adm is None or adm.identity is None or self.prepared is None:
             return
         ident = adm.identity
-        record = self._record((0, 0) if tokens is None else tokens, estimated, ident.org_id, ident.key_id)
-        if tokens is not None:
+        o = decide(facts)
+        record = self._record(o, ident.org_id, ident.key_id)
+        if o.billed:
             account(record)
         self.finishing = (ident.org_id, record, False)
 
