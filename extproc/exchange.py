@@ -196,7 +196,8 @@ class Gateway:
         now = int(self.clock())
         cached = self._models
         if cached is None or cached[0] != now or cached[1] is not self.catalog:
-            body = _json({"object": "list", "data": [a.model_object(now) for a in self.catalog.aliases.values()]})
+            body = _json({"object": "list", "data": [a.model_object(now) for a in self.catalog.aliases.values()
+                                                     if a.offered_at(now)]})
             cached = self._models = (now, self.catalog, body)
         return cached[2]
 
@@ -386,7 +387,7 @@ class Exchange:
         if self.method == "GET" and self.path.startswith(_MODELS_PATH + "/"):
             # the id as the client meant it: percent-encoding undone (RFC 3986; /v1/models/%65mbed is embed)
             alias = self.gw.catalog.aliases.get(unquote(self.path[len(_MODELS_PATH) + 1:]))
-            if alias is None:
+            if alias is None or not alias.offered_at(self.gw.clock()):
                 return self._reject(MODEL_NOT_FOUND)
             return self._ok(_json(alias.model_object(self.gw.clock())))
         return self._reject(UNSUPPORTED_ENDPOINT)
@@ -410,7 +411,8 @@ class Exchange:
         if len(body) > self.gw.max_body_bytes:
             return await self._too_large()
         prepare = prepare_chat if self.path == _CHAT_PATH else prepare_embeddings
-        prepared = prepare(body, self.gw.catalog, lambda alias: self.gw.upstream_for(alias, self.started))
+        prepared = prepare(body, self.gw.catalog, lambda alias: self.gw.upstream_for(alias, self.started),
+                           self.started)
         if isinstance(prepared, Prepared):
             self.prepared = prepared
         adm = await self._admit(limits=self.prepared is not None)

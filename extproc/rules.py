@@ -111,14 +111,15 @@ def _deeper_than(doc: dict[str, Any], limit: int) -> bool:
     return True
 
 
-def _alias(doc: dict[str, Any], catalog: Catalog, capability: str) -> Alias | ApiError:
+def _alias(doc: dict[str, Any], catalog: Catalog, capability: str, when: float | None) -> Alias | ApiError:
+    """The alias the request names, offered at ``when`` (the request's start; None: at any time)."""
     model = doc.get("model")
     if model is None:
         return _bad("The 'model' field is required.", "model")
     if not isinstance(model, str):
         return _bad("The 'model' field must be a string.", "model")
     alias = catalog.aliases.get(model)
-    if alias is None:
+    if alias is None or (when is not None and not alias.offered_at(when)):
         return MODEL_NOT_FOUND
     if capability not in alias.capabilities:
         what = "chat completions" if capability == "chat" else "embeddings"
@@ -158,11 +159,12 @@ def choices(n: Any) -> int:
     return n if isinstance(n, int) and n > 1 else 1
 
 
-def prepare_chat(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | None]) -> Prepared | ApiError:
+def prepare_chat(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | None],
+                 when: float | None = None) -> Prepared | ApiError:
     doc = _parse(raw)
     if isinstance(doc, ApiError):
         return doc
-    alias = _alias(doc, catalog, "chat")
+    alias = _alias(doc, catalog, "chat", when)
     if isinstance(alias, ApiError):
         return alias
     messages = doc.get("messages")
@@ -209,11 +211,12 @@ def _tokens(x: Any) -> bool:
     return type(x) is list and bool(x) and all(type(t) is int for t in x)
 
 
-def prepare_embeddings(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | None]) -> Prepared | ApiError:
+def prepare_embeddings(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | None],
+                       when: float | None = None) -> Prepared | ApiError:
     doc = _parse(raw)
     if isinstance(doc, ApiError):
         return doc
-    alias = _alias(doc, catalog, "embeddings")
+    alias = _alias(doc, catalog, "embeddings", when)
     if isinstance(alias, ApiError):
         return alias
     inp = doc.get("input")

@@ -108,6 +108,10 @@ def test_prices_in_force_by_effective_time() -> None:
     a = cat.aliases["a"]
     assert a.prices_at(1798761599) == Prices(1, 2)  # 2026-12-31T23:59:59Z
     assert a.prices_at(1798761600) == Prices(5, 6)
+    # before its first price the alias has none in force: not offered, and no price is applied early
+    assert a.offered_at(1767225600) and not a.offered_at(1767225599)
+    with pytest.raises(ValueError, match="no price in force"):
+        a.prices_at(1767225599)
 
 
 def test_keys() -> None:
