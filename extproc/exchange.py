@@ -297,7 +297,7 @@ def _json(doc: object) -> bytes:
 class Exchange:
     __slots__ = ("gw", "request_id", "method", "path", "key_hash", "admission", "prepared", "started",
                  "ttfb", "status", "error_code", "handed_over", "envoys_reply", "finished", "idle", "finishing",
-                 "cut", "delivered")
+                 "cut", "delivered", "stream_ended")
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
@@ -316,6 +316,7 @@ class Exchange:
         self.envoys_reply = False  # the reply is Envoy's own (local_reply_config: SPEC's shape already)
         self.finished = False
         self.delivered = True  # False: Envoy ended the call before the request went on (``undelivered``)
+        self.stream_ended = False  # a handed-over stream reached its end (its trailers phase)
         # Envoy ended the call while the answer to this response phase was in flight (``cut_off``)
         self.cut: str | None = None
         # seconds the next message may take to come (None: no limit here); set once the reply started
@@ -544,6 +545,12 @@ class Exchange:
         self._finish(Facts(p.estimated_prompt_tokens, status=self.status, ended=True, usage=usage, output=output))
         return Answer(body=new, set_headers={"content-length": str(len(new))})
 
+    def response_trailers(self) -> Answer:
+        """A handed-over stream reached its end: the stream watch bills it at once (its last copy is on
+        its way), so the slot needs no early release."""
+        self.stream_ended = True
+        return Answer()
+
     async def idle_gap(self) -> Answer:
         """Nothing more of a non-streaming reply came within the idle budget (SPEC section 7): 502
         upstream_timeout (Envoy still holds the reply whole, so the client gets the error).  A stream's
@@ -618,11 +625,12 @@ class Exchange:
         self.finished = True
         org_id = adm.identity.org_id
         watch = self.gw.watched.pop(self.request_id, None)
+        # a stream that broke or was left is billed when the watch's call ends, up to 1 s later: its slot
+        # is given back now (a stream that reached its end is billed by the watch right away)
+        if not (self.stream_ended or (watch is not None and watch.settled)):
+            self.gw.release(org_id, self.request_id)
         if watch is not None:  # this process's stream watch has it
-            if not watch.settled:  # broken or left: billed when the watch's call ends, up to 1 s later
-                self.gw.release(org_id, self.request_id)
             return
-        self.gw.release(org_id, self.request_id)
         if self.cut == "response_headers":
             facts = Facts(p.estimated_prompt_tokens, streamed=True, status=502, code="upstream_unavailable")
         else:
