@@ -126,6 +126,26 @@ def test_the_slot_is_free_within_a_second_of_any_replys_end(gateway: Gateway, si
     wait_for(lambda: len(gateway.sql("SELECT 1 FROM usage_records WHERE org_id = $1", org)) == 6, 15)
 
 
+def _zrems(gateway: Gateway) -> int:
+    """ZREM calls Redis ran so far (a finish's script runs one; an early slot release is one more)."""
+    stats = gateway.redis(lambda r: r.info("commandstats"))
+    return int(stats.get("cmdstat_zrem", {}).get("calls", 0))
+
+
+def test_only_a_stream_that_did_not_reach_its_end_has_its_slot_released_ahead_of_its_record(
+        gateway: Gateway) -> None:
+    """A complete stream is finished by the stream watch at once (one Redis script: slot, debit, record);
+    a broken one gives its slot back when Envoy ends it, its record following when the watch's call ends."""
+    org, _, key = gateway.new_org(10_000_000)
+    for sim, releases in (({"output_tokens": 3}, 0), ({"fail_after_chunks": 3, "itl_ms": 5}, 1)):
+        before = _zrems(gateway)
+        r, _, _ = _stream(gateway, key, sim)
+        _row(gateway, r.headers["x-request-id"])
+        assert gateway.slots_held(org) == 0
+        time.sleep(0.3)  # nothing more comes
+        assert _zrems(gateway) - before == 1 + releases, (sim, _zrems(gateway) - before)
+
+
 @pytest.mark.parametrize("where", ["first", "middle"])
 def test_a_json_replys_usage_is_billed_whatever_the_order_of_its_members(gateway: Gateway, where: str) -> None:
     """``prompt_tokens_details`` before the counts, or between them (as some servers order the usage
