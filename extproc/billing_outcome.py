@@ -2,8 +2,8 @@
 
 The exchange (a JSON reply, a refusal, a stream's hand-over) and the stream watch (a streamed reply)
 gather the ``Facts`` of an ending and act on the ``Outcome``; neither decides anything of billing itself.
-The rules are the interface's "Cost computation" and "Billing on failure" (README, Billing), and the
-usage log's status and code are what the client received:
+The rules are docs/interface.md section 4, "Cost computation" and "Billing on failure" (docs/billing.md),
+and the usage log's status and code are what the client received:
 
 - usage the model server reported is billed as it is (200);
 - a reply that reached its end without usage: the estimated input and the output seen (estimated, 200);
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# SPEC's code of a failure decided here when nothing more specific is known
+# the code (docs/interface.md, section 7) of a failure decided here when nothing more specific is known
 UPSTREAM_UNAVAILABLE = "upstream_unavailable"
 INTERNAL_ERROR = "internal_error"
 CLIENT_LEFT = 499  # as nginx logs a client that closed its connection
@@ -41,7 +41,7 @@ class Facts:
     observed: bool = True
     # the reply's status as it came to the gateway (the model server's, or Envoy's own reply's); 0: none
     status: int = 0
-    code: str = ""  # SPEC's code of the error reply the client got, when known
+    code: str = ""  # the error code (docs/interface.md, section 7) of the reply the client got, when known
     ended: bool = False  # the reply reached its end (a stream: its last chunk)
     usage: tuple[int, int] | None = None  # (prompt, completion) the model server reported
     output: int = 0  # output tokens seen: a stream's content events, a complete JSON reply's estimate
@@ -49,7 +49,7 @@ class Facts:
     # model server started sending it
     content_seen: bool = False
     client_left: bool = False  # Envoy's access log says the client went away (response flag DC or DR)
-    failure: str = ""  # SPEC's code of a failure known here (an idle gap or the total budget: upstream_timeout)
+    failure: str = ""  # the code of a failure known here (an idle gap or the total budget: upstream_timeout)
 
 
 @dataclass(frozen=True, slots=True)

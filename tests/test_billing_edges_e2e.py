@@ -75,8 +75,8 @@ def test_a_stream_broken_after_only_its_role_chunk_is_billed_nothing(gateway: Ga
 
 def test_a_client_that_leaves_a_stream_before_its_first_chunk_is_billed_the_estimated_input(
         gateway: Gateway) -> None:
-    """The request reached the model server, the client got the 200 and left before any event: SPEC's
-    client-disconnect rule, logged 499."""
+    """The request reached the model server, the client got the 200 and left before any event:
+    docs/interface.md's client-disconnect rule, logged 499."""
     org, _, key = gateway.new_org(10_000_000)
     body = {"model": "polish-pro", "messages": MSGS, "stream": True,
             "sim": {"first_event_ms": 3000, "output_tokens": 10}}
@@ -177,7 +177,8 @@ def test_an_alias_whose_first_price_lies_ahead_is_not_offered_before_it(gateway:
     doc = yaml.safe_load(original)
     marker = doc["aliases"]["empty-alias"]["prices"][0]["output_micro_pln_per_1m"]
     doc["aliases"]["later-alias"] = {
-        "capabilities": ["chat"], "context_length": 8192, "max_output_tokens": 2048, "upstreams": [{"model": "up-fast"}],
+        "capabilities": ["chat"], "context_length": 8192, "max_output_tokens": 2048,
+        "upstreams": [{"model": "up-fast"}],
         "prices": [{"effective": "2099-01-01", "input_micro_pln_per_1m": 7, "output_micro_pln_per_1m": 9}]}
     doc["aliases"]["empty-alias"]["prices"][0]["output_micro_pln_per_1m"] = marker + 1  # tells when it is in force
 

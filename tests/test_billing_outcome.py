@@ -1,7 +1,7 @@
 """Every way a request ends, as one table: the facts the exchange or the stream watch saw, and what the
-usage log shows and the request is billed (``billing_outcome.decide``).  The rows are the interface's
-"Cost computation" and "Billing on failure" rules (README, Billing), the statuses a client can get
-(README, Billing: the usage log's status and code are what the client received) and the edges the stack once
+usage log shows and the request is billed (``billing_outcome.decide``).  The rows are docs/interface.md's
+"Cost computation" and "Billing on failure" rules (docs/billing.md), the statuses a client can get
+(docs/billing.md: the usage log's status and code are what the client received) and the edges the stack once
 got wrong, each reproduced through the stack in tests/test_billing_edges_e2e.py."""
 from __future__ import annotations
 
