@@ -586,6 +586,10 @@ class Exchange:
             # never let through, or a reply under way that ended before its end: the client left, the
             # model server broke it, or Envoy went away
             asked = self.status == 0 or (200 <= self.status < 400 and not self.error_code)
+            adm = self.admission
+            if asked and adm is not None and adm.identity is not None:
+                # the slot now, not after the wait for Envoy's access log (up to LEFT_WAIT_S)
+                self.gw.release(adm.identity.org_id, self.request_id)
             self._finish(Facts(p.estimated_prompt_tokens, reached_model=self.delivered, status=self.status,
                                code=self.error_code, content_seen=200 <= self.status < 400,
                                client_left=asked and await self._client_left(), failure=self.error_code))
