@@ -543,6 +543,17 @@ class Exchange:
         if not self.finished:
             self.cut = phase
 
+    async def answered_by_envoy(self, attributes: dict[str, str] | None = None) -> Answer:
+        """Envoy reset the call before the request was admitted: its message timeout answered the client
+        (SPEC's 500 internal_error) while this process was paused.  Logged as the client saw it, after
+        authentication only (the usage log is its organisation's); admitted never: no slot, no request
+        of the per-minute budget, nothing billed.  ``attributes`` as for ``request_body``."""
+        if attributes is None or self._identify(attributes.get(ATTR_ID, ""), attributes.get(ATTR_METHOD, ""),
+                                                attributes.get(ATTR_PATH, ""), attributes.get(ATTR_AUTH)):
+            if self.key_hash is not None:
+                await self._admit(limits=False)
+        return self._reject(INTERNAL_ERROR)
+
     def undelivered(self) -> None:
         """Envoy ended the call before the answer that lets the request through (this process was late
         past Envoy's message timeout, or the client left): no model server ever saw the request, so its

@@ -252,6 +252,7 @@ class FakeCall:
         self.timeouts: list[float | None] = []
         self._metadata = metadata or {}
         self.ended = False  # Envoy ended or reset the call: set once ``read`` has handed out EOF
+        self.reset = False  # Envoy reset the call (its message timeout answered the client)
         self.ending: list[float] = []  # the delays ``end_soon`` was asked for
 
     def metadata(self, name: str) -> str | None:

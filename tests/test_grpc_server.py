@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,8 +19,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hpack import Encoder
 
 from extproc import h2
+from extproc.grpc_server import FROZEN_S, Call
 from extproc.server import PROCESS_PATH
-from grpc_peers import Running, echo, frames, grpc_msg
+from conftest import wait_for
+from grpc_peers import REQUEST_HEADERS, Peer, Running, body_msg, echo, frames, grpc_msg, reply_bodies
 
 
 # ---- sans-I/O ----------------------------------------------------------------------------------
@@ -331,5 +334,62 @@ def test_consume_feeds_every_message_until_the_sink_is_done_or_the_client_ends_o
             assert 0.3 <= float(how[5:]) < 1.0, how  # (slack for a loaded machine)
             assert run(b"a", b"fail", b"b") == b"failed:a"
             assert run(b"a", b"b", b"end") == b"done:a,b,end"  # all of it queued before ``consume``
+    finally:
+        r.stop()
+
+
+# ---- a paused process: the calls reset meanwhile are known as such before their handlers start -----
+def test_calls_reset_while_the_process_was_paused_are_known_reset_when_their_handlers_start() -> None:
+    """The server's loop frozen (as SIGSTOP or a starved CPU freezes it) while the client opens calls and
+    resets most of them, as Envoy resets each whose message timeout answered its client: on resuming,
+    each handler starts knowing whether its call was reset (the ext_proc then admits none of those),
+    even when the resets come several reads after the calls (a 40 KB message between them, the server's
+    reads cut to 4 KiB); a call the client only ended is not reset, and the live ones are answered."""
+    started: dict[bytes, bool] = {}
+
+    async def record(call: Call) -> None:
+        started[(call.metadata("x-n") or "").encode()] = call.reset
+        await echo(call)
+
+    r = Running({PROCESS_PATH: (record, ep.ProcessingRequest.FromString)})
+    try:
+        peer = Peer(r.port)
+        [proto] = r.call(lambda: list(r.server._protocols))
+        proto.transport.max_size = 4096  # (asyncio's transport reads up to this much at once)
+        frozen, thaw = threading.Event(), threading.Event()
+
+        def freeze() -> None:  # the loop's thread stops: the socket fills, nothing is read
+            frozen.set()
+            thaw.wait(10)
+            time.sleep(FROZEN_S)  # long enough to be taken for a pause
+        r.loop.call_soon_threadsafe(freeze)
+        assert frozen.wait(5)
+        names = (b"reset-1", b"live", b"reset-2", b"ended", b"big-reset")
+        sids = {name: peer.open(body_msg(name), headers=[*REQUEST_HEADERS, (b"x-n", name)], end=name == b"ended")
+                for name in names}
+        peer.h2.send_data(sids[b"big-reset"], body_msg(b"x" * 40_000))
+        peer.flush()
+        for name in (b"reset-1", b"reset-2", b"big-reset"):
+            peer.h2.reset_stream(sids[name])
+        peer.flush()
+        thaw.set()
+        replies = {sid: b"" for sid in sids.values()}
+        seen: list[Any] = []
+
+        def answered() -> bool:
+            for e in peer.events[len(seen):]:
+                seen.append(e)
+                if type(e).__name__ == "DataReceived":
+                    replies[e.stream_id] += e.data
+            return all(reply_bodies(replies[sids[n]]) for n in (b"live", b"ended"))
+        peer.until(answered)
+        assert reply_bodies(replies[sids[b"live"]]) == [b"evil"]
+        assert reply_bodies(replies[sids[b"ended"]]) == [b"dedne"]
+        wait_for(lambda: len(started) == 5)
+        assert started == {b"reset-1": True, b"live": False, b"reset-2": True, b"ended": False, b"big-reset": True}
+        # nothing of the reset calls is held: their bytes are back in the windows; only "live" is left
+        # (its client has not ended it)
+        wait_for(lambda: r.call(lambda: (len(proto.calls), proto.conn.unconsumed, len(proto._opened))) == (1, 0, 0))
+        peer.sock.close()
     finally:
         r.stop()
