@@ -383,19 +383,19 @@ class _Protocol(asyncio.Protocol):
             self.conn.goaway(e.code)
             self.close()
             return
-        for kind, sid, value in events:
-            if kind == h2.MESSAGE:
-                call = self.calls.get(sid)
+        for ev in events:
+            if isinstance(ev, h2.Message):
+                call = self.calls.get(ev.sid)
                 if call is not None:
-                    call._push(value)  # type: ignore[arg-type]
+                    call._push(ev.data)
                 else:
-                    self.conn.consumed(sid, len(value))  # type: ignore[arg-type]
-            elif kind == h2.OPENED:
-                self._open(sid, value)  # type: ignore[arg-type]
-            elif kind == h2.ENDED or kind == h2.RESET:
-                call = self.calls.get(sid)
+                    self.conn.consumed(ev.sid, len(ev.data))
+            elif isinstance(ev, h2.Opened):
+                self._open(ev.sid, ev.headers)
+            else:  # ended or reset by the client
+                call = self.calls.get(ev.sid)
                 if call is not None:
-                    call.reset = call.reset or kind == h2.RESET
+                    call.reset = call.reset or isinstance(ev, h2.Reset)
                     call._end()
         if self.conn.unconsumed > READ_BACKLOG:
             self._pace()

@@ -80,8 +80,8 @@ def test_header_blocks_decode_as_a_fresh_decoder_would_while_the_table_changes()
         want.append([(bytes(k), bytes(v)) for k, v in ref.decode(b, raw=True)])
         sid += 2
     assert want[-1] != want[-3]  # the same bytes now mean another field
-    got = [[(bytes(k), bytes(v)) for k, v in e[2]] for e in c.receive(b"".join(wire))  # type: ignore[union-attr]
-           if e[0] == h2.OPENED]
+    got = [[(bytes(k), bytes(v)) for k, v in e.headers] for e in c.receive(b"".join(wire))
+           if isinstance(e, h2.Opened)]
     assert got == want and len(got) == 164
     # the indexed block was cached, yet decoded right after each change of the table
     assert 0 < len(c._seen) <= 32
@@ -93,13 +93,13 @@ def test_messages_cut_anywhere_arrive_whole_and_in_order() -> None:
     wire = (h2.PREFACE + open_stream(enc, 1) + h2.frame(h2.DATA, 0, 1, grpc_msg(b"one") + grpc_msg(big)[:3])
             + b"".join(h2.frame(h2.DATA, 0, 1, p) for p in _cut(grpc_msg(big)[3:], 16381))
             + h2.frame(h2.DATA, h2.END_STREAM, 1, grpc_msg(b"")))
-    events = []
+    events: list[h2.Event] = []
     for i in range(0, len(wire), 777):  # and the bytes themselves arrive in 777-byte reads
         events += c.receive(wire[i:i + 777])
-    kinds = [(k, sid) for k, sid, _ in events]
-    assert kinds == [(h2.OPENED, 1), (h2.MESSAGE, 1), (h2.MESSAGE, 1), (h2.MESSAGE, 1), (h2.ENDED, 1)]
-    assert dict(events[0][2])[b":path"] == PROCESS_PATH  # type: ignore[call-overload]
-    assert [e[2] for e in events[1:4]] == [b"one", big, b""]
+    assert [(type(e), e.sid) for e in events] == [(h2.Opened, 1), (h2.Message, 1), (h2.Message, 1), (h2.Message, 1),
+                                                  (h2.Ended, 1)]
+    assert isinstance(events[0], h2.Opened) and dict(events[0].headers)[b":path"] == PROCESS_PATH
+    assert events[1:4] == [h2.Message(1, b"one"), h2.Message(1, big), h2.Message(1, b"")]
 
 
 def _cut(data: bytes, n: int) -> Iterator[bytes]:
@@ -154,9 +154,9 @@ def _held_and_filled() -> h2.Connection:
     c.send_message(1, b"r" * (h2.HOLD + 1))
     msg = grpc_msg(b"q" * (2**16 - 5))
     for _ in range(h2.STREAM_WINDOW // len(msg)):
-        for kind, sid, value in c.receive(h2.frame(h2.DATA, 0, 1, msg)):
-            assert (kind, sid) == (h2.MESSAGE, 1)
-            c.consumed(1, len(value))  # type: ignore[arg-type]
+        for e in c.receive(h2.frame(h2.DATA, 0, 1, msg)):
+            assert isinstance(e, h2.Message) and e.sid == 1
+            c.consumed(1, len(e.data))
     assert c.unconsumed == 0
     return c
 
@@ -183,7 +183,7 @@ def test_reset_stream_ends_the_call_and_drops_its_replies() -> None:
     c, enc = h2.Connection(), Encoder()
     c.receive(h2.PREFACE + open_stream(enc, 1))
     c.data_to_send()
-    assert c.receive(h2.frame(h2.RST_STREAM, 0, 1, struct.pack(">L", 8))) == [(h2.RESET, 1, None)]
+    assert c.receive(h2.frame(h2.RST_STREAM, 0, 1, struct.pack(">L", 8))) == [h2.Reset(1)]
     c.send_message(1, b"late")
     c.end_stream(1)
     assert c.data_to_send() == b""
