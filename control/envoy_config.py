@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from extproc import errors
 from extproc.catalog import Catalog, CatalogError, load
 
 from .settings import Settings
@@ -54,8 +55,22 @@ def access_log_path(s: Settings) -> str:
     return s.envoy_access_log or str(s.state / "logs" / "envoy-access.log")
 
 
+def error_bodies() -> dict[str, str]:
+    """The template's Envoy reply bodies: ``REQ_<NAME>`` / ``RESP_<NAME>`` is the JSON body of
+    ``extproc.errors.<NAME>`` with Envoy's request id (the request's, or the one its reply minted), as a
+    YAML scalar (the same text the bootstrap had when these were written by hand): every message a client can see is written in errors.py alone."""
+    out = {}
+    for name, e in vars(errors).items():
+        if isinstance(e, errors.ApiError):
+            for src in ("REQ", "RESP"):
+                body = e.body(f"%{src}(X-REQUEST-ID)%").decode()
+                out[f"{src}_{name}"] = "'" + body.replace("'", "''") + "'"  # YAML's single-quoted scalar
+    return out
+
+
 def render_bootstrap(s: Settings) -> str:
     text = Template(TEMPLATE.read_text()).substitute(
+        **error_bodies(),
         STATE=str(s.state), HOST=s.gateway_host, PORT=s.gateway_port, ADMIN_PORT=s.envoy_admin_port,
         EXTPROC_PORT=s.grpc_port, EXTPROC_ENDPOINTS=_extproc_endpoints(s), REPLY_LIMIT=s.max_reply_bytes,
         # Envoy's idle timer (a backstop: the ext_proc keeps the real one from the start of the reply) runs

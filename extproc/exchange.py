@@ -21,14 +21,14 @@ from .catalog import Alias, Catalog
 from .cost import Prices, cost_micro_pln
 from .decisions import Admission, UsageRecord
 from .directory import Directory
-from .errors import (BODY_TOO_LARGE, INTERNAL_ERROR, MODEL_NOT_FOUND, UNSUPPORTED_ENDPOINT, UPSTREAM_TIMEOUT,
-                     ApiError)
+from .errors import (BODY_TOO_LARGE, INTERNAL_ERROR, INVALID_KEY, MODEL_NOT_FOUND, UNSUPPORTED_ENDPOINT,
+                     UPSTREAM_TIMEOUT, ApiError)
 from .hold import worst_case
 from .keys import bearer_key, key_hash
 from .responses import rewrite_body, upstream_error, with_estimated_usage
 from .rules import CHAT, Prepared, prepare_chat, prepare_embeddings
 from .spool import NoSpool, PendingFinish, Spool
-from .store import INVALID_KEY, Late, Miss, Store
+from .store import Late, Miss, Store
 
 log = logging.getLogger("extproc")
 
