@@ -1,6 +1,6 @@
 """extproc/errors.py is the only home of the messages a client can see with an error: no other module
-builds an ``ApiError``, and no message text appears in any other file of the product (Envoy's replies
-are rendered from errors.py, tests/test_envoy_config.py)."""
+builds an ``ApiError``, and no message text appears in any other file of the product or its documentation
+(Envoy's replies are rendered from errors.py, tests/test_envoy_config.py)."""
 from __future__ import annotations
 
 import ast
@@ -9,13 +9,14 @@ from pathlib import Path
 from extproc import errors
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = ("extproc", "control", "envoy", "sim", "deploy")
-SUFFIXES = {".py", ".yaml", ".yml", ".lua", ".html", ".js", ".json", ".txt", ".po"}
+PRODUCT = ("extproc", "control", "envoy", "sim", "deploy", "docs")
+SUFFIXES = {".py", ".yaml", ".yml", ".lua", ".html", ".js", ".json", ".txt", ".po", ".md"}
+DOCS = ("README.md", "openapi.yaml", "BENCHMARKS.md")
 HOME = ROOT / "extproc" / "errors.py"
 
 
 def _files() -> list[Path]:
-    out = []
+    out = [ROOT / d for d in DOCS]
     for top in PRODUCT:
         for f in (ROOT / top).rglob("*"):
             if f.is_file() and f.suffix in SUFFIXES and f != HOME and not any(

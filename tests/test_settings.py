@@ -186,3 +186,17 @@ def test_a_stacks_default_ports_come_from_the_one_table() -> None:
     found = [f"{f.relative_to(root)}: {m.group(0)}" for top in ("extproc", "control", "sim")
              for f in (root / top).rglob("*.py") for m in written.finditer(f.read_text())]
     assert found == []
+
+
+def test_the_readme_gives_the_tables_default_ports() -> None:
+    from extproc.settings_base import PORT_OFFSETS
+    table = README.read_text(encoding="utf-8").split("## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split("|")[1].strip().replace("`", ""): line.split("|")[2].strip() for line in table.splitlines()
+            if line.startswith("| `")}
+    checked = [var for name, var in ENV_VARS.items() if name in PORT_OFFSETS and var in rows]
+    assert len(checked) == 5, checked  # the console's, the ext_proc's, the admin's and the two metrics ports
+    for name, var in ENV_VARS.items():
+        if var in checked:
+            assert rows[var].startswith(f"port + {PORT_OFFSETS[name]}"), (var, rows[var])
+    both = rows["GATEWAY_PG_PORT / GATEWAY_REDIS_PORT"]
+    assert both == f"port + {PORT_OFFSETS['pg_port']} / + {PORT_OFFSETS['redis_port']}"
