@@ -26,6 +26,7 @@ from .errors import (BODY_TOO_LARGE, INTERNAL_ERROR, MODEL_NOT_FOUND, UNSUPPORTE
                      ApiError)
 from .hold import worst_case
 from .keys import bearer_key, key_hash
+from .policies import NONE, Policies
 from .responses import upstream_error
 from .rules import Prepared
 from .spool import NoSpool, PendingFinish, Spool
@@ -78,6 +79,7 @@ class Gateway:
     directory: Directory
     pick: Callable[[Alias, float], str | None]  # an upstream model of the alias in force at that time
     endpoints: Registry = REGISTRY
+    policies: Policies = NONE  # the operator's request policies (GATEWAY_REQUEST_POLICIES): none by default
     clock: Callable[[], float] = time.time
     max_body_bytes: int = 20 * 1024 * 1024
     # SPEC section 7: the longest gap allowed inside an upstream reply once it has started.  Envoy's
@@ -331,6 +333,13 @@ class Exchange:
         self.finishing = (adm.identity.org_id, self._record((0, 0), False, adm.identity.org_id,
                                                            adm.identity.key_id), True)
 
+    def _refuse_admitted(self, err: ApiError) -> Answer:
+        """A request admitted (its slot, journal entry and hold taken) that a request policy refused: its
+        finish undoes the admission and logs it at cost 0, after the answer like any request's."""
+        answer = self._reject(err)
+        self._finish(None)
+        return answer
+
     def _ok(self, body: bytes) -> Answer:
         self._count(200, "")
         return Answer(reply=(200, body, {"content-type": "application/json"}))
@@ -403,6 +412,10 @@ class Exchange:
             return self._reject(adm.error)
         if isinstance(prepared, ApiError):
             return self._reject(prepared)
+        assert adm.identity is not None  # admitted
+        refusal = self.gw.policies.check(prepared, adm.identity)
+        if refusal is not None:
+            return self._refuse_admitted(refusal)
         # The routing header and the new length apply where Envoy sent the headers message.  Where the
         # route skipped it Envoy drops them (a buffer filter sets the length; the cluster comes from the
         # dynamic metadata) but needs some header mutation to re-route the request.
