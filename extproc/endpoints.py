@@ -40,7 +40,7 @@ class Endpoint:
     prepare: Prepare
     rewrite: Rewrite
     estimate: Estimate
-    input_param: str  # the request field a model server's refusal of the input names (SPEC section 7)
+    input_param: str  # the request field a model server's refusal of the input names (docs/interface.md, section 7)
     bills_output: bool  # whether output tokens are billed (embeddings: input only)
     meter: Callable[[], StreamMeter] = StreamMeter  # a streamed reply's (a request ``prepare`` lets stream)
 

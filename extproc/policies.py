@@ -1,11 +1,13 @@
-"""Request policies: rules of the operator's own on who may send what, beside SPEC's.
+"""Request policies: rules of the operator's own on who may send what, beside the interface's
+(docs/interface.md).
 
 A ``RequestPolicy`` is a function of the prepared request (``rules.Prepared``: the alias, the upstream
 model, the estimated input, the output asked for, whether it streams) and the caller (``Identity``: key
-and organisation ids) that admits it (None) or refuses it with one of SPEC's errors (``errors.ApiError``).
-The exchange runs them in the phase that validates the request body, after its one admission round trip
-to Redis (which names the caller), before the request goes upstream: a refusal costs the client no extra
-round trip.  None runs unless ``GATEWAY_REQUEST_POLICIES`` names it (``load``); docs/extending.md shows one.
+and organisation ids) that admits it (None) or refuses it with one of the interface's errors
+(``errors.ApiError``, docs/interface.md section 7).  The exchange runs them in the phase that validates
+the request body, after its one admission round trip to Redis (which names the caller), before the
+request goes upstream: a refusal costs the client no extra round trip.  None runs unless
+``GATEWAY_REQUEST_POLICIES`` names it (``load``); docs/extending.md shows one.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Request policies (extproc/policies.py): loaded from GATEWAY_REQUEST_POLICIES, none by default, asked
-in order after the admission, and a refusal answered in SPEC's shape with the admission undone (the
+in order after the admission, and a refusal answered in the interface's error shape with the admission undone (the
 exchange on the in-memory store of tests/extproc_fakes.py)."""
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """A request policy through the stack: docs/extending.md's example (read from the document, saved as the
-module the ext_proc loads by GATEWAY_REQUEST_POLICIES) refuses a listed key's long prompts with SPEC's
-error and its request id, logs the refusal at no cost and frees the slot at once (the organisation may
-run one request at a time: the next request is served); other keys and short prompts are served."""
+module the ext_proc loads by GATEWAY_REQUEST_POLICIES) refuses a listed key's long prompts with the
+interface's error and its request id, logs the refusal at no cost and frees the slot at once (the
+organisation may run one request at a time: the next request is served); other keys and short prompts
+are served."""
 from __future__ import annotations
 
 import os
