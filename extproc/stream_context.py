@@ -1,8 +1,9 @@
 """What Envoy's relay (envoy/sse_relay.lua) and the stream watch (``observer``) know of a streamed reply
 the exchange handed over: one ``StreamContext``, carried in the ``x-gateway-stream`` response header as
-one JSON object (ASCII: a header value) whose member names are ``WIRE``'s, written here only.  Envoy
-removes the header before the reply leaves (envoy/envoy.yaml); the names are short because it passes
-every streamed reply's filters.  Pure.
+one JSON object (ASCII: a header value) whose member names are ``WIRE``'s, written here only.  The relay
+removes the header before the reply leaves, and Envoy removes one a model server sent before any filter
+reads it (envoy/envoy.yaml); the names are short because the header passes every streamed reply's
+filters.  Pure.
 """
 from __future__ import annotations
 
