@@ -108,8 +108,6 @@ def too_deep(levels: int) -> ApiError:
 MODEL_REQUIRED = _invalid("The 'model' field is required.", "model")
 MODEL_NOT_A_STRING = _invalid("The 'model' field must be a string.", "model")
 MODEL_NOT_FOUND = ApiError("model_not_found", "The requested model does not exist.", "model")
-NOT_FOR_CHAT = _invalid("This model does not support chat completions.", "model")
-NOT_FOR_EMBEDDINGS = _invalid("This model does not support embeddings.", "model")
 MESSAGES_REQUIRED = _invalid("'messages' must be a non-empty array.", "messages")
 MESSAGE_ROLE = _invalid("Each message must be an object with a valid 'role'.", "messages")
 STREAM_NOT_A_BOOLEAN = _invalid("'stream' must be a boolean.", "stream")
@@ -118,6 +116,11 @@ INCLUDE_USAGE_NOT_A_BOOLEAN = _invalid("'stream_options.include_usage' must be a
 TOKEN_INPUT = _invalid("Pre-tokenized (integer) input is not accepted; send strings.", "input")
 INPUT_REQUIRED = _invalid("'input' must be a string or a non-empty array of strings.", "input")
 ENCODING_FORMAT = _invalid("'encoding_format' must be 'float' or 'base64'.", "encoding_format")
+
+
+def wrong_capability(what: str) -> ApiError:
+    """``what``: what the alias was asked for (chat completions, embeddings)."""
+    return _invalid(f"This model does not support {what}.", "model")
 
 
 def not_a_positive_integer(name: str) -> ApiError:

@@ -10,19 +10,18 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .catalog import Alias, Catalog
+from .catalog_types import Alias, Catalog
 from .cost import estimate_chat_prompt, estimate_embedding_prompt
 from . import errors
 from .errors import ApiError
 
-CHAT = "chat"
+CHAT = "chat"  # the capability an alias needs for chat completions, and the endpoint's name
 EMBEDDINGS = "embeddings"
 _ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    endpoint: str  # CHAT or EMBEDDINGS
     alias: Alias
     upstream_model: str
     body: bytes  # what goes upstream
@@ -106,7 +105,7 @@ def _alias(doc: dict[str, Any], catalog: Catalog, capability: str) -> Alias | Ap
     if alias is None:
         return errors.MODEL_NOT_FOUND
     if capability not in alias.capabilities:
-        return errors.NOT_FOR_CHAT if capability == CHAT else errors.NOT_FOR_EMBEDDINGS
+        return errors.wrong_capability("chat completions" if capability == CHAT else "embeddings")
     return alias
 
 
@@ -146,7 +145,7 @@ def prepare_chat(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | Non
     doc = _parse(raw)
     if isinstance(doc, ApiError):
         return doc
-    alias = _alias(doc, catalog, "chat")
+    alias = _alias(doc, catalog, CHAT)
     if isinstance(alias, ApiError):
         return alias
     messages = doc.get("messages")
@@ -182,7 +181,7 @@ def prepare_chat(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | Non
     body = _body(doc)
     if isinstance(body, ApiError):
         return body
-    return Prepared(CHAT, alias, up, body, bool(stream), wants_usage, estimate_chat_prompt(messages), max_tokens,
+    return Prepared(alias, up, body, bool(stream), wants_usage, estimate_chat_prompt(messages), max_tokens,
                     choices(doc.get("n")))
 
 
@@ -197,7 +196,7 @@ def prepare_embeddings(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str
     doc = _parse(raw)
     if isinstance(doc, ApiError):
         return doc
-    alias = _alias(doc, catalog, "embeddings")
+    alias = _alias(doc, catalog, EMBEDDINGS)
     if isinstance(alias, ApiError):
         return alias
     inp = doc.get("input")
@@ -219,4 +218,4 @@ def prepare_embeddings(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str
     body = _body(doc)
     if isinstance(body, ApiError):
         return body
-    return Prepared(EMBEDDINGS, alias, up, body, False, False, estimate_embedding_prompt(inputs))
+    return Prepared(alias, up, body, False, False, estimate_embedding_prompt(inputs))

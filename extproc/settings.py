@@ -32,6 +32,7 @@ class GatewaySettings(SharedSettings):
     envoy_access_log: str = env("GATEWAY_ENVOY_ACCESS_LOG", "")  # Envoy's access log file; empty = <state>/logs/envoy-access.log (the image: /dev/stdout)
     metrics_port: int = port("GATEWAY_METRICS_PORT")        # Prometheus metrics; 0 = GATEWAY_PORT + its PORT_OFFSETS
     metrics_envoy: bool = env("GATEWAY_METRICS_ENVOY", True)  # serve Envoy's own statistics (envoy_*) beside the ext_proc's
+    request_policies: str = env("GATEWAY_REQUEST_POLICIES", "")  # module:function request policies, comma-separated; empty = none (docs/extending.md)
 
     @property
     def grpc_port(self) -> int:

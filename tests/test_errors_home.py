@@ -30,6 +30,7 @@ def _messages() -> set[str]:
     names and numbers, never request text)."""
     built = [errors.rate_limited(1), errors.over_balance("1.00", "0.50", None, 1), errors.over_balance("1", "0", 0, 1),
              errors.over_balance("1", "0", 5, 2), errors.too_deep(128), errors.not_a_positive_integer("max_tokens"),
+             errors.wrong_capability("chat completions"), errors.wrong_capability("embeddings"),
              errors.context_length_exceeded("input"), errors.text_only("input"), errors.upstream_rejected(None)]
     consts = [e for e in vars(errors).values() if isinstance(e, errors.ApiError)]
     return {e.message for e in consts + built}

@@ -1,6 +1,6 @@
 """Settings split per process: each process reads its own settings class, the launcher's
 composed ``control.settings.Settings`` hands each of them every value it holds, every environment variable
-belongs to one setting, and the README's configuration table names exactly the variables the code reads."""
+belongs to one setting, and docs/configuration.md's table names exactly the variables the code reads."""
 from __future__ import annotations
 
 import json
@@ -19,25 +19,25 @@ from extproc.settings import GatewaySettings
 from extproc.settings_base import SettingsError, SharedSettings
 from extproc.usage_writer_settings import WriterSettings
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+CONFIGURATION = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 # read outside the settings classes: the log level, by extproc.process before any settings are read
 OUTSIDE = {"GATEWAY_LOG_LEVEL"}
 
 
-def _readme_variables() -> set[str]:
-    text = README.read_text(encoding="utf-8")
-    table = text.split("## Configuration\n", 1)[1].split("\n## ", 1)[0]
+def _documented_variables() -> set[str]:
+    text = CONFIGURATION.read_text(encoding="utf-8")
+    table = text.split("## Environment variables\n", 1)[1].split("\n## ", 1)[0]
     rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `")]
     return {name for cell in rows for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", cell)}
 
 
-def test_the_readme_table_names_exactly_the_variables_read() -> None:
-    assert _readme_variables() == set(ENV_VARS.values()) | OUTSIDE
+def test_the_configuration_table_names_exactly_the_variables_read() -> None:
+    assert _documented_variables() == set(ENV_VARS.values()) | OUTSIDE
 
 
 def test_each_variable_is_one_setting() -> None:
     names = [f.metadata["env"] for f in fields(Settings)]
-    assert len(names) == len(set(names)) == len(ENV_VARS) == 62
+    assert len(names) == len(set(names)) == len(ENV_VARS) == 63
 
 
 def test_each_process_reads_only_its_own_and_the_shared_settings() -> None:
@@ -150,7 +150,7 @@ def test_gateway_up_stops_with_that_line(tmp_path: Path, env: dict[str, str]) ->
     var, raw = next(iter(env.items()))
     full = {**os.environ, "GATEWAY_STATE_DIR": str(tmp_path / "state"), **env}
     r = subprocess.run([sys.executable, "-m", "control.cli", "up"], env=full, capture_output=True, text=True,
-                       timeout=60, cwd=README.parent)
+                       timeout=60, cwd=CONFIGURATION.parent.parent)
     assert r.returncode == 2, r.stderr
     assert r.stdout == "" and r.stderr.startswith(f"gateway: {var} must be ") and r.stderr.endswith(f", got {raw!r}\n")
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
@@ -161,7 +161,7 @@ def test_the_ext_proc_does_not_start_with_an_invalid_credit_limit(tmp_path: Path
     """Refused at start, in one line naming the variable, before anything is opened."""
     env = {**os.environ, "GATEWAY_CREDIT_LIMIT_PLN": "lots", "GATEWAY_STATE_DIR": str(tmp_path)}
     r = subprocess.run([sys.executable, "-m", "extproc"], env=env, capture_output=True, text=True, timeout=60,
-                       cwd=README.parent)
+                       cwd=CONFIGURATION.parent.parent)
     assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
     lines = [json.loads(line) for line in (r.stdout + r.stderr).splitlines() if line.startswith("{")]
     assert [x["msg"] for x in lines if x.get("level") == "error"] == [
@@ -181,16 +181,17 @@ def test_a_stacks_default_ports_come_from_the_one_table() -> None:
     assert {n: s.port_of(n) - 20000 for n in PORT_OFFSETS} == PORT_OFFSETS
     moved = Settings(gateway_port=20000, console_port=30001, pg_port=30012)
     assert (moved.console_http_port, moved.port_of("pg_port"), moved.port_of("redis_port")) == (30001, 30012, 20013)
-    root = README.parent
+    root = CONFIGURATION.parent.parent
     written = re.compile(r"(gateway_port|GATEWAY_PORT) \+ \d")
     found = [f"{f.relative_to(root)}: {m.group(0)}" for top in ("extproc", "control", "sim")
              for f in (root / top).rglob("*.py") for m in written.finditer(f.read_text())]
     assert found == []
 
 
-def test_the_readme_gives_the_tables_default_ports() -> None:
+def test_the_configuration_page_gives_the_tables_default_ports() -> None:
     from extproc.settings_base import PORT_OFFSETS
-    table = README.read_text(encoding="utf-8").split("## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    text = CONFIGURATION.read_text(encoding="utf-8")
+    table = text.split("## Environment variables\n", 1)[1].split("\n## ", 1)[0]
     rows = {line.split("|")[1].strip().replace("`", ""): line.split("|")[2].strip() for line in table.splitlines()
             if line.startswith("| `")}
     checked = [var for name, var in ENV_VARS.items() if name in PORT_OFFSETS and var in rows]
