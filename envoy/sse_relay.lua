@@ -8,9 +8,11 @@
 -- server for it) shown as SPEC streaming rule 3 wants it or taken out when the client did not ask for it;
 -- when it asked and the model server reported none, the usage the request is billed (the estimated input,
 -- one output token per event with content: extproc/observer.py) comes as the last chunk before [DONE].
--- The ext_proc reads the same bytes for billing (extproc/sse.py), without holding them.  It works on
--- bytes; only an event that carries a usage object is taken apart, by a small JSON scanner (Envoy's Lua
--- has no JSON library).
+-- The ext_proc reads the same bytes for billing (extproc/sse.py), without holding them; what both count
+-- is one table of cases (tests/sse_cases.py) run against each.  It works on bytes; only an event that
+-- carries a usage object is taken apart, by a small JSON scanner (Envoy's Lua has no JSON library).
+-- The common case, whole events in vLLM's shape, goes straight on (``Relay:feed``), and Envoy's access
+-- log counts the chunks it took (relay_chunks, relay_common).
 --
 -- Framing (the SSE format): lines end with LF, CRLF or CR; a blank line ends an event; lines starting with
 -- a colon are comments; an event's data may span several "data:" lines (joined by LF).  A stream with CRs
@@ -443,10 +445,13 @@ function Relay:usage_event(event)
     f[x[1]] = value(data, x)
     if x[1] == "usage" then k = i end
   end
-  if k == nil or not valid_usage(f.usage) then return event end
+  if k == nil then return event end
+  -- a usage object billing cannot read (extproc/cost.py) is no usage: taken out like a stale one
+  local valid = valid_usage(f.usage)
   local choices = f.choices and items(f.choices, 1, false)
   if f.choices == nil or falsy(f.choices) then
     -- vLLM's and SGLang's own usage chunk, choices: []: the final report (any earlier one is stale)
+    if not valid then return "" end
     self.held, self.reported = nil, true
     return self.show and event or ""
   end
@@ -454,13 +459,13 @@ function Relay:usage_event(event)
   -- usage on every chunk: the chunk goes on without it (a finish chunk's delta that says nothing new
   -- emptied), the usage (when asked) on a chunk of its own before [DONE], and a chunk left with nothing
   -- to say is dropped.
-  self.reported = true
+  self.reported = self.reported or valid
   local u = m[k]
   local rest
   if k > 1 then rest = sub(data, 1, m[k - 1][4] - 1) .. sub(data, u[4])
   elseif m[k + 1] ~= nil then rest = sub(data, 1, u[2] - 1) .. sub(data, m[k + 1][2])
   else rest = sub(data, 1, u[2] - 1) .. sub(data, u[4]) end
-  if self.show then
+  if self.show and valid then
     self.held = data_lines('{"id":' .. (f.id or "null") .. ',"object":' .. (f.object or '"chat.completion.chunk"')
       .. ',"created":' .. (f.created or "null") .. ',"model":' .. (f.model or "null")
       .. ',"choices":[],"usage":' .. f.usage .. "}")
