@@ -299,8 +299,7 @@ function Relay:feed(chunk)
   if self.buf == "" and not self.cr and byte(chunk, -1) == 10 and byte(chunk, -2) == 10
       and not find(chunk, "\r", 1, true) and canonical(chunk) then
     self.common = self.common + 1
-    self:count(chunk)
-    return self:relay(chunk)
+    return self:relay(chunk, chunk)
   end
   if self.cr or find(chunk, "\r", 1, true) then
     if self.cr and byte(chunk, 1) == 10 then chunk = sub(chunk, 2) end  -- the LF of a CRLF cut in two
@@ -340,7 +339,7 @@ local function find_usage(block, i)
 end
 
 -- For a usage chunk of our own: the events with content, counted as the ext_proc's meter counts them
--- (extproc/sse.py), on the same bytes, and the stream's id.
+-- (extproc/sse.py), on the same bytes, and the stream's id; not once the model server reported usage.
 function Relay:count(block)
   if self.show and not self.reported then
     self.content = self.content + count_content(block)
@@ -350,16 +349,20 @@ end
 
 -- A block of whole LF-framed events, in any of the SSE format's framings.
 function Relay:events(block)
-  self:count(block)
+  local raw = block
   if not canonical(block) then
     block = canonicalize(block)
-    if block == "" then return "" end
+    if block == "" then
+      self:count(raw)
+      return ""
+    end
   end
-  return self:relay(block)
+  return self:relay(block, raw)
 end
 
--- A block of whole events, each one "data: " line: the usage where SPEC wants it, the alias put in.
-function Relay:relay(block)
+-- A block of whole events, each one "data: " line (``raw``: as the model server framed them): the usage
+-- where SPEC wants it, the alias put in.
+function Relay:relay(block, raw)
   if find_quoted(block, 'usage"', 1) then
     block = drop_null_usage(block)
     local at = find_usage(block, 1)
@@ -367,6 +370,7 @@ function Relay:relay(block)
   elseif self.held ~= nil then
     block = self:take_usage(block, nil)
   end
+  self:count(raw)  -- (after the usage: a block that reports it needs no count)
   if self.show and not self.reported and find(block, "[DONE]", 1, true) then
     block = self:own_usage(block)
   end
