@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import ipaddress
 import os
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import yaml
 
 from extproc.catalog import Catalog, CatalogError, load
+from extproc.endpoints import REGISTRY, Registry
 
 from .settings import Settings
 
@@ -54,7 +56,7 @@ def access_log_path(s: Settings) -> str:
     return s.envoy_access_log or str(s.state / "logs" / "envoy-access.log")
 
 
-def render_bootstrap(s: Settings) -> str:
+def render_bootstrap(s: Settings, endpoints: Registry = REGISTRY) -> str:
     text = Template(TEMPLATE.read_text()).substitute(
         STATE=str(s.state), HOST=s.gateway_host, PORT=s.gateway_port, ADMIN_PORT=s.envoy_admin_port,
         EXTPROC_PORT=s.grpc_port, EXTPROC_ENDPOINTS=_extproc_endpoints(s), REPLY_LIMIT=s.max_reply_bytes,
@@ -65,14 +67,34 @@ def render_bootstrap(s: Settings) -> str:
         CONNECTION_IDLE_TIMEOUT=s.connection_idle_timeout_s, MAX_CONNECTIONS=s.max_connections,
         MAX_STREAMS=s.max_streams_per_connection, TRUSTED_HOPS=trusted_hops(s), SSE_RELAY=str(SSE_RELAY),
         EXTPROC_LIMIT=2 * s.max_connections, ACCESS_LOG=access_log_path(s))
-    if s.extproc_workers == 1 and not s.otlp_endpoint:
-        return text
     doc = yaml.safe_load(text)
+    with_endpoint_routes(doc, endpoints)
     if s.extproc_workers > 1:
         with_extproc_failover(doc)
     if s.otlp_endpoint:
         with_tracing(doc, s.otlp_endpoint)
     return yaml.safe_dump(doc, sort_keys=False)
+
+
+# A request with a body: a POST whose length cannot be zero (a positive number written plainly)
+_WITH_BODY = [{"name": ":method", "string_match": {"exact": "POST"}},
+              {"name": "content-length", "string_match": {"safe_regex": {"regex": "[1-9][0-9]*"}}}]
+
+
+def with_endpoint_routes(doc: dict[str, Any], endpoints: Registry) -> None:
+    """Two routes per endpoint, first in the route table (envoy/envoy.yaml says why two), each with the
+    upstream and ext_proc settings of the template's first route: one for a POST with a body, where the
+    ext_proc skips the request-headers message, then one for any other request on the path."""
+    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    [vhost] = hcm["route_config"]["virtual_hosts"]
+    routes = vhost["routes"]
+    upstream, full = routes[0]["route"], routes[0]["typed_per_filter_config"]
+    body_only = copy.deepcopy(full)
+    body_only["envoy.filters.http.ext_proc"]["overrides"]["processing_mode"]["request_header_mode"] = "SKIP"
+    routes[:0] = [{"name": e.name, "match": {"path": e.path, "headers": _WITH_BODY}, "route": upstream,
+                   "typed_per_filter_config": body_only} for e in endpoints] + [
+                  {"name": e.name, "match": {"path": e.path}, "route": upstream, "typed_per_filter_config": full}
+                  for e in endpoints]
 
 
 def with_extproc_failover(doc: dict[str, Any]) -> None:

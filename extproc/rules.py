@@ -10,18 +10,17 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .catalog import Alias, Catalog
+from .catalog_types import Alias, Catalog
 from .cost import estimate_chat_prompt, estimate_embedding_prompt
 from .errors import MODEL_NOT_FOUND, NO_CAPACITY, ApiError
 
-CHAT = "chat"
+CHAT = "chat"  # the capability an alias needs for chat completions, and the endpoint's name
 EMBEDDINGS = "embeddings"
 _ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    endpoint: str  # CHAT or EMBEDDINGS
     alias: Alias
     upstream_model: str
     body: bytes  # what goes upstream
@@ -121,7 +120,7 @@ def _alias(doc: dict[str, Any], catalog: Catalog, capability: str) -> Alias | Ap
     if alias is None:
         return MODEL_NOT_FOUND
     if capability not in alias.capabilities:
-        what = "chat completions" if capability == "chat" else "embeddings"
+        what = "chat completions" if capability == CHAT else "embeddings"
         return _bad(f"This model does not support {what}.", "model")
     return alias
 
@@ -162,7 +161,7 @@ def prepare_chat(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | Non
     doc = _parse(raw)
     if isinstance(doc, ApiError):
         return doc
-    alias = _alias(doc, catalog, "chat")
+    alias = _alias(doc, catalog, CHAT)
     if isinstance(alias, ApiError):
         return alias
     messages = doc.get("messages")
@@ -198,7 +197,7 @@ def prepare_chat(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | Non
     body = _body(doc)
     if isinstance(body, ApiError):
         return body
-    return Prepared(CHAT, alias, up, body, bool(stream), wants_usage, estimate_chat_prompt(messages), max_tokens,
+    return Prepared(alias, up, body, bool(stream), wants_usage, estimate_chat_prompt(messages), max_tokens,
                     choices(doc.get("n")))
 
 
@@ -213,7 +212,7 @@ def prepare_embeddings(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str
     doc = _parse(raw)
     if isinstance(doc, ApiError):
         return doc
-    alias = _alias(doc, catalog, "embeddings")
+    alias = _alias(doc, catalog, EMBEDDINGS)
     if isinstance(alias, ApiError):
         return alias
     inp = doc.get("input")
@@ -235,4 +234,4 @@ def prepare_embeddings(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str
     body = _body(doc)
     if isinstance(body, ApiError):
         return body
-    return Prepared(EMBEDDINGS, alias, up, body, False, False, estimate_embedding_prompt(inputs))
+    return Prepared(alias, up, body, False, False, estimate_embedding_prompt(inputs))

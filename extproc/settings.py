@@ -32,6 +32,7 @@ class GatewaySettings(SharedSettings):
     envoy_access_log: str = env("GATEWAY_ENVOY_ACCESS_LOG", "")  # Envoy's access log file; empty = <state>/logs/envoy-access.log (the image: /dev/stdout)
     metrics_port: int = env("GATEWAY_METRICS_PORT", 0)        # Prometheus metrics; 0 = gateway_port + 1384 (9464)
     metrics_envoy: bool = env("GATEWAY_METRICS_ENVOY", True)  # serve Envoy's own statistics (envoy_*) beside the ext_proc's
+    request_policies: str = env("GATEWAY_REQUEST_POLICIES", "")  # module:function request policies, comma-separated; empty = none (docs/extending.md)
 
     @property
     def grpc_port(self) -> int:

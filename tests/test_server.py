@@ -15,7 +15,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from extproc.cost import estimate_chat_prompt
 from extproc import exchange
-from extproc.exchange import CLUSTER_HEADER, STREAM_HEADER, Gateway
+from extproc.exchange import CLUSTER_HEADER, Gateway
+from extproc.stream_context import HEADER as STREAM_HEADER, StreamContext
 from extproc.grpc_server import EOF, UNAVAILABLE, Status
 from extproc.server import LEFT_GRACE_S, ROLE_HEADER, WATCH_ROLE, Processor
 from extproc_fakes import (CHAT_BODY, OTHER_KEY, STALL, FakeCall, chat_reply, chunk, gateway, logged_free,
@@ -116,7 +117,7 @@ def test_a_streamed_reply_is_handed_over_and_the_call_lasts_as_long_as_the_strea
     mode = headers_msg.mode_override
     assert (mode.response_body_mode, mode.response_trailer_mode) == (pm.ProcessingMode.NONE, pm.ProcessingMode.SEND)
     headers, _ = mutated(headers_msg.response_headers.response)
-    assert json.loads(headers[STREAM_HEADER])["a"] == "polish-pro"
+    assert StreamContext.parse(headers[STREAM_HEADER]).alias == "polish-pro"
     assert list(headers_msg.response_headers.response.header_mutation.remove_headers) == ["content-length"]
     assert trailers_msg.WhichOneof("response") == "response_trailers"
     assert call.timeouts[-1] is None  # the idle budget is the stream watch's

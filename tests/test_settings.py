@@ -1,6 +1,6 @@
 """Settings split per process: each process reads its own settings class, the launcher's
 composed ``control.settings.Settings`` hands each of them every value it holds, every environment variable
-belongs to one setting, and the README's configuration table names exactly the variables the code reads."""
+belongs to one setting, and docs/configuration.md's table names exactly the variables the code reads."""
 from __future__ import annotations
 
 import json
@@ -19,25 +19,25 @@ from extproc.settings import GatewaySettings
 from extproc.settings_base import SettingsError, SharedSettings
 from extproc.usage_writer_settings import WriterSettings
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+CONFIGURATION = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 # read outside the settings classes: the log level, by extproc.process before any settings are read
 OUTSIDE = {"GATEWAY_LOG_LEVEL"}
 
 
-def _readme_variables() -> set[str]:
-    text = README.read_text(encoding="utf-8")
-    table = text.split("## Configuration\n", 1)[1].split("\n## ", 1)[0]
+def _documented_variables() -> set[str]:
+    text = CONFIGURATION.read_text(encoding="utf-8")
+    table = text.split("## Environment variables\n", 1)[1].split("\n## ", 1)[0]
     rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `")]
     return {name for cell in rows for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", cell)}
 
 
-def test_the_readme_table_names_exactly_the_variables_read() -> None:
-    assert _readme_variables() == set(ENV_VARS.values()) | OUTSIDE
+def test_the_configuration_table_names_exactly_the_variables_read() -> None:
+    assert _documented_variables() == set(ENV_VARS.values()) | OUTSIDE
 
 
 def test_each_variable_is_one_setting() -> None:
     names = [f.metadata["env"] for f in fields(Settings)]
-    assert len(names) == len(set(names)) == len(ENV_VARS) == 62
+    assert len(names) == len(set(names)) == len(ENV_VARS) == 63
 
 
 def test_each_process_reads_only_its_own_and_the_shared_settings() -> None:
@@ -107,7 +107,7 @@ def test_the_ext_proc_does_not_start_with_an_invalid_credit_limit(tmp_path: Path
     """Refused at start, in one line naming the variable, before anything is opened."""
     env = {**os.environ, "GATEWAY_CREDIT_LIMIT_PLN": "lots", "GATEWAY_STATE_DIR": str(tmp_path)}
     r = subprocess.run([sys.executable, "-m", "extproc"], env=env, capture_output=True, text=True, timeout=60,
-                       cwd=README.parent)
+                       cwd=CONFIGURATION.parent.parent)
     assert r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
     lines = [json.loads(line) for line in (r.stdout + r.stderr).splitlines() if line.startswith("{")]
     assert [x["msg"] for x in lines if x.get("level") == "error"] == [
