@@ -3,7 +3,7 @@ once and run against both readers of the same bytes, the ext_proc's meter (extpr
 relay (envoy/sse_relay.lua, whose usage chunk of its own tells a client the billed estimate):
 tests/test_sse_cases.py.
 
-The rule (README, Billing; docs/interface.md's streaming rules):
+The rule (docs/billing.md, "Billing on failure"; docs/interface.md, section 4's streaming response rules):
 - only whole events count: one the stream never ends with a blank line reached no client;
 - an event counts as output when it has a "content" member whose value is a string that is not empty
   (one output token per such member: the estimate of a stream without usage); text that only quotes

@@ -43,7 +43,7 @@ def _logged(gateway: Gateway, rid: str) -> dict[str, Any]:
 
 
 def _check_events(events: list[Any], usage: bool) -> None:
-    """SPEC's streaming rules, as the client reads them: the alias in every chunk, the role chunk first,
+    """The streaming rules (docs/interface.md, section 4), as the client reads them: the alias in every chunk, the role chunk first,
     the closing chunk's empty delta, the usage chunk last before [DONE] only where it was asked for."""
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
@@ -76,7 +76,7 @@ def test_the_simulators_stream_takes_the_common_case_chunk_by_chunk(gateway: Gat
 @pytest.mark.parametrize("sim", [{"framing": "crlf"}, {"comments": True}, {"write_bytes": 7}])
 def test_another_framing_takes_the_general_path_and_arrives_whole(gateway: Gateway, sim: dict[str, Any]) -> None:
     """CRLF line ends, comments, events cut into pieces: none is the common case, each is relayed as
-    SPEC's one-data-line events all the same (tests/test_sse.py holds every framing at every cut)."""
+    one-data-line events all the same (tests/test_sse.py holds every framing at every cut)."""
     _, _, key = gateway.new_org(10_000_000)
     rid, events = _stream(gateway, key, True, sim)
     _check_events(events, True)
