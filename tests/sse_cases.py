@@ -115,7 +115,8 @@ CASES = [
     # any framing
     *[Case(f"vllm, {name}", _framed(VLLM, eol, comments, multiline), 3, (11, 3))
       for name, eol, comments, multiline in [("CRLF", b"\r\n", False, False), ("CR", b"\r", False, False),
-                                             ("comments", b"\n", True, False), ("data over two lines", b"\n", False, True),
+                                             ("comments", b"\n", True, False),
+                                             ("data over two lines", b"\n", False, True),
                                              ("CRLF, comments, two lines", b"\r\n", True, True)]],
     Case("without usage, CR, comments, two lines", _framed(ROLE + WORDS + FINISH + DONE, b"\r", True, True), 3, None),
 ]

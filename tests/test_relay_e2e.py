@@ -43,8 +43,9 @@ def _logged(gateway: Gateway, rid: str) -> dict[str, Any]:
 
 
 def _check_events(events: list[Any], usage: bool) -> None:
-    """The streaming rules (docs/interface.md, section 4), as the client reads them: the alias in every chunk, the role chunk first,
-    the closing chunk's empty delta, the usage chunk last before [DONE] only where it was asked for."""
+    """The streaming rules (docs/interface.md, section 4), as the client reads them: the alias in every
+    chunk, the role chunk first, the closing chunk's empty delta, the usage chunk last before [DONE] only
+    where it was asked for."""
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
     assert all(c["model"] == "polish-fast" for c in chunks)
