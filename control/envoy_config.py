@@ -11,37 +11,16 @@ from typing import Any
 
 import yaml
 
+from extproc import errors
 from extproc.catalog import Catalog, CatalogError, load
 from extproc.endpoints import REGISTRY, Registry
 
+from .ports import extproc_workers
 from .settings import Settings
 
 # envoy/ at the repository root, shipped in the control package (control/envoy links to it)
 TEMPLATE = Path(__file__).resolve().parent / "envoy" / "envoy.yaml"
 SSE_RELAY = TEMPLATE.parent / "sse_relay.lua"  # Envoy's relay of a streamed reply (Lua)
-
-
-MAX_EXTPROC_WORKERS = 64
-
-
-def extproc_workers(s: Settings) -> list[tuple[str, int, int]]:
-    """The ext_proc processes of one gateway instance: (name, gRPC port, metrics port) each.  The first is
-    "extproc" on ``GATEWAY_EXTPROC_PORT`` / ``GATEWAY_METRICS_PORT``; worker k (k = 1 .. N-1) is
-    "extproc-<k+1>" on gRPC port + 100 + k and metrics port + 200 + k (defaults: 8191.., 9665..), which
-    with at most 64 workers stays clear of gateway_port + 1..19 and of each other.  Ports that would
-    collide anyway (explicit settings) are refused here."""
-    n = s.extproc_workers
-    if not 1 <= n <= MAX_EXTPROC_WORKERS:
-        raise ValueError(f"GATEWAY_EXTPROC_WORKERS must be 1..{MAX_EXTPROC_WORKERS}, not {n}")
-    out = [("extproc", s.grpc_port, s.metrics_http_port)]
-    out += [(f"extproc-{k + 1}", s.grpc_port + 100 + k, s.metrics_http_port + 200 + k) for k in range(1, n)]
-    extra = [p for _, g, m in out[1:] for p in (g, m)]
-    taken = {s.gateway_port + i for i in range(20)} | {s.grpc_port, s.metrics_http_port, s.envoy_admin_port,
-                                                       s.console_http_port, s.pg_port, s.redis_port,
-                                                       s.writer_metrics_http_port}
-    if clash := sorted({p for p in extra if p in taken or extra.count(p) > 1}):
-        raise ValueError(f"ext_proc worker ports collide with other ports of the gateway: {clash}")
-    return out
 
 
 def _extproc_endpoints(s: Settings) -> str:
@@ -56,8 +35,23 @@ def access_log_path(s: Settings) -> str:
     return s.envoy_access_log or str(s.state / "logs" / "envoy-access.log")
 
 
+def error_bodies() -> dict[str, str]:
+    """The template's Envoy reply bodies: ``REQ_<NAME>`` / ``RESP_<NAME>`` is the JSON body of
+    ``extproc.errors.<NAME>`` with Envoy's request id (the request's, or the one its reply minted), as a
+    YAML scalar (the same text the bootstrap had when these were written by hand): every message a client
+    can see is written in errors.py alone."""
+    out = {}
+    for name, e in vars(errors).items():
+        if isinstance(e, errors.ApiError):
+            for src in ("REQ", "RESP"):
+                body = e.body(f"%{src}(X-REQUEST-ID)%").decode()
+                out[f"{src}_{name}"] = "'" + body.replace("'", "''") + "'"  # YAML's single-quoted scalar
+    return out
+
+
 def render_bootstrap(s: Settings, endpoints: Registry = REGISTRY) -> str:
     text = Template(TEMPLATE.read_text()).substitute(
+        **error_bodies(),
         STATE=str(s.state), HOST=s.gateway_host, PORT=s.gateway_port, ADMIN_PORT=s.envoy_admin_port,
         EXTPROC_PORT=s.grpc_port, EXTPROC_ENDPOINTS=_extproc_endpoints(s), REPLY_LIMIT=s.max_reply_bytes,
         # Envoy's idle timer (a backstop: the ext_proc keeps the real one from the start of the reply) runs

@@ -22,15 +22,15 @@ from .cost import Prices, cost_micro_pln
 from .decisions import Admission, UsageRecord
 from .directory import Directory
 from .endpoints import REGISTRY, Endpoint, Registry
-from .errors import (BODY_TOO_LARGE, INTERNAL_ERROR, MODEL_NOT_FOUND, UNSUPPORTED_ENDPOINT, UPSTREAM_TIMEOUT,
-                     ApiError)
+from .errors import (BODY_TOO_LARGE, INTERNAL_ERROR, INVALID_KEY, MODEL_NOT_FOUND, UNSUPPORTED_ENDPOINT,
+                     UPSTREAM_TIMEOUT, ApiError)
 from .hold import worst_case
 from .keys import bearer_key, key_hash
 from .policies import NONE, Policies
 from .responses import upstream_error
 from .rules import Prepared
 from .spool import NoSpool, PendingFinish, Spool
-from .store import INVALID_KEY, Late, Miss, Store
+from .store import Late, Miss, Store
 from .stream_context import HEADER as STREAM_HEADER, StreamContext
 
 log = logging.getLogger("extproc")
@@ -560,6 +560,17 @@ class Exchange:
         at once, dropping what the ext_proc still held)."""
         if not self.finished:
             self.cut = phase
+
+    async def answered_by_envoy(self, attributes: dict[str, str] | None = None) -> Answer:
+        """Envoy reset the call before the request was admitted: its message timeout answered the client
+        (SPEC's 500 internal_error) while this process was paused.  Logged as the client saw it, after
+        authentication only (the usage log is its organisation's); admitted never: no slot, no request
+        of the per-minute budget, nothing billed.  ``attributes`` as for ``request_body``."""
+        if attributes is None or self._identify(attributes.get(ATTR_ID, ""), attributes.get(ATTR_METHOD, ""),
+                                                attributes.get(ATTR_PATH, ""), attributes.get(ATTR_AUTH)):
+            if self.key_hash is not None:
+                await self._admit(limits=False)
+        return self._reject(INTERNAL_ERROR)
 
     def undelivered(self) -> None:
         """Envoy ended the call before the answer that lets the request through (this process was late

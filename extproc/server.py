@@ -151,6 +151,8 @@ class Processor:
                     if phase == "request_headers":
                         h = req.request_headers
                         answer = await ex.request_headers(_headers(h.headers), h.end_of_stream)
+                    elif phase == "request_body" and call.reset:
+                        answer = await ex.answered_by_envoy(_attributes(req))  # and never admitted
                     elif phase == "request_body":
                         answer = await ex.request_body(req.request_body.body, _attributes(req))
                     elif phase == "response_headers":

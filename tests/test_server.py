@@ -346,6 +346,23 @@ def test_stream_reset_by_envoy_mid_request_releases_and_bills_estimated_input() 
     assert store(gw).held() == 0
 
 
+def test_a_request_envoy_reset_before_it_was_admitted_is_logged_as_its_500_and_never_admitted() -> None:
+    """A process that resumed from a pause reads the request and, before it, Envoy's reset of its call
+    (Envoy's message timeout answered the client: SPEC's 500 internal_error): authenticated only, logged
+    as that 500 at no cost, never admitted (no slot, nothing of the per-minute budget)."""
+    gw = gateway()
+    call = FakeCall(request_body(CHAT_BODY), EOF)
+    call.reset = call.ended = True
+    asyncio.run(Processor(gw).process(call))  # type: ignore[arg-type]
+    [msg] = call.written
+    immediate(msg, 500, "internal_error")
+    assert store(gw).admits == [("rid-1", False)]  # authentication only
+    [rec] = store(gw).records
+    assert (rec.request_id, rec.status, rec.error_code, rec.cost_micro_pln, rec.prompt_tokens) == (
+        "rid-1", 500, "internal_error", 0, 0)
+    assert store(gw).held() == 0 and not any(store(gw).used.values())
+
+
 @pytest.mark.parametrize("how", ["told", "marked", "neither"])
 def test_a_non_streaming_reply_cut_after_it_began_is_499_if_the_client_left(how: str) -> None:
     """The client leaving and the model server breaking a reply both end the call after the reply's
