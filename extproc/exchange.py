@@ -601,6 +601,16 @@ class Exchange:
                 await self._admit(limits=False)
         return self._reject(INTERNAL_ERROR)
 
+    def timed_out(self) -> None:
+        """Envoy reset the call while this process was paused with the reply's headers in hand (a JSON
+        reply's are held with its body): its message timeout answered the client with SPEC's 500
+        internal_error in their place, so none of the reply reached the client.  Logged as that 500, billed
+        nothing, whatever the model server had sent."""
+        p = self.prepared
+        if p is not None:
+            self._count(500, INTERNAL_ERROR.code)
+            self._finish(Facts(p.estimated_prompt_tokens, status=500, code=INTERNAL_ERROR.code))
+
     def undelivered(self) -> None:
         """Envoy ended the call before the answer that lets the request through (this process was late
         past Envoy's message timeout, or the client left): no model server ever saw the request, so

@@ -20,7 +20,8 @@ sent for the calls whose message timeout answered their clients meanwhile, which
 (measured), are known (``Call.reset``) before their handlers look: none of those requests is admitted
 late, where each would take a concurrency slot and a request of the per-minute budget for a client that
 got its 500 long ago.  A handler already running when the process paused answers late: its admission's
-deadline undoes it (``exchange``).
+deadline undoes it (``exchange``).  A reset read while settling marks its call ``expired``: a reply whose
+headers the paused process held was answered by Envoy's 500, not by the model server (``server``).
 
 Also served: ``grpc.health.v1.Health/Check``, which Envoy's health checker and ``gateway status`` ask.
 """
@@ -58,8 +59,8 @@ class Status(Exception):
 
 
 class Call:
-    __slots__ = ("_proto", "_sid", "_queue", "_waiter", "ended", "reset", "headers", "_parse", "_sink", "_last",
-                 "_timer")
+    __slots__ = ("_proto", "_sid", "_queue", "_waiter", "ended", "reset", "expired", "headers", "_parse", "_sink",
+                 "_last", "_timer")
 
     def __init__(self, proto: "_Protocol", sid: int, headers: list[tuple[bytes, bytes]],
                  parse: Callable[[bytes], Any]) -> None:
@@ -69,6 +70,8 @@ class Call:
         self._waiter: asyncio.Future[None] | None = None
         self.ended = False  # the client ended or reset the call: an answer written now is never read
         self.reset = False  # the client reset it (or the connection is gone): it reads no answer at all
+        # reset while this process was paused (read on resuming): Envoy's message timeout answered the client
+        self.expired = False
         self.headers = headers
         self._parse = parse
         self._sink: Sink | None = None  # ``consume``'s, while it waits
@@ -102,6 +105,14 @@ class Call:
                 if timer is not None:
                     timer.cancel()
         return self._take(self._queue.popleft())
+
+    async def settle(self) -> bool:
+        """Whether the call is ``expired``, once what Envoy sent while this process was paused has been
+        read (a message that came before its call's reset is read first)."""
+        wait = self._proto.server.settling()
+        if wait:
+            await asyncio.sleep(wait)
+        return self.expired
 
     def _take(self, message: bytes) -> Any:
         """A message read: its bytes back to the client's windows, then parsed."""
@@ -395,7 +406,9 @@ class _Protocol(asyncio.Protocol):
             else:  # ended or reset by the client
                 call = self.calls.get(ev.sid)
                 if call is not None:
-                    call.reset = call.reset or isinstance(ev, h2.Reset)
+                    if isinstance(ev, h2.Reset):
+                        call.reset = True
+                        call.expired = call.expired or self.server.settling() > 0
                     call._end()
         if self.conn.unconsumed > READ_BACKLOG:
             self._pace()

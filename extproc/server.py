@@ -145,6 +145,9 @@ class Processor:
                     break
                 assert isinstance(req, ep.ProcessingRequest)
                 phase = req.WhichOneof("request")
+                if phase in ("response_headers", "response_body") and await call.settle():
+                    ex.timed_out()  # Envoy answered the client while this process held the reply's headers
+                    break
                 t0 = perf_counter()
                 last = False  # the end of the reply came with this message
                 try:

@@ -264,6 +264,7 @@ class FakeCall:
         self._metadata = metadata or {}
         self.ended = False  # Envoy ended or reset the call: set once ``read`` has handed out EOF
         self.reset = False  # Envoy reset the call (its message timeout answered the client)
+        self.expired = False  # reset while the process was paused (``settle`` says so)
         self.ending: list[float] = []  # the delays ``end_soon`` was asked for
 
     def metadata(self, name: str) -> str | None:
@@ -284,6 +285,9 @@ class FakeCall:
         if item is EOF:
             self.ended = True
         return item
+
+    async def settle(self) -> bool:
+        return self.expired
 
     async def consume(self, sink: Any) -> None:
         """``Call.consume`` over the script: each message to ``sink.feed`` until it returns True (the

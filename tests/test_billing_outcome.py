@@ -37,6 +37,9 @@ ROWS: list[tuple[str, Facts, Outcome]] = [
      Outcome(503, "no_capacity", NOTHING, False)),
     ("Envoy's own 502 for an upstream timeout", Facts(EST, status=502, code="upstream_timeout"),
      Outcome(502, "upstream_timeout", NOTHING, False)),
+    ("Envoy's message timeout answered the client while a paused ext_proc held the reply's headers",
+     Facts(EST, status=500, code="internal_error"),
+     Outcome(500, "internal_error", NOTHING, False)),
     ("an error reply the client left", Facts(EST, status=500, client_left=True),
      Outcome(500, "internal_error", NOTHING, False)),
     # (the role chunk carries no content: a stream that broke after it alone saw no output)

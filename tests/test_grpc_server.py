@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hpack import Encoder
 
 from extproc import h2
-from extproc.grpc_server import FROZEN_S, Call
+from extproc.grpc_server import EOF, FROZEN_S, Call
 from extproc.server import PROCESS_PATH
 from conftest import wait_for
 from grpc_peers import REQUEST_HEADERS, Peer, Running, body_msg, echo, frames, grpc_msg, reply_bodies
@@ -390,6 +390,49 @@ def test_calls_reset_while_the_process_was_paused_are_known_reset_when_their_han
         # nothing of the reset calls is held: their bytes are back in the windows; only "live" is left
         # (its client has not ended it)
         wait_for(lambda: r.call(lambda: (len(proto.calls), proto.conn.unconsumed, len(proto._opened))) == (1, 0, 0))
+        peer.sock.close()
+    finally:
+        r.stop()
+
+
+def test_a_call_reset_while_the_process_was_paused_is_known_expired_once_it_settled() -> None:
+    """A call under way when the loop froze (its first message answered): meanwhile the client sends its
+    next message and then resets it, as Envoy resets a call whose message timeout answered its client.  The
+    message is read on resuming before the reset is (a 40 KB message, the server's reads cut to 4 KiB), so
+    the handler's ``settle`` waits for what was sent during the pause: it then knows that call expired (the
+    ext_proc bills none of that reply), and a live call, sent the same, not."""
+    settled: dict[bytes, bool] = {}
+
+    async def record(call: Call) -> None:
+        first = await call.read()
+        name = bytes(first.request_body.body)
+        call.write(ep.ProcessingResponse(request_body=ep.BodyResponse()))
+        if await call.read() is not EOF:
+            settled[name] = await call.settle()
+
+    r = Running({PROCESS_PATH: (record, ep.ProcessingRequest.FromString)})
+    try:
+        peer = Peer(r.port)
+        [proto] = r.call(lambda: list(r.server._protocols))
+        proto.transport.max_size = 4096  # (asyncio's transport reads up to this much at once)
+        sids = {name: peer.open(body_msg(name)) for name in (b"late", b"live")}
+        peer.until(lambda: all(peer.of(h2.DATA, sid) for sid in sids.values()))
+        frozen, thaw = threading.Event(), threading.Event()
+
+        def freeze() -> None:  # the loop's thread stops: the socket fills, nothing is read
+            frozen.set()
+            thaw.wait(10)
+            time.sleep(FROZEN_S)  # long enough to be taken for a pause
+        r.loop.call_soon_threadsafe(freeze)
+        assert frozen.wait(5)
+        for sid in sids.values():
+            peer.h2.send_data(sid, body_msg(b"x" * 40_000))
+        peer.flush()
+        peer.h2.reset_stream(sids[b"late"])
+        peer.flush()
+        thaw.set()
+        wait_for(lambda: len(settled) == 2)
+        assert settled == {b"late": True, b"live": False}
         peer.sock.close()
     finally:
         r.stop()
