@@ -20,8 +20,9 @@ sent for the calls whose message timeout answered their clients meanwhile, which
 (measured), are known (``Call.reset``) before their handlers look: none of those requests is admitted
 late, where each would take a concurrency slot and a request of the per-minute budget for a client that
 got its 500 long ago.  A handler already running when the process paused answers late: its admission's
-deadline undoes it (``exchange``).  A reset read while settling marks its call ``expired``: a reply whose
-headers the paused process held was answered by Envoy's 500, not by the model server (``server``).
+deadline undoes it (``exchange``).  A reset read while settling, or of a call whose last message came in
+while paused (its reset may come several reads later), marks the call ``expired``: a reply whose headers
+the paused process held was answered by Envoy's 500, not by the model server (``server``).
 
 Also served: ``grpc.health.v1.Health/Check``, which Envoy's health checker and ``gateway status`` ask.
 """
@@ -59,8 +60,8 @@ class Status(Exception):
 
 
 class Call:
-    __slots__ = ("_proto", "_sid", "_queue", "_waiter", "ended", "reset", "expired", "headers", "_parse", "_sink",
-                 "_last", "_timer")
+    __slots__ = ("_proto", "_sid", "_queue", "_waiter", "ended", "reset", "expired", "late", "headers", "_parse",
+                 "_sink", "_last", "_timer")
 
     def __init__(self, proto: "_Protocol", sid: int, headers: list[tuple[bytes, bytes]],
                  parse: Callable[[bytes], Any]) -> None:
@@ -72,6 +73,7 @@ class Call:
         self.reset = False  # the client reset it (or the connection is gone): it reads no answer at all
         # reset while this process was paused (read on resuming): Envoy's message timeout answered the client
         self.expired = False
+        self.late = False  # its last message came in while this process was paused
         self.headers = headers
         self._parse = parse
         self._sink: Sink | None = None  # ``consume``'s, while it waits
@@ -311,8 +313,10 @@ class _Protocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.server._protocols.discard(self)
         self.transport = None
+        paused = self.server.settling() > 0
         for call in self.calls.values():
             call.reset = True
+            call.expired = call.late or paused  # (Envoy closes a connection that stopped answering)
             call._end()
         self.calls.clear()
         self._opened.clear()
@@ -398,6 +402,7 @@ class _Protocol(asyncio.Protocol):
             if isinstance(ev, h2.Message):
                 call = self.calls.get(ev.sid)
                 if call is not None:
+                    call.late = self.server.settling() > 0
                     call._push(ev.data)
                 else:
                     self.conn.consumed(ev.sid, len(ev.data))
@@ -408,7 +413,7 @@ class _Protocol(asyncio.Protocol):
                 if call is not None:
                     if isinstance(ev, h2.Reset):
                         call.reset = True
-                        call.expired = call.expired or self.server.settling() > 0
+                        call.expired = call.late or self.server.settling() > 0
                     call._end()
         if self.conn.unconsumed > READ_BACKLOG:
             self._pace()

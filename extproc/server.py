@@ -140,7 +140,9 @@ class Processor:
                     call.write(_to_message("", await ex.idle_gap()))
                     break
                 if req is EOF:
-                    if open_reply is not None and perf_counter() - written < CUT_WINDOW_S:
+                    if open_reply is not None and call.expired and not ex.handed_over:
+                        ex.timed_out()  # answered after Envoy's message timeout had answered the client
+                    elif open_reply is not None and perf_counter() - written < CUT_WINDOW_S:
                         ex.cut_off(open_reply)  # Envoy reset the client's stream: that answer was never read
                     break
                 assert isinstance(req, ep.ProcessingRequest)

@@ -395,13 +395,17 @@ def test_calls_reset_while_the_process_was_paused_are_known_reset_when_their_han
         r.stop()
 
 
-def test_a_call_reset_while_the_process_was_paused_is_known_expired_once_it_settled() -> None:
+@pytest.mark.parametrize("how", ["reset", "connection closed"])
+def test_a_call_reset_while_the_process_was_paused_is_known_expired_once_it_settled(how: str) -> None:
     """A call under way when the loop froze (its first message answered): meanwhile the client sends its
     next message and then resets it, as Envoy resets a call whose message timeout answered its client.  The
     message is read on resuming before the reset is (a 40 KB message, the server's reads cut to 4 KiB), so
     the handler's ``settle`` waits for what was sent during the pause: it then knows that call expired (the
-    ext_proc bills none of that reply), and a live call, sent the same, not."""
+    ext_proc bills none of that reply), and a live call, sent the same, not.  Envoy may instead close the
+    whole connection to a process that stopped answering: each of its calls whose message came in while
+    paused is expired then."""
     settled: dict[bytes, bool] = {}
+    ended: dict[bytes, bool] = {}
 
     async def record(call: Call) -> None:
         first = await call.read()
@@ -409,6 +413,8 @@ def test_a_call_reset_while_the_process_was_paused_is_known_expired_once_it_sett
         call.write(ep.ProcessingResponse(request_body=ep.BodyResponse()))
         if await call.read() is not EOF:
             settled[name] = await call.settle()
+            if how == "connection closed" and await call.read() is EOF:
+                ended[name] = call.expired
 
     r = Running({PROCESS_PATH: (record, ep.ProcessingRequest.FromString)})
     try:
@@ -428,11 +434,18 @@ def test_a_call_reset_while_the_process_was_paused_is_known_expired_once_it_sett
         for sid in sids.values():
             peer.h2.send_data(sid, body_msg(b"x" * 40_000))
         peer.flush()
-        peer.h2.reset_stream(sids[b"late"])
-        peer.flush()
+        if how == "reset":
+            peer.h2.reset_stream(sids[b"late"])
+            peer.flush()
         thaw.set()
         wait_for(lambda: len(settled) == 2)
-        assert settled == {b"late": True, b"live": False}
+        if how == "reset":
+            assert settled == {b"late": True, b"live": False}
+        else:
+            assert settled == {b"late": False, b"live": False}  # (not yet: the connection is still open)
+            peer.sock.close()
+            wait_for(lambda: len(ended) == 2)
+            assert ended == {b"late": True, b"live": True}  # both messages came in while it was paused
         peer.sock.close()
     finally:
         r.stop()

@@ -366,23 +366,27 @@ def test_a_request_envoy_reset_before_it_was_admitted_is_logged_as_its_500_and_n
     assert store(gw).held() == 0 and not any(store(gw).used.values())
 
 
-@pytest.mark.parametrize("paused_at", ["response_headers", "response_body"])
+@pytest.mark.parametrize("paused_at", ["response_headers", "response_body", "the headers' answer"])
 def test_a_reply_whose_headers_envoy_answered_while_the_process_was_paused_is_its_500_billed_nothing(
         paused_at: str) -> None:
     """The process paused holding a reply's headers (a JSON reply's are held with its body) past Envoy's
     message timeout: Envoy answered the client SPEC's 500 internal_error in the reply's place and reset the
     call.  The resumed process reads the reply's message, then (once settled) that reset: it answers
-    nothing more, logs that 500 and bills nothing, whatever the model server sent."""
+    nothing more, logs that 500 and bills nothing, whatever the model server sent.  Its reset may also come
+    only after the process answered the headers late (the call ends then, expired)."""
     gw = gateway()
     call = FakeCall()
 
     def pause() -> None:
         call.expired = call.reset = True
     script: list[Any] = [request_body(CHAT_BODY), response_headers(200), response_body(chat_reply())]
-    script.insert(1 if paused_at == "response_headers" else 2, pause)
+    if paused_at == "the headers' answer":
+        script[2:] = [pause, EOF]
+    else:
+        script.insert(1 if paused_at == "response_headers" else 2, pause)
     call.script = script
     asyncio.run(Processor(gw).process(call))  # type: ignore[arg-type]
-    answered = ["request_body"] + (["response_headers"] if paused_at == "response_body" else [])
+    answered = ["request_body"] + (["response_headers"] if paused_at != "response_headers" else [])
     assert [m.WhichOneof("response") for m in call.written] == answered
     [rec] = store(gw).records
     assert (rec.status, rec.error_code, rec.cost_micro_pln, rec.prompt_tokens, rec.completion_tokens,
