@@ -158,7 +158,7 @@ def start_gateway(tmp: Path, up: Upstream, workers: int = 1, event_loop: str | N
 
     async def make_key() -> tuple[str, str]:
         import asyncpg
-        from extproc.store import redis_client
+        from core.redis_client import redis_client
         pool = await asyncpg.create_pool(stack.database_url, min_size=1, max_size=2)
         r = redis_client(stack.redis_url, 2)
         try:

@@ -8,7 +8,7 @@
 -- server for it) shown as SPEC streaming rule 3 wants it or taken out when the client did not ask for it;
 -- when it asked and the model server reported none, the usage the request is billed (the estimated input,
 -- one output token per event with content: extproc/observer.py) comes as the last chunk before [DONE].
--- The ext_proc reads the same bytes for billing (extproc/sse.py), without holding them; what both count
+-- The ext_proc reads the same bytes for billing (core/sse.py), without holding them; what both count
 -- is one table of cases (tests/sse_cases.py) run against each.  It works on bytes; only an event that
 -- carries a usage object is taken apart, by a small JSON scanner (Envoy's Lua has no JSON library).
 -- The common case, whole events in vLLM's shape, goes straight on (``Relay:feed``), and Envoy's access
@@ -19,7 +19,7 @@
 -- is rewritten with LFs as it passes (an LF right after a CR that ended the previous chunk is dropped).  An
 -- event the stream never ends with a blank line is not relayed: SSE clients discard it too.
 --
--- The ext_proc names the stream in the response header x-gateway-stream (extproc/stream_context.py, whose
+-- The ext_proc names the stream in the response header x-gateway-stream (core/stream_context.py, whose
 -- WIRE names its members: "a" the alias and "u" the upstream model as JSON strings, "w" 1 when the client
 -- asked for usage, "p" the estimated input tokens); it is removed here.  The file is also loaded by the unit tests (tests/test_sse.py, through
 -- tests/lua_relay.py) in LuaJIT through lupa, outside Envoy.
@@ -119,7 +119,7 @@ local function falsy(v)
   return v == "null" or v == "false" or v == "{}" or v == "[]" or find(v, "^%-?0+%.?0*$") ~= nil
 end
 
--- A usage object as billing reads it (extproc/cost.py usage_json_tokens): a whole prompt_tokens, and a
+-- A usage object as billing reads it (core/cost.py usage_json_tokens): a whole prompt_tokens, and a
 -- whole completion_tokens or none.
 local function valid_usage(u)
   local m = items(u, 1, true)
@@ -195,7 +195,7 @@ local function escape_pattern(s)
   return (gsub(s, "[%^%$%(%)%%%.%[%]%*%+%-%?]", "%%%0"))
 end
 
--- Events with a content piece, as extproc/sse.py's StreamMeter counts them (the same rule on the same
+-- Events with a content piece, as core/sse.py's StreamMeter counts them (the same rule on the same
 -- bytes, so that a usage chunk of our own says what the request is billed): a "content" member whose
 -- value is a string that is not empty.  The meter reads vLLM's compact JSON by plain searches
 -- ("content":" then no quote) and spaced JSON (a block with "content": or "usage": ) by a pattern that
@@ -339,7 +339,7 @@ local function find_usage(block, i)
 end
 
 -- For a usage chunk of our own: the events with content, counted as the ext_proc's meter counts them
--- (extproc/sse.py), on the same bytes, and the stream's id; not once the model server reported usage.
+-- (core/sse.py), on the same bytes, and the stream's id; not once the model server reported usage.
 function Relay:count(block)
   if self.show and not self.reported then
     self.content = self.content + count_content(block)
@@ -450,7 +450,7 @@ function Relay:usage_event(event)
     if x[1] == "usage" then k = i end
   end
   if k == nil then return event end
-  -- a usage object billing cannot read (extproc/cost.py) is no usage: taken out like a stale one
+  -- a usage object billing cannot read (core/cost.py) is no usage: taken out like a stale one
   local valid = valid_usage(f.usage)
   local choices = f.choices and items(f.choices, 1, false)
   if f.choices == nil or falsy(f.choices) then

@@ -16,23 +16,24 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Coroutine, Protocol
 from urllib.parse import unquote
 
-from . import logs, metrics
+from core import logs
+from core.catalog import Alias, Catalog
+from core.cost import Prices, cost_micro_pln
+from core.decisions import Admission, UsageRecord
+from core.directory import Directory
+from core.endpoints import REGISTRY, Endpoint, Registry
+from . import metrics
 from .billing_outcome import Facts, Outcome, decide
-from .catalog import Alias, Catalog
-from .cost import Prices, cost_micro_pln
-from .decisions import Admission, UsageRecord
-from .directory import Directory
-from .endpoints import REGISTRY, Endpoint, Registry
-from .errors import (BODY_TOO_LARGE, INTERNAL_ERROR, INVALID_KEY, MODEL_NOT_FOUND, UNSUPPORTED_ENDPOINT,
+from core.errors import (BODY_TOO_LARGE, INTERNAL_ERROR, INVALID_KEY, MODEL_NOT_FOUND, UNSUPPORTED_ENDPOINT,
                      UPSTREAM_TIMEOUT, ApiError)
+from core.keys import bearer_key, key_hash
+from core.responses import upstream_error
+from core.rules import Prepared
+from core.stream_context import HEADER as STREAM_HEADER, StreamContext
 from .hold import worst_case
-from .keys import bearer_key, key_hash
 from .policies import NONE, Policies
-from .responses import upstream_error
-from .rules import Prepared
 from .spool import NoSpool, PendingFinish, Spool
 from .store import Late, Miss, Store
-from .stream_context import HEADER as STREAM_HEADER, StreamContext
 
 log = logging.getLogger("extproc")
 

@@ -34,8 +34,8 @@ from typing import Any, Awaitable, Callable, Protocol, cast
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2
 
+from core.resp import expire
 from . import h2
-from .resp import expire
 
 log = logging.getLogger("extproc")
 

@@ -14,8 +14,8 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 
+from core.errors import INTERNAL_ERROR
 from . import metrics, tracing
-from .errors import INTERNAL_ERROR
 from .exchange import Answer, Exchange, Gateway, error_answer
 from .grpc_server import EOF, UNAVAILABLE, Call, Status
 from .observer import StreamWatch

@@ -24,8 +24,8 @@ import yaml
 from control.admin import Admin
 from control.launcher import Stack, free_port_base
 from control.settings import Settings
-from extproc.settings_base import PORT_OFFSETS, SPAN
-from extproc.store import redis_client
+from core.settings_base import PORT_OFFSETS, SPAN
+from core.redis_client import redis_client
 
 
 free_base = free_port_base

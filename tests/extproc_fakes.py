@@ -12,14 +12,14 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from google.protobuf import struct_pb2
 
 from conftest import make_catalog
-from extproc import catalog as catalog_mod
-from extproc.decisions import Admission, Identity, UsageRecord
-from extproc.errors import ApiError
+from core import catalog as catalog_mod
+from core.decisions import Admission, Identity, UsageRecord
+from core.errors import ApiError
+from core.keys import key_hash
+from core.errors import CONCURRENCY, INVALID_KEY, QUOTA, SUSPENDED
 from extproc.exchange import ATTR_AUTH, ATTR_ID, ATTR_METHOD, ATTR_PATH, Gateway
 from extproc.grpc_server import EOF
 from extproc.hold import WorstCase
-from extproc.keys import key_hash
-from extproc.errors import CONCURRENCY, INVALID_KEY, QUOTA, SUSPENDED
 from extproc.store import Miss
 
 KEY = "sk-service-" + "a" * 40

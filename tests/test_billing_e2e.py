@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from conftest import Gateway, assert_error, usage_caught_up, wait_for
-from extproc.cost import estimate_chat_prompt, estimate_text
+from core.cost import estimate_chat_prompt, estimate_text
 
 MSGS = [{"role": "user", "content": "Ile kosztuje bilet do Krakowa?"}]
 EST_PROMPT = estimate_chat_prompt(MSGS)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from conftest import Gateway, wait_for
-from extproc.cost import estimate_chat_prompt
+from core.cost import estimate_chat_prompt
 
 MSGS = [{"role": "user", "content": "Ile kosztuje bilet do Krakowa?"}]
 EST_PROMPT = estimate_chat_prompt(MSGS)

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from conftest import Gateway, assert_error, wait_for
-from extproc.cost import Prices, cost_micro_pln, estimate_chat_prompt
+from core.cost import Prices, cost_micro_pln, estimate_chat_prompt
 
 ADVANCED = Prices(4_000_000, 8_000_000)  # the test catalog's "advanced": 4 / 8 PLN per 1M tokens
 MSGS = [{"role": "user", "content": "x" * 32}]  # estimated 14 tokens (7 + 4 + 3); the simulator counts 8

@@ -10,9 +10,9 @@ from typing import Any, Awaitable, TypeVar
 
 import pytest
 
-from extproc.cost import estimate_chat_prompt
+from core.cost import estimate_chat_prompt
+from core.stream_context import HEADER as STREAM_HEADER, StreamContext
 from extproc.exchange import CLUSTER_HEADER, Answer, Exchange
-from extproc.stream_context import HEADER as STREAM_HEADER, StreamContext
 from extproc_fakes import (CHAT_BODY, KEY, OTHER_KEY, chat_reply, chunk, gateway, logged_free, sse, store,
                            usage_chunk)
 
@@ -417,7 +417,7 @@ def test_a_cache_miss_is_filled_from_the_directory_once() -> None:
 def test_the_admission_holds_the_worst_case_at_the_prices_in_force() -> None:
     """The store is asked to hold the estimated input + n x the max_tokens forwarded (clamped to the
     ceiling), at the prices in force when the request started; embeddings: their input."""
-    from extproc.cost import Prices, cost_micro_pln
+    from core.cost import Prices, cost_micro_pln
     gw = gateway()
     body = json.dumps({"model": "polish-pro", "n": 3, "max_tokens": 999_999,
                        "messages": [{"role": "user", "content": "Dzień dobry"}]}).encode()

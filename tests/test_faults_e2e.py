@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from conftest import MIXED_BODIES as BODIES, Gateway, wait_for
-from extproc.errors import TABLE
+from core.errors import TABLE
 
 
 

@@ -182,7 +182,7 @@ def test_a_redis_hang_under_load_bills_nothing_unserved_and_leaks_no_slot(stack:
     counts = _reconcile(stack, org, before, got)
     assert counts["failed"] >= 6, counts  # the hang was felt: every thread got its error
     # the ext_proc's log tells it in a few lines, not one per failed request: Redis down (and back), and
-    # each kind of admission failure once, the rest counted in one line 10 s later (extproc/logs.py;
+    # each kind of admission failure once, the rest counted in one line 10 s later (core/logs.py;
     # a line like one another test of this module wrote less than 10 s before is only counted)
     with open(stack.stack.logs / "extproc.log", "rb") as f:
         f.seek(log_at)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from extproc.cost import Prices, cost_micro_pln
-from extproc.hold import MAX_HOLD, WorstCase, credit_limit
+from core.cost import Prices, cost_micro_pln
+from core.cost import credit_limit
+from extproc.hold import MAX_HOLD, WorstCase
 
 ADVANCED = Prices(4_000_000, 8_000_000)  # micro-PLN per 1M tokens (the demo catalog's "advanced")
 

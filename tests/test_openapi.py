@@ -17,7 +17,7 @@ import pytest
 import requests
 import yaml
 
-from extproc.errors import TABLE
+from core.errors import TABLE
 
 from conftest import Gateway, rate_window_with, wait_for
 

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from extproc.catalog import parse
-from extproc.errors import ApiError
-from extproc.rules import MAX_JSON_DEPTH, prepare_chat, prepare_embeddings
+from core.catalog import parse
+from core.errors import ApiError
+from core.rules import MAX_JSON_DEPTH, prepare_chat, prepare_embeddings
 
 CAT = parse({
     "aliases": {

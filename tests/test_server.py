@@ -13,10 +13,10 @@ import pytest
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
-from extproc.cost import estimate_chat_prompt
+from core.cost import estimate_chat_prompt
+from core.stream_context import HEADER as STREAM_HEADER, StreamContext
 from extproc import exchange
 from extproc.exchange import CLUSTER_HEADER, Gateway
-from extproc.stream_context import HEADER as STREAM_HEADER, StreamContext
 from extproc.grpc_server import EOF, UNAVAILABLE, Status
 from extproc.server import LEFT_GRACE_S, ROLE_HEADER, WATCH_ROLE, Processor
 from extproc_fakes import (CHAT_BODY, OTHER_KEY, STALL, FakeCall, chat_reply, chunk, gateway, logged_free,

@@ -90,7 +90,7 @@ def over_balance(cost_pln: str, available_pln: str, fits: int | None, choices: i
                     "Ask for fewer tokens, or top up to continue.")
 
 
-# ---- the request body (extproc/rules.py) ----
+# ---- the request body (core/rules.py) ----
 INVALID_JSON = ApiError("invalid_json", "The request body is not valid JSON.")
 NOT_AN_OBJECT = _invalid("The request body must be a JSON object.")
 # a number such as 1e400 is valid JSON, but parses to infinity, which JSON cannot write
@@ -128,7 +128,7 @@ def not_a_positive_integer(name: str) -> ApiError:
     return _invalid(f"'{name}' must be an integer >= 1.", name)
 
 
-# ---- the model server's reply (extproc/responses.py) and the gateway ----
+# ---- the model server's reply (core/responses.py) and the gateway ----
 def context_length_exceeded(input_param: str) -> ApiError:
     return ApiError("context_length_exceeded", "The input is longer than the model's context length.", input_param)
 

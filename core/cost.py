@@ -132,3 +132,14 @@ def usage_json_tokens(usage: Any) -> tuple[int, int] | None:
     if type(p) is not int or type(c) is not int or p < 0 or c < 0:
         return None
     return p, c
+
+
+def credit_limit(paid: bool, own: str, default: int | None) -> int | None:
+    """How far below zero an organisation's balance may go (micro-PLN; None: no limit, SPEC's rule alone),
+    as the admission script decides it: 0 while its only money is the trial credit (``paid`` false), else
+    its own limit ``own`` (micro-PLN, or "none"), else (``own`` "default") GATEWAY_CREDIT_LIMIT_PLN's."""
+    if not paid:
+        return 0
+    if own == "none":
+        return None
+    return default if own == "default" else int(own)
