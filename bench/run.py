@@ -27,12 +27,13 @@ from . import fixtures as fx
 from . import cpu_split, grpc_servers, long_streams, profiling, report, resp_ab, rounds
 from .redis_ceiling import ceiling
 from .load import SCENARIOS, check, write_bodies, wrk
-from .procs import BUSY, Procs, cpu_busy, settle
+from .procs import BUSY, Procs, cpu_busy, drain, settle
 from .systems import (ROOT, System, direct, ensure_litellm, launch_litellm, litellm_ready, start_bare,
                       start_gateway, start_minimal, start_upstream)
 
 RESULTS = ROOT / "bench" / "results"
 ROUNDS_QUICK, ROUNDS_FULL = 3, 5  # rounds of every cell (bench/rounds.py)
+DRAIN_S = 60  # at most this long after a LiteLLM cell for it to work off what wrk left (procs.drain)
 WORKERS = 2  # the "Throughput vs ext_proc processes" row: GATEWAY_EXTPROC_WORKERS of the second gateway stack
 
 # (cell id, scenario, connections); "latency" is the one-connection run.
@@ -80,6 +81,8 @@ def run_cell(system: System, scenario: str, conns: int, secs: float, bodies: Pat
         busy = settle(limit)
         r = split(lambda: wrk(system, SCENARIOS[scenario], conns, longer * secs, bodies))
         r["extended"] = True
+    if "pgid" in system.extra:  # LiteLLM: its backlog worked off before anything else is measured
+        r["drained_s"] = round(drain(system.extra["pgid"], DRAIN_S), 1)
     r["few"] = r["requests"] < 2 * conns
     r["busy_before"] = round(busy, 2)
     r["noisy"] = busy > BUSY
