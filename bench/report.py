@@ -347,7 +347,7 @@ def comparison_sections(c: dict[str, Any]) -> list[str]:
     CHART.write_text(chart(cmp))
     head, body = rows(cmp)
     cells = [x for s in cmp["systems"].values() for x in s["cells"].values()]
-    parts = ["## Latest comparison", "", "Every figure in this file below is from this one run: " + when + ".", "",
+    parts = ["## Latest comparison", "", "Every figure from here to the soak is from this one run: " + when + ".", "",
              "### Headline", "", "The last line `make bench` prints, as a table (medians over the rounds):", "",
              *headline_table(c["headline"]), "",
              "### Requests per second (medians over the rounds)", "", md_table(head, body), "",

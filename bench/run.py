@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import fixtures as fx
 from . import cpu_split, grpc_servers, long_streams, profiling, report, resp_ab, rounds
@@ -207,6 +207,15 @@ def per_process(stack: Any) -> dict[str, int]:
     return out
 
 
+def aside(what: str, run: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+    """A cell of its own beside the comparison: its failure is logged and leaves it out (None), not the run."""
+    try:
+        return run()
+    except Exception as e:  # noqa: BLE001
+        log(f"{what} NOT measured: {type(e).__name__}: {e}")
+        return None
+
+
 def compare(args: argparse.Namespace, tmp: Path, procs: Procs, stamp: str) -> dict[str, Any]:
     quick = args.quick
     secs, warm = (2.0, 0.0) if quick else (5.0, 3.0)
@@ -260,8 +269,9 @@ def compare(args: argparse.Namespace, tmp: Path, procs: Procs, stamp: str) -> di
         if "gateway" in results:
             results["gateway"]["error_detail"] = gateway_errors(stack)
         log(f"--- which gRPC server: the minimal ext_proc on each, {n_rounds} rounds ---")
-        grpc = grpc_servers.measure(procs, tmp, up, bodies, secs, n_rounds, log,
-                                    started={"grpcio": next(s for s in systems if s.name == "minimal_extproc")})
+        grpc = aside("gRPC servers", lambda: grpc_servers.measure(
+            procs, tmp, up, bodies, secs, n_rounds, log,
+            started={"grpcio": next(s for s in systems if s.name == "minimal_extproc")}))
         if "chat" in results.get("gateway", {}).get("cells", {}):
             # Throughput vs ext_proc processes: the same stack again with GATEWAY_EXTPROC_WORKERS=2,
             # non-streaming chat at 64 connections only, after the one-process stack has stopped.
@@ -280,8 +290,8 @@ def compare(args: argparse.Namespace, tmp: Path, procs: Procs, stamp: str) -> di
             log(f"requests served per ext_proc process: {results[gw2.name]['requests_per_process']}")
         return {"mode": "quick" if quick else "full", "cell_seconds": secs, "rounds": n_rounds, "systems": results,
                 "litellm_note": litellm_note, "profile": prof, "long_streams": ls, "long_profile": ls_prof,
-                "redis": ceiling(), "resp_client": resp_ab.measure(n_rounds, log),
-                "grpc_servers": grpc,
+                "redis": aside("Redis ceiling", ceiling), "grpc_servers": grpc,
+                "resp_client": aside("RESP client A/B", lambda: resp_ab.measure(n_rounds, log)),
                 "stream_chunks_per_reply": fx.STREAM_CHUNKS,
                 "cells": [{"id": c, "scenario": s, "conns": n} for c, s, n in cells]}
     finally:
@@ -409,7 +419,7 @@ def headline(cmp: dict[str, Any] | None, sk: dict[str, Any] | None) -> dict[str,
                            digits=lambda k: 1 if k.startswith("rps") or k == "stream_chunks_per_s" else 3)
     h.update(dict.fromkeys(("errors", "rss_growth_pct", "redis_us_per_request")))
     if cmp:
-        h["redis_us_per_request"] = cmp.get("redis", {}).get("redis_us_per_request")
+        h["redis_us_per_request"] = (cmp.get("redis") or {}).get("redis_us_per_request")
         h.update(resp_ab.headline(cmp.get("resp_client")))
         gw = cmp["systems"].get("gateway")
         if gw is not None:
