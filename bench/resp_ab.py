@@ -157,7 +157,8 @@ def headline(ab: dict[str, Any] | None) -> dict[str, Any]:
     """The headline's RESP client keys: CPU µs per admission and per finish at ``CONCURRENCY`` callers,
     the own client's and redis-py's (the ext_proc's pool)."""
     c = (ab or {}).get("cells", {}).get("c64", {})
-    return {f"resp_{n}_us_per_{w}": c.get(f"{n}_{w}_us") for n in ("own", "redis_py") for w in ("admit", "finish")}
+    return {f"resp_{n}_us_per_{w}{s}": c.get(f"{n}_{w}_us{s}") for n in ("own", "redis_py") for w in ("admit", "finish")
+            for s in ("", "_spread")}
 
 
 LABELS = {"own": "own client (`extproc/resp.py`)", "redis_py": "redis-py + hiredis, the ext_proc's pool",

@@ -211,7 +211,7 @@ def launch_litellm(procs: Procs, tmp: Path, up: Upstream, binary: str) -> System
                     env=litellm_env.proxy_env(LITELLM_KEY), cwd=str(tmp))
     return System("litellm", "LiteLLM proxy", port, key=LITELLM_KEY,
                   note=f"litellm[proxy], {workers} workers (one per core), no database",
-                  extra={"pgid": p.pid})  # its own session: the process and its workers
+                  extra={"pgid": p.pid})  # its process group: the proxy and its workers
 
 
 def litellm_ready(port: int) -> bool:
