@@ -85,7 +85,7 @@ compose:
 litellm-env: $(STAMP)
 	@$(PY) -m bench.litellm_env
 
-# The Vercel AI SDK for the README's snippet (tests/test_clients_e2e.py), from the npm registry into
+# The Vercel AI SDK for docs/clients.md's snippet (tests/test_clients_e2e.py), from the npm registry into
 # .venv/node-clients where node and npm are; otherwise that test is skipped and says why (and fails
 # under CI=true).
 NODE_CLIENTS := $(VENV)/node-clients

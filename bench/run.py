@@ -194,7 +194,7 @@ def gateway_errors(stack: Any) -> dict[str, Any]:
 def per_process(stack: Any) -> dict[str, int]:
     """Each ext_proc process's gateway_requests_total (its metrics endpoint): did Envoy balance?"""
     import urllib.request
-    from control.envoy_config import extproc_workers
+    from control.ports import extproc_workers
     out: dict[str, int] = {}
     for name, _, port in extproc_workers(stack.s):
         try:

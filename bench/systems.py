@@ -114,7 +114,7 @@ def start_gateway(tmp: Path, up: Upstream, workers: int = 1, event_loop: str | N
     only Envoy's worker count is set to 1 like every other Envoy here (the launcher uses 2).
     ``workers``: GATEWAY_EXTPROC_WORKERS (ext_proc processes behind that one Envoy)."""
     from control.admin import Admin
-    from control.envoy_config import extproc_workers
+    from control.ports import extproc_workers
     from control.launcher import Stack, bindable, free_port_base
     from control.procs import Proc
     from control.settings import Settings

@@ -3,6 +3,7 @@ gateway sees a revocation, suspension or credit within a second on every instanc
 from __future__ import annotations
 
 import secrets
+from dataclasses import fields
 from decimal import Decimal
 from typing import Any, Literal
 
@@ -11,6 +12,7 @@ import redis.asyncio as aioredis
 
 from extproc import cost, redis_keys as rk
 from extproc.cost import micro_to_pln
+from extproc.decisions import UsageRecord
 from extproc.directory import CLIMIT_SQL, PAID_SQL
 from extproc.hold import credit_limit
 from extproc.keys import key_hash, new_key
@@ -170,13 +172,15 @@ class Admin:
             where.append(f"request_id = ${len(args)}")
         args.append(limit)
         rows = await self.pool.fetch(
-            "SELECT request_id, key_id, alias, upstream_model, endpoint, status, error_code, stream, prompt_tokens,"
-            " completion_tokens, estimated, cost_micro_pln, input_price, output_price, started_at, ttfb_ms,"
-            " ended_at, (extract(epoch FROM ended_at - started_at) * 1000)::int AS latency_ms"
+            f"SELECT {USAGE_COLUMNS}, (extract(epoch FROM ended_at - started_at) * 1000)::int AS latency_ms"
             f" FROM usage_records WHERE {' AND '.join(where)} ORDER BY started_at DESC, request_id LIMIT ${len(args)}",
             *args)
         return [{**r, "started_at": r["started_at"].isoformat(), "ended_at": r["ended_at"].isoformat()}
                 for r in rows]
+
+
+# ``gateway usage``'s columns: a usage record's fields (extproc/decisions.py), its organisation aside
+USAGE_COLUMNS = ", ".join(f.name for f in fields(UsageRecord) if f.name != "org_id")
 
 
 def status_condition(status: str) -> tuple[str, int | None] | None:

@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Callable
 
 from extproc.catalog import CatalogError
 from extproc.cost import micro_to_pln
-from extproc.settings_base import SettingsError
+from extproc.settings_base import PORT_OFFSETS, SettingsError
 from extproc.urls import RedisUrlError
 
 from .admin import Admin, AdminError, CreditLimit, pln_to_micro
@@ -208,7 +208,7 @@ async def status(s: Settings) -> dict[str, dict[str, Any]]:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from extproc import catalog as catalog_mod
-    from .envoy_config import extproc_workers
+    from .ports import extproc_workers
 
     timeout = STATUS_TIMEOUT_S
 
@@ -342,7 +342,7 @@ def cmd_backup(args: argparse.Namespace, s: Settings) -> int:
 def cmd_sim(args: argparse.Namespace, s: Settings) -> int:
     import sim
     given = any(a == "--port" or a.startswith("--port=") for a in args.rest)
-    port = [] if given else ["--port", str(args.port or s.gateway_port + 15)]
+    port = [] if given else ["--port", str(args.port or s.port_of("simulators"))]
     sim.main(port + args.rest)
     return 0
 
@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up", help="start the whole stack in the foreground")
     up.add_argument("--port", type=int)
     sm = sub.add_parser("sim", help="run the model-server simulator")
-    sm.add_argument("--port", type=int, help="default: GATEWAY_PORT + 15, the demo catalog's sim-a")
+    sm.add_argument("--port", type=int, help=f"default: GATEWAY_PORT + {PORT_OFFSETS['simulators']}, the demo catalog's sim-a")
     sm.add_argument("rest", nargs=argparse.REMAINDER)
     org = sub.add_parser("org").add_subparsers(dest="sub", required=True)
     oc = org.add_parser("create"); oc.add_argument("name"); oc.add_argument("--balance", default="0")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import ipaddress
 import os
 from pathlib import Path
@@ -10,36 +11,16 @@ from typing import Any
 
 import yaml
 
+from extproc import errors
 from extproc.catalog import Catalog, CatalogError, load
+from extproc.endpoints import REGISTRY, Registry
 
+from .ports import extproc_workers
 from .settings import Settings
 
 # envoy/ at the repository root, shipped in the control package (control/envoy links to it)
 TEMPLATE = Path(__file__).resolve().parent / "envoy" / "envoy.yaml"
 SSE_RELAY = TEMPLATE.parent / "sse_relay.lua"  # Envoy's relay of a streamed reply (Lua)
-
-
-MAX_EXTPROC_WORKERS = 64
-
-
-def extproc_workers(s: Settings) -> list[tuple[str, int, int]]:
-    """The ext_proc processes of one gateway instance: (name, gRPC port, metrics port) each.  The first is
-    "extproc" on ``GATEWAY_EXTPROC_PORT`` / ``GATEWAY_METRICS_PORT``; worker k (k = 1 .. N-1) is
-    "extproc-<k+1>" on gRPC port + 100 + k and metrics port + 200 + k (defaults: 8191.., 9665..), which
-    with at most 64 workers stays clear of gateway_port + 1..19 and of each other.  Ports that would
-    collide anyway (explicit settings) are refused here."""
-    n = s.extproc_workers
-    if not 1 <= n <= MAX_EXTPROC_WORKERS:
-        raise ValueError(f"GATEWAY_EXTPROC_WORKERS must be 1..{MAX_EXTPROC_WORKERS}, not {n}")
-    out = [("extproc", s.grpc_port, s.metrics_http_port)]
-    out += [(f"extproc-{k + 1}", s.grpc_port + 100 + k, s.metrics_http_port + 200 + k) for k in range(1, n)]
-    extra = [p for _, g, m in out[1:] for p in (g, m)]
-    taken = {s.gateway_port + i for i in range(20)} | {s.grpc_port, s.metrics_http_port, s.envoy_admin_port,
-                                                       s.console_http_port, s.pg_port, s.redis_port,
-                                                       s.writer_metrics_http_port}
-    if clash := sorted({p for p in extra if p in taken or extra.count(p) > 1}):
-        raise ValueError(f"ext_proc worker ports collide with other ports of the gateway: {clash}")
-    return out
 
 
 def _extproc_endpoints(s: Settings) -> str:
@@ -54,8 +35,23 @@ def access_log_path(s: Settings) -> str:
     return s.envoy_access_log or str(s.state / "logs" / "envoy-access.log")
 
 
-def render_bootstrap(s: Settings) -> str:
+def error_bodies() -> dict[str, str]:
+    """The template's Envoy reply bodies: ``REQ_<NAME>`` / ``RESP_<NAME>`` is the JSON body of
+    ``extproc.errors.<NAME>`` with Envoy's request id (the request's, or the one its reply minted), as a
+    YAML scalar (the same text the bootstrap had when these were written by hand): every message a client
+    can see is written in errors.py alone."""
+    out = {}
+    for name, e in vars(errors).items():
+        if isinstance(e, errors.ApiError):
+            for src in ("REQ", "RESP"):
+                body = e.body(f"%{src}(X-REQUEST-ID)%").decode()
+                out[f"{src}_{name}"] = "'" + body.replace("'", "''") + "'"  # YAML's single-quoted scalar
+    return out
+
+
+def render_bootstrap(s: Settings, endpoints: Registry = REGISTRY) -> str:
     text = Template(TEMPLATE.read_text()).substitute(
+        **error_bodies(),
         STATE=str(s.state), HOST=s.gateway_host, PORT=s.gateway_port, ADMIN_PORT=s.envoy_admin_port,
         EXTPROC_PORT=s.grpc_port, EXTPROC_ENDPOINTS=_extproc_endpoints(s), REPLY_LIMIT=s.max_reply_bytes,
         # Envoy's idle timer (a backstop: the ext_proc keeps the real one from the start of the reply) runs
@@ -65,14 +61,34 @@ def render_bootstrap(s: Settings) -> str:
         CONNECTION_IDLE_TIMEOUT=s.connection_idle_timeout_s, MAX_CONNECTIONS=s.max_connections,
         MAX_STREAMS=s.max_streams_per_connection, TRUSTED_HOPS=trusted_hops(s), SSE_RELAY=str(SSE_RELAY),
         EXTPROC_LIMIT=2 * s.max_connections, ACCESS_LOG=access_log_path(s))
-    if s.extproc_workers == 1 and not s.otlp_endpoint:
-        return text
     doc = yaml.safe_load(text)
+    with_endpoint_routes(doc, endpoints)
     if s.extproc_workers > 1:
         with_extproc_failover(doc)
     if s.otlp_endpoint:
         with_tracing(doc, s.otlp_endpoint)
     return yaml.safe_dump(doc, sort_keys=False)
+
+
+# A request with a body: a POST whose length cannot be zero (a positive number written plainly)
+_WITH_BODY = [{"name": ":method", "string_match": {"exact": "POST"}},
+              {"name": "content-length", "string_match": {"safe_regex": {"regex": "[1-9][0-9]*"}}}]
+
+
+def with_endpoint_routes(doc: dict[str, Any], endpoints: Registry) -> None:
+    """Two routes per endpoint, first in the route table (envoy/envoy.yaml says why two), each with the
+    upstream and ext_proc settings of the template's first route: one for a POST with a body, where the
+    ext_proc skips the request-headers message, then one for any other request on the path."""
+    hcm = doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    [vhost] = hcm["route_config"]["virtual_hosts"]
+    routes = vhost["routes"]
+    upstream, full = routes[0]["route"], routes[0]["typed_per_filter_config"]
+    body_only = copy.deepcopy(full)
+    body_only["envoy.filters.http.ext_proc"]["overrides"]["processing_mode"]["request_header_mode"] = "SKIP"
+    routes[:0] = [{"name": e.name, "match": {"path": e.path, "headers": _WITH_BODY}, "route": upstream,
+                   "typed_per_filter_config": body_only} for e in endpoints] + [
+                  {"name": e.name, "match": {"path": e.path}, "route": upstream, "typed_per_filter_config": full}
+                  for e in endpoints]
 
 
 def with_extproc_failover(doc: dict[str, Any]) -> None:

@@ -23,6 +23,7 @@ from typing import Awaitable, Callable, TypeVar
 
 from extproc import catalog as catalog_mod
 from extproc import redis_durability
+from extproc.settings_base import SPAN
 
 from . import embedded, envoy_config, envoy_ops, ports
 from .procs import Proc, http_ok, port_open
@@ -39,7 +40,7 @@ def bindable(port: int) -> bool:
             return False
 
 
-def free_port_base(span: int = 20) -> int:
+def free_port_base(span: int = SPAN) -> int:
     """A base port with ``span`` free ports after it (a stack derives its ports from its base), taken
     below the kernel's ephemeral range (32768+) so that no outgoing connection can take the port of a
     component that is being restarted."""
@@ -133,11 +134,11 @@ class Stack:
     # ---- configuration of each component -------------------------------------------------
     @property
     def pg_port(self) -> int:
-        return self.s.pg_port or self.s.gateway_port + 12
+        return self.s.port_of("pg_port")
 
     @property
     def redis_port(self) -> int:
-        return self.s.redis_port or self.s.gateway_port + 13
+        return self.s.port_of("redis_port")
 
     def _pg_proc(self) -> Proc:
         data, prefix = embedded.prepare_pg(self.state, self.credentials)
@@ -197,9 +198,9 @@ class Stack:
 
     def _extproc_procs(self) -> list[Proc]:
         """One process per GATEWAY_EXTPROC_WORKERS: "extproc", "extproc-2", ..., each on its own gRPC and
-        metrics port (envoy_config.extproc_workers); Envoy balances the requests' streams across them."""
+        metrics port (ports.extproc_workers); Envoy balances the requests' streams across them."""
         procs: list[Proc] = []
-        for name, grpc_port, metrics_port in envoy_config.extproc_workers(self.s):
+        for name, grpc_port, metrics_port in ports.extproc_workers(self.s):
             env = self.child_env()
             env.update({"GATEWAY_EXTPROC_PORT": str(grpc_port), "GATEWAY_METRICS_PORT": str(metrics_port),
                         # Envoy's statistics are served beside the first worker's metrics only

@@ -3,9 +3,9 @@ starts anything, so that a port already taken stops the start with one line nami
 variable, instead of a component crash-looping (or, worse, a second stack's requests reaching the first
 stack's simulators).
 
-The defaults are relative to GATEWAY_PORT (the properties of the settings classes say by how much), and so
-are the embedded simulators' ports (the catalog's ``port_offset``): two stacks with different GATEWAY_PORTs
-share nothing.
+The defaults are relative to GATEWAY_PORT (by extproc.settings_base.PORT_OFFSETS, the one table of them), and
+so are the embedded simulators' ports (the catalog's ``port_offset``): two stacks with different GATEWAY_PORTs
+share nothing.  The ext_proc workers' ports follow the first one's (``extproc_workers``).
 """
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import socket
 from dataclasses import dataclass
 
 from extproc.catalog import Catalog
+from extproc.settings_base import PORT_OFFSETS, SPAN
 
-from .settings import Settings
+from .settings import MAX_EXTPROC_WORKERS, Settings
 
 LOOPBACK = ("127.0.0.1", "localhost")
 
@@ -27,8 +28,35 @@ class PortUse:
     host: str = "127.0.0.1"
 
 
-def _derived(var: str, own: int, offset: int) -> str:
-    return var if own else f"{var}, or GATEWAY_PORT (it is GATEWAY_PORT + {offset} by default)"
+# worker k (1 .. N-1) of the ext_proc listens on the first one's gRPC port + WORKER_GRPC + k and metrics port
+# + WORKER_METRICS + k: with at most MAX_EXTPROC_WORKERS workers, clear of GATEWAY_PORT .. + SPAN - 1 and each other
+WORKER_GRPC, WORKER_METRICS = 100, 200
+
+
+def _derived(s: Settings, name: str) -> str:
+    """What moves the port of setting ``name``: its variable, or GATEWAY_PORT while it is unset."""
+    var = Settings.env_vars()[name]
+    return var if getattr(s, name) else f"{var}, or GATEWAY_PORT (it is GATEWAY_PORT + {PORT_OFFSETS[name]} by default)"
+
+
+def extproc_workers(s: Settings) -> list[tuple[str, int, int]]:
+    """The ext_proc processes of one gateway instance: (name, gRPC port, metrics port) each.  The first is
+    "extproc" on ``GATEWAY_EXTPROC_PORT`` / ``GATEWAY_METRICS_PORT``; worker k (k = 1 .. N-1) is
+    "extproc-<k+1>" on gRPC port + WORKER_GRPC + k and metrics port + WORKER_METRICS + k (defaults: 8191..,
+    9665..).  Ports that would collide anyway (explicit settings) are refused here."""
+    n = s.extproc_workers
+    if not 1 <= n <= MAX_EXTPROC_WORKERS:
+        raise ValueError(f"GATEWAY_EXTPROC_WORKERS must be 1..{MAX_EXTPROC_WORKERS}, not {n}")
+    out = [("extproc", s.grpc_port, s.metrics_http_port)]
+    out += [(f"extproc-{k + 1}", s.grpc_port + WORKER_GRPC + k, s.metrics_http_port + WORKER_METRICS + k)
+            for k in range(1, n)]
+    extra = [p for _, g, m in out[1:] for p in (g, m)]
+    taken = {s.gateway_port + i for i in range(SPAN)} | {s.grpc_port, s.metrics_http_port, s.envoy_admin_port,
+                                                         s.console_http_port, s.port_of("pg_port"),
+                                                         s.port_of("redis_port"), s.writer_metrics_http_port}
+    if clash := sorted({p for p in extra if p in taken or extra.count(p) > 1}):
+        raise ValueError(f"ext_proc worker ports collide with other ports of the gateway: {clash}")
+    return out
 
 
 def simulators(cat: Catalog, s: Settings) -> dict[tuple[str, int], list[str]]:
@@ -43,23 +71,20 @@ def simulators(cat: Catalog, s: Settings) -> dict[tuple[str, int], list[str]]:
 
 def planned(s: Settings, cat: Catalog | None) -> list[PortUse]:
     """The ports the stack of ``s`` will listen on (with its catalog's simulators when it runs them)."""
-    from .envoy_config import extproc_workers
     uses = [PortUse(s.gateway_port, "Envoy's listener", "GATEWAY_PORT", s.gateway_host or "0.0.0.0"),
-            PortUse(s.envoy_admin_port, "Envoy's admin", _derived("GATEWAY_ADMIN_PORT", s.admin_port, 11)),
-            PortUse(s.console_http_port, "the console", _derived("GATEWAY_CONSOLE_PORT", s.console_port, 1)),
-            PortUse(s.writer_metrics_http_port, "the usage writer's metrics",
-                    _derived("GATEWAY_WRITER_METRICS_PORT", s.writer_metrics_port, 14))]
+            PortUse(s.envoy_admin_port, "Envoy's admin", _derived(s, "admin_port")),
+            PortUse(s.console_http_port, "the console", _derived(s, "console_port")),
+            PortUse(s.writer_metrics_http_port, "the usage writer's metrics", _derived(s, "writer_metrics_port"))]
     for name, grpc_port, metrics_port in extproc_workers(s):
-        uses += [PortUse(grpc_port, f"{name}'s gRPC", _derived("GATEWAY_EXTPROC_PORT", s.extproc_port, 10)),
-                 PortUse(metrics_port, f"{name}'s metrics", _derived("GATEWAY_METRICS_PORT", s.metrics_port, 1384))]
+        uses += [PortUse(grpc_port, f"{name}'s gRPC", _derived(s, "extproc_port")),
+                 PortUse(metrics_port, f"{name}'s metrics", _derived(s, "metrics_port"))]
     if not s.database_url:
-        uses.append(PortUse(s.pg_port or s.gateway_port + 12, "the embedded PostgreSQL",
-                            _derived("GATEWAY_PG_PORT", s.pg_port, 12)))
+        uses.append(PortUse(s.port_of("pg_port"), "the embedded PostgreSQL", _derived(s, "pg_port")))
     if not s.redis_url:
-        uses.append(PortUse(s.redis_port or s.gateway_port + 13, "the embedded Redis",
-                            _derived("GATEWAY_REDIS_PORT", s.redis_port, 13)))
+        uses.append(PortUse(s.port_of("redis_port"), "the embedded Redis", _derived(s, "redis_port")))
     if s.dev and not s.smtp_host:
-        uses.append(PortUse(s.smtp_capture_port, "the development mail capture", "GATEWAY_PORT (+ 18)"))
+        uses.append(PortUse(s.smtp_capture_port, "the development mail capture",
+                            f"GATEWAY_PORT (+ {PORT_OFFSETS['smtp_capture']})"))
     if s.run_sim and cat is not None:
         by_port = {d.port_at(s.gateway_port): d for deps in cat.deployments.values() for d in deps}
         for name, port in simulators(cat, s):

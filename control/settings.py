@@ -5,18 +5,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from extproc.settings_base import env
+from extproc.settings_base import env, port
 from extproc.usage_writer_settings import WriterSettings
 
 from .console.settings import ConsoleSettings
 
+MAX_EXTPROC_WORKERS = 64
+
 
 @dataclass(frozen=True)
 class Settings(WriterSettings, ConsoleSettings):
-    extproc_workers: int = env("GATEWAY_EXTPROC_WORKERS", 1)  # ext_proc processes the launcher starts (Envoy balances across them)
+    extproc_workers: int = env("GATEWAY_EXTPROC_WORKERS", 1, low=1, high=MAX_EXTPROC_WORKERS)  # ext_proc processes the launcher starts (Envoy balances across them)
     run_sim: bool = env("GATEWAY_RUN_SIM", True)              # start the simulator for loopback deployments
-    pg_port: int = env("GATEWAY_PG_PORT", 0)                  # embedded PostgreSQL port; 0 = gateway_port + 12
-    redis_port: int = env("GATEWAY_REDIS_PORT", 0)            # embedded Redis port; 0 = gateway_port + 13
+    pg_port: int = port("GATEWAY_PG_PORT")                  # embedded PostgreSQL port; 0 = GATEWAY_PORT + its PORT_OFFSETS
+    redis_port: int = port("GATEWAY_REDIS_PORT")            # embedded Redis port; 0 = GATEWAY_PORT + its PORT_OFFSETS
 
 
 ENV_VARS = Settings.env_vars()

@@ -17,9 +17,9 @@
 -- is rewritten with LFs as it passes (an LF right after a CR that ended the previous chunk is dropped).  An
 -- event the stream never ends with a blank line is not relayed: SSE clients discard it too.
 --
--- The ext_proc names the stream in the response header x-gateway-stream (a JSON object: "a" the alias and
--- "u" the upstream model as JSON strings, "w" 1 when the client asked for usage, "p" the estimated input
--- tokens); it is removed here.  The file is also loaded by the unit tests (tests/test_sse.py, through
+-- The ext_proc names the stream in the response header x-gateway-stream (extproc/stream_context.py, whose
+-- WIRE names its members: "a" the alias and "u" the upstream model as JSON strings, "w" 1 when the client
+-- asked for usage, "p" the estimated input tokens); it is removed here.  The file is also loaded by the unit tests (tests/test_sse.py, through
 -- tests/lua_relay.py) in LuaJIT through lupa, outside Envoy.
 
 local find, sub, gsub, byte = string.find, string.sub, string.gsub, string.byte

@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from . import catalog as catalog_mod
-from . import access_log, alias_policy, envoy_admin, health, metrics, tracing
+from . import access_log, alias_policy, envoy_admin, health, metrics, policies, tracing
 from .directory import Directory
 from .exchange import Gateway
 from .grpc_server import Server
@@ -79,6 +79,7 @@ def serving(server: Server, up: dict[str, bool]) -> None:
 
 async def serve(settings: GatewaySettings) -> None:
     cat = catalog_mod.load(settings.catalog)
+    request_policies = policies.load(settings.request_policies)
     # the request path has its own Redis connection (store.fast); the pool serves cache fills and the
     # heartbeat. Usage records go to PostgreSQL from a process of their own (extproc.usage_writer).
     owner = uuid.uuid4().hex  # this process, in the in-flight journal and its connection's name
@@ -87,7 +88,7 @@ async def serve(settings: GatewaySettings) -> None:
     pool = await asyncpg.create_pool(settings.database_url, min_size=PG_POOL, max_size=PG_POOL)
     gw = Gateway(catalog=cat, store=store, directory=Directory(pool), pick=lambda a, when: a.pick_upstream(when),
                  owner=owner, max_body_bytes=settings.max_body_bytes, idle_timeout_s=settings.idle_timeout_s,
-                 total_timeout_s=settings.total_timeout_s)
+                 total_timeout_s=settings.total_timeout_s, policies=request_policies)
     gw.spool = Spool(settings.state / "spool")
     for pending in gw.spool.pending():  # kept by a process before this one: Redis may take them now
         gw.finish_until_taken(pending, kept=True)

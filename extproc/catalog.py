@@ -1,148 +1,30 @@
-"""The model catalog: aliases, capabilities, limits, prices with effective times, upstream models
-with traffic shares (also with effective times), and deployments. Loaded from YAML; validation errors
-name the file and field.
+"""The model catalog, loaded from YAML and checked: its values (``catalog_types``: aliases,
+capabilities, limits, prices with effective times, upstream models with traffic shares, also with
+effective times, and deployments) from a file whose errors name the file, the line and the field.
+The capabilities an alias may list are the endpoints' (``endpoints``) and ``vision``.
 """
 from __future__ import annotations
 
-import bisect
 import datetime as dt
-import random
 import re
-from itertools import accumulate
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
 
 import yaml
 
+from .catalog_types import (ALWAYS as ALWAYS, Alias as Alias, Catalog as Catalog, CatalogError as CatalogError,
+                            Deployment as Deployment, PriceStep as PriceStep, Upstream as Upstream,
+                            UpstreamStep as UpstreamStep)
 from .cost import Prices
+from .endpoints import REGISTRY, Registry
 
 
 T = TypeVar("T")
 
-
-class CatalogError(ValueError):
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class PriceStep:
-    effective: int  # unix seconds
-    prices: Prices
-
-
-@dataclass(frozen=True, slots=True)
-class Upstream:
-    model: str
-    share: int
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamStep:
-    """The upstream models behind an alias (with traffic shares) from ``effective`` on (unix seconds;
-    ``ALWAYS``: the alias's plain ``upstreams``, in force since always)."""
-    effective: int
-    upstreams: tuple[Upstream, ...]
-
-
-ALWAYS = -(2 ** 62)
-
-
-@dataclass(frozen=True, slots=True)
-class Deployment:
-    name: str
-    host: str
-    port: int  # 0 when the catalog gives ``port_offset`` instead
-    # The name of an environment variable holding the bearer key the gateway sends this model server
-    # (the key itself is never in the catalog); Envoy reads it from its own environment.
-    api_key_env: str | None = None
-    tls: bool = False  # TLS to the model server, its certificate verified
-    ca_file: str | None = None  # the CAs to verify it with (default: the system's bundle)
-    sni: str | None = None  # the server name to ask for and verify (default: host, unless an address)
-    # the port relative to GATEWAY_PORT (the embedded simulators': every stack on a machine its own)
-    port_offset: int | None = None
-
-    def port_at(self, gateway_port: int) -> int:
-        """The port to reach it on, for the stack whose GATEWAY_PORT is ``gateway_port``."""
-        return self.port if self.port_offset is None else gateway_port + self.port_offset
-
-
-@dataclass(slots=True)
-class Alias:
-    id: str
-    capabilities: tuple[str, ...]
-    context_length: int
-    max_output_tokens: int
-    created: int
-    price_steps: tuple[PriceStep, ...]
-    upstream_steps: tuple[UpstreamStep, ...]  # the first one effective ALWAYS, then by effective time
-    _cums: list[list[int]] = field(default_factory=list)
-    _starts: list[int] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self._starts = [s.effective for s in self.upstream_steps]
-        self._cums = [list(accumulate(u.share for u in s.upstreams)) for s in self.upstream_steps]
-
-    @property
-    def upstreams(self) -> tuple[Upstream, ...]:
-        """Every upstream model some step of the alias names (each once): the clusters and simulators
-        it needs, whenever a step applies."""
-        seen: dict[str, Upstream] = {}
-        for s in self.upstream_steps:
-            for u in s.upstreams:
-                seen.setdefault(u.model, u)
-        return tuple(seen.values())
-
-    def _step(self, when: float) -> int:
-        return max(bisect.bisect_right(self._starts, when) - 1, 0)
-
-    def upstreams_at(self, when: float) -> tuple[Upstream, ...]:
-        """The upstream models (with shares) in force at ``when`` (unix seconds)."""
-        return self.upstream_steps[self._step(when)].upstreams
-
-    def prices_at(self, when: float) -> Prices:
-        """The prices in force at ``when`` (unix seconds)."""
-        chosen = self.price_steps[0].prices
-        for step in self.price_steps:
-            if step.effective <= when:
-                chosen = step.prices
-        return chosen
-
-    def pick_upstream(self, when: float) -> str | None:
-        """An upstream model chosen by traffic share among those in force at ``when`` (a request's start);
-        None when the alias has none then."""
-        i = self._step(when)
-        cum = self._cums[i]
-        if not cum or cum[-1] <= 0:
-            return None
-        x = random.randrange(cum[-1])
-        return self.upstream_steps[i].upstreams[bisect.bisect_right(cum, x)].model
-
-    def scheduled(self, now: float) -> list[PriceStep]:
-        """The price changes still to come (``effective`` after ``now``), soonest first."""
-        return [s for s in self.price_steps if s.effective > now]
-
-    def model_object(self, now: float) -> dict[str, Any]:
-        p = self.prices_at(now)
-        return {"id": self.id, "object": "model", "created": self.created, "owned_by": "service",
-                "capabilities": list(self.capabilities), "context_length": self.context_length,
-                "max_output_tokens": self.max_output_tokens,
-                "pricing": {"input_micro_pln_per_1m": p.input, "output_micro_pln_per_1m": p.output,
-                            "currency": "PLN"}}
-
-
-@dataclass(slots=True)
-class Catalog:
-    aliases: dict[str, Alias]
-    deployments: dict[str, tuple[Deployment, ...]]  # upstream model -> deployments
-
-    @staticmethod
-    def cluster_name(upstream_model: str) -> str:
-        return "upstream_" + "".join(c if c.isalnum() or c in "-_." else "_" for c in upstream_model)
-
-
-_CAPS = {"chat", "embeddings", "vision"}
+# what an alias may list besides the endpoints' capabilities: images in chat messages (an input, not an
+# endpoint)
+_INPUT_CAPS = frozenset({"vision"})
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -212,7 +94,9 @@ def _of(kind: type[T], v: Any, where: str) -> T:
     return v
 
 
-def parse(doc: Any, source: str = "<catalog>") -> Catalog:
+def parse(doc: Any, source: str = "<catalog>", endpoints: Registry = REGISTRY) -> Catalog:
+    """``endpoints``: the endpoints served, whose capabilities an alias may list."""
+    known = endpoints.capabilities | _INPUT_CAPS
     if not isinstance(doc, dict):
         raise CatalogError(f"{source}: the catalog must be a mapping")
     models_doc = _of(dict, doc.get("upstream_models"), f"{source}: upstream_models")
@@ -235,8 +119,8 @@ def parse(doc: Any, source: str = "<catalog>") -> Catalog:
         if not isinstance(a, dict):
             raise CatalogError(f"{where}: must be a mapping")
         caps = tuple(_of(list, a.get("capabilities"), where + ".capabilities"))
-        if not caps or not set(caps) <= _CAPS:
-            raise CatalogError(f"{where}.capabilities: each must be one of {sorted(_CAPS)}")
+        if not caps or not set(caps) <= known:
+            raise CatalogError(f"{where}.capabilities: each must be one of {sorted(known)}")
         steps = []
         for i, p in enumerate(_of(list, a.get("prices"), where + ".prices")):
             w = f"{where}.prices[{i}]"

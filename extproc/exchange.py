@@ -21,14 +21,17 @@ from .catalog import Alias, Catalog
 from .cost import Prices, cost_micro_pln
 from .decisions import Admission, UsageRecord
 from .directory import Directory
-from .errors import (BODY_TOO_LARGE, INTERNAL_ERROR, MODEL_NOT_FOUND, UNSUPPORTED_ENDPOINT, UPSTREAM_TIMEOUT,
-                     ApiError)
+from .endpoints import REGISTRY, Endpoint, Registry
+from .errors import (BODY_TOO_LARGE, INTERNAL_ERROR, INVALID_KEY, MODEL_NOT_FOUND, UNSUPPORTED_ENDPOINT,
+                     UPSTREAM_TIMEOUT, ApiError)
 from .hold import worst_case
 from .keys import bearer_key, key_hash
-from .responses import rewrite_body, upstream_error, with_estimated_usage
-from .rules import CHAT, Prepared, prepare_chat, prepare_embeddings
+from .policies import NONE, Policies
+from .responses import upstream_error
+from .rules import Prepared
 from .spool import NoSpool, PendingFinish, Spool
-from .store import INVALID_KEY, Late, Miss, Store
+from .store import Late, Miss, Store
+from .stream_context import HEADER as STREAM_HEADER, StreamContext
 
 log = logging.getLogger("extproc")
 
@@ -40,8 +43,6 @@ ATTR_ID, ATTR_METHOD, ATTR_PATH, ATTR_AUTH = ("request.id", "request.method", "r
 # ... and of the reply, with its headers message: how Envoy came by it ("via_upstream": the model server)
 ATTR_DETAILS, VIA_UPSTREAM = "response.code_details", "via_upstream"
 
-# Names a streamed reply for Envoy's relay and the stream watch (``stream_context``).
-STREAM_HEADER = "x-gateway-stream"
 # How long after the end of a call a stream it handed over may still be billed by the stream watch
 # (Envoy keeps the watch's call open 1 s after the stream ended, envoy/envoy.yaml deferred_close_timeout).
 HAND_OVER_GRACE_S = 5.0
@@ -50,10 +51,7 @@ HAND_OVER_GRACE_S = 5.0
 # entry comes right after.
 LEFT_WAIT_S = 0.25
 
-_CHAT_PATH = "/v1/chat/completions"
-_EMB_PATH = "/v1/embeddings"
-_MODELS_PATH = "/v1/models"
-_ENDPOINTS = {_CHAT_PATH: "chat", _EMB_PATH: "embeddings", _MODELS_PATH: "models"}
+_MODELS_PATH = "/v1/models"  # answered here (the endpoints, ``endpoints``, are forwarded)
 _FREE = Prices(0, 0)  # a refusal's, logged before an alias was chosen
 
 
@@ -80,6 +78,8 @@ class Gateway:
     store: Store
     directory: Directory
     pick: Callable[[Alias, float], str | None]  # an upstream model of the alias in force at that time
+    endpoints: Registry = REGISTRY
+    policies: Policies = NONE  # the operator's request policies (GATEWAY_REQUEST_POLICIES): none by default
     clock: Callable[[], float] = time.time
     max_body_bytes: int = 20 * 1024 * 1024
     # SPEC section 7: the longest gap allowed inside an upstream reply once it has started.  Envoy's
@@ -187,22 +187,23 @@ class Gateway:
         return up if up is not None and self.catalog.deployments.get(up) else None
 
 
-def stream_context(p: Prepared, request_id: str, org_id: str, key_id: str, started: float,
-                   ttfb_ms: int | None, owner: str) -> str:
-    """What Envoy's relay (envoy/sse_relay.lua: "a", "u", "w") and the stream watch (``observer``) need to
-    know of a streamed reply, as one JSON object (ASCII: a header value).  ``owner``: the process that
-    handed it over."""
+def stream_context(endpoint: Endpoint, p: Prepared, request_id: str, org_id: str, key_id: str, started: float,
+                   ttfb_ms: int | None, owner: str) -> StreamContext:
+    """What Envoy's relay and the stream watch (``observer``) need to know of a streamed reply.
+    ``owner``: the process that handed it over."""
     prices = p.alias.prices_at(started)
-    return json.dumps({"a": p.alias.id, "u": p.upstream_model, "w": int(p.client_wants_usage), "r": request_id,
-                       "o": org_id, "k": key_id, "s": started, "t": ttfb_ms, "i": prices.input,
-                       "x": prices.output, "p": p.estimated_prompt_tokens, "n": owner}, separators=(",", ":"))
+    return StreamContext(
+        endpoint=endpoint.name, alias=p.alias.id, upstream_model=p.upstream_model,
+        client_wants_usage=p.client_wants_usage, request_id=request_id, org_id=org_id, key_id=key_id,
+        started=started, ttfb_ms=ttfb_ms, input_price=prices.input, output_price=prices.output,
+        estimated_prompt_tokens=p.estimated_prompt_tokens, owner=owner)
 
 
 def count(alias: str, endpoint: str, status: int, code: str) -> None:
     metrics.labelled(metrics.REQUESTS, alias, endpoint, str(status), code).inc()
 
 
-def account(r: UsageRecord) -> None:
+def account(r: UsageRecord, endpoint: Endpoint) -> None:
     """A billed request's metrics and its log line (metadata only)."""
     count(r.alias, r.endpoint, r.status, "" if r.status == 200 else "aborted")
     logs.request_line(request_id=r.request_id, alias=r.alias, endpoint=r.endpoint, status=r.status,
@@ -211,7 +212,7 @@ def account(r: UsageRecord) -> None:
                       duration_ms=int((r.ended_at - r.started_at) * 1000), ttfb_ms=r.ttfb_ms)
     alias = r.alias
     metrics.labelled(metrics.TOKENS, "input", alias, alias).observe(r.prompt_tokens)
-    if r.endpoint == CHAT:
+    if endpoint.bills_output:
         metrics.labelled(metrics.TOKENS, "output", alias, alias).observe(r.completion_tokens)
     metrics.labelled(metrics.BILLED, alias).inc(r.cost_micro_pln)
     metrics.labelled(metrics.DURATION, alias, r.endpoint).observe(r.ended_at - r.started_at)
@@ -275,7 +276,7 @@ def _json(doc: object) -> bytes:
 
 
 class Exchange:
-    __slots__ = ("gw", "request_id", "method", "path", "key_hash", "admission", "prepared", "started",
+    __slots__ = ("gw", "request_id", "method", "path", "endpoint", "key_hash", "admission", "prepared", "started",
                  "ttfb", "status", "error_code", "handed_over", "envoys_reply", "finished", "idle", "finishing",
                  "cut")
 
@@ -284,6 +285,7 @@ class Exchange:
         self.request_id = ""
         self.method = ""
         self.path = ""
+        self.endpoint: Endpoint | None = None  # the path's, when it is one of the endpoints served
         self.key_hash: str | None = None
         self.admission: Admission | None = None
         self.prepared: Prepared | None = None
@@ -305,7 +307,8 @@ class Exchange:
 
     # ---- metrics (bounded labels only) -------------------------------------------------------
     def _count(self, status: int, code: str) -> None:
-        endpoint = _ENDPOINTS.get(self.path) or ("models" if self.path.startswith(_MODELS_PATH) else "other")
+        endpoint = (self.endpoint.name if self.endpoint is not None
+                    else "models" if self.path.startswith(_MODELS_PATH) else "other")
         count(self.prepared.alias.id if self.prepared is not None else "-", endpoint, status, code)
 
     def _reject(self, err: ApiError) -> Answer:
@@ -324,11 +327,18 @@ class Exchange:
         a body over the size limit checked before the key, a Redis or PostgreSQL outage: none)."""
         adm = self.admission
         if (self.finished or adm is None or adm.identity is None or self.method != "POST"
-                or self.path not in (_CHAT_PATH, _EMB_PATH)):
+                or self.endpoint is None):
             return
         self.finished = True
         self.finishing = (adm.identity.org_id, self._record((0, 0), False, adm.identity.org_id,
                                                            adm.identity.key_id), True)
+
+    def _refuse_admitted(self, err: ApiError) -> Answer:
+        """A request admitted (its slot, journal entry and hold taken) that a request policy refused: its
+        finish undoes the admission and logs it at cost 0, after the answer like any request's."""
+        answer = self._reject(err)
+        self._finish(None)
+        return answer
 
     def _ok(self, body: bytes) -> Answer:
         self._count(200, "")
@@ -339,6 +349,7 @@ class Exchange:
         self.request_id = request_id
         self.method = method
         self.path = path.split("?", 1)[0]
+        self.endpoint = self.gw.endpoints.by_path.get(self.path)
         key = bearer_key(authorization)
         if key is None:
             return False
@@ -349,7 +360,7 @@ class Exchange:
         if not self._identify(headers.get("x-request-id", ""), headers.get(":method", ""),
                               headers.get(":path", ""), headers.get("authorization")):
             return self._reject(INVALID_KEY)
-        if self.method == "POST" and self.path in (_CHAT_PATH, _EMB_PATH):
+        if self.method == "POST" and self.endpoint is not None:
             # a body-less or chunked POST (others skip this message: see request_body's attributes)
             length = headers.get("content-length", "")
             if length.isdigit() and int(length) > self.gw.max_body_bytes:
@@ -389,8 +400,10 @@ class Exchange:
             return self._reject(INVALID_KEY)
         if len(body) > self.gw.max_body_bytes:
             return await self._too_large()
-        prepare = prepare_chat if self.path == _CHAT_PATH else prepare_embeddings
-        prepared = prepare(body, self.gw.catalog, lambda alias: self.gw.upstream_for(alias, self.started))
+        if self.endpoint is None:  # (Envoy sends a body only on an endpoint's route)
+            return self._reject(UNSUPPORTED_ENDPOINT)
+        prepared = self.endpoint.prepare(body, self.gw.catalog,
+                                         lambda alias: self.gw.upstream_for(alias, self.started))
         if isinstance(prepared, Prepared):
             self.prepared = prepared
         adm = await self._admit(limits=self.prepared is not None)
@@ -399,6 +412,10 @@ class Exchange:
             return self._reject(adm.error)
         if isinstance(prepared, ApiError):
             return self._reject(prepared)
+        assert adm.identity is not None  # admitted
+        refusal = self.gw.policies.check(prepared, adm.identity)
+        if refusal is not None:
+            return self._refuse_admitted(refusal)
         # The routing header and the new length apply where Envoy sent the headers message.  Where the
         # route skipped it Envoy drops them (a buffer filter sets the length; the cluster comes from the
         # dynamic metadata) but needs some header mutation to re-route the request.
@@ -481,8 +498,8 @@ class Exchange:
         self.ttfb = self.gw.clock()
         self.status = int(headers.get(":status", "0") or 0)
         self.envoys_reply = attributes is not None and attributes.get(ATTR_DETAILS, VIA_UPSTREAM) != VIA_UPSTREAM
-        p = self.prepared
-        if p is None:
+        p, endpoint = self.prepared, self.endpoint
+        if p is None or endpoint is None:
             return Answer()
         self.idle = self.gw.idle_timeout_s
         if (p.stream and self.status == 200
@@ -493,15 +510,16 @@ class Exchange:
             self.idle = None  # the stream watch keeps the idle budget between events
             adm = self.admission
             assert adm is not None and adm.identity is not None
-            ctx = stream_context(p, self.request_id, adm.identity.org_id, adm.identity.key_id, self.started,
+            ctx = stream_context(endpoint, p, self.request_id, adm.identity.org_id, adm.identity.key_id, self.started,
                                  self._ttfb_ms(), self.gw.owner)
             # the relay changes the length of what passes: a model server's length no longer holds
-            return Answer(hand_over=True, set_headers={STREAM_HEADER: ctx}, remove_headers=["content-length"])
+            return Answer(hand_over=True, set_headers={STREAM_HEADER: ctx.header()},
+                          remove_headers=["content-length"])
         return Answer()
 
     async def response_body(self, body: bytes, end_of_stream: bool) -> Answer:
-        p = self.prepared
-        if p is None:
+        p, endpoint = self.prepared, self.endpoint
+        if p is None or endpoint is None:
             return Answer()
         if self.status >= 400 or self.status < 200:
             if self.envoys_reply:  # already in SPEC's shape: passed on as it is
@@ -509,15 +527,15 @@ class Exchange:
                 self._count(self.status, code)
                 answer = Answer()
             else:
-                err = upstream_error(self.status, body, "messages" if p.endpoint == CHAT else "input")
+                err = upstream_error(self.status, body, endpoint.input_param)
                 code = err.code
                 answer = self._reject(err)
             metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, code).inc()
             self._finish(None)  # the model server produced no output
             return answer
-        new, usage = rewrite_body(body, p.upstream_model, p.alias.id, embeddings=p.endpoint != CHAT)
+        new, usage = endpoint.rewrite(body, p.upstream_model, p.alias.id)
         if usage is None:  # a complete reply without usage: its input and its output estimated, and shown
-            new, output = with_estimated_usage(new, p.estimated_prompt_tokens, embeddings=p.endpoint != CHAT)
+            new, output = endpoint.estimate(new, p.estimated_prompt_tokens)
             self._finish((p.estimated_prompt_tokens, output), estimated=True)
         else:
             self._finish(usage)
@@ -542,6 +560,17 @@ class Exchange:
         at once, dropping what the ext_proc still held)."""
         if not self.finished:
             self.cut = phase
+
+    async def answered_by_envoy(self, attributes: dict[str, str] | None = None) -> Answer:
+        """Envoy reset the call before the request was admitted: its message timeout answered the client
+        (SPEC's 500 internal_error) while this process was paused.  Logged as the client saw it, after
+        authentication only (the usage log is its organisation's); admitted never: no slot, no request
+        of the per-minute budget, nothing billed.  ``attributes`` as for ``request_body``."""
+        if attributes is None or self._identify(attributes.get(ATTR_ID, ""), attributes.get(ATTR_METHOD, ""),
+                                                attributes.get(ATTR_PATH, ""), attributes.get(ATTR_AUTH)):
+            if self.key_hash is not None:
+                await self._admit(limits=False)
+        return self._reject(INTERNAL_ERROR)
 
     def undelivered(self) -> None:
         """Envoy ended the call before the answer that lets the request through (this process was late
@@ -626,12 +655,13 @@ class Exchange:
         if not code and status >= 500 and self.finished:
             # an ending the gateway decided after the reply began (a broken or cut reply)
             code = "internal_error" if status == 500 else "upstream_unavailable"
+        endpoint = "" if self.endpoint is None else self.endpoint.name  # (only an endpoint's is recorded)
         if p is None:
-            alias, upstream, endpoint, stream, prices = "", "", _ENDPOINTS[self.path], False, _FREE
+            alias, upstream, stream, prices = "", "", False, _FREE
         else:
-            alias, upstream, endpoint, stream = p.alias.id, p.upstream_model, p.endpoint, p.stream
+            alias, upstream, stream = p.alias.id, p.upstream_model, p.stream
             prices = p.alias.prices_at(self.started)
-            if endpoint != CHAT:
+            if self.endpoint is not None and not self.endpoint.bills_output:
                 completion = 0
         return UsageRecord(
             request_id=self.request_id, org_id=org_id, key_id=key_id, alias=alias, upstream_model=upstream,
@@ -660,8 +690,8 @@ class Exchange:
             return
         ident = adm.identity
         record = self._record((0, 0) if tokens is None else tokens, estimated, ident.org_id, ident.key_id)
-        if tokens is not None:
-            account(record)
+        if tokens is not None and self.endpoint is not None:
+            account(record, self.endpoint)
         self.finishing = (ident.org_id, record, False)
 
     async def send_finish(self) -> None:

@@ -14,6 +14,14 @@ so a client can get at most the windows ahead of the handlers; the socket is not
 is full (``pause_writing``), when handlers also wait in ``Call.read`` until the client takes what was
 written.  A GOAWAY either way lets the calls under way finish; the connection closes once none is left.
 
+A pause: a process that resumes (from SIGSTOP, a starved CPU, a long collection: its loop's tick is
+``FROZEN_S`` late) starts no call for ``SETTLE_S`` while it reads what waited, so that the resets Envoy
+sent for the calls whose message timeout answered their clients meanwhile, which come behind them
+(measured), are known (``Call.reset``) before their handlers look: none of those requests is admitted
+late, where each would take a concurrency slot and a request of the per-minute budget for a client that
+got its 500 long ago.  A handler already running when the process paused answers late: its admission's
+deadline undoes it (``exchange``).
+
 Also served: ``grpc.health.v1.Health/Check``, which Envoy's health checker and ``gateway status`` ask.
 """
 from __future__ import annotations
@@ -35,6 +43,9 @@ EOF = object()  # what ``Call.read`` returns once the client has sent everything
 NOT_FOUND, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 5, 12, 13, 14
 HEALTH_CHECK = b"/grpc.health.v1.Health/Check"
 READ_BACKLOG = 2**22  # bytes of whole messages not yet read by their handlers at which reading stops
+TICK_S = 0.1  # the loop notes the time this often
+FROZEN_S = 1.0  # a tick this late: the process was paused (or its loop blocked) and has just resumed
+SETTLE_S = 0.25  # how long after resuming calls are not started: what Envoy sent meanwhile is read first
 
 
 class Status(Exception):
@@ -47,7 +58,8 @@ class Status(Exception):
 
 
 class Call:
-    __slots__ = ("_proto", "_sid", "_queue", "_waiter", "ended", "headers", "_parse", "_sink", "_last", "_timer")
+    __slots__ = ("_proto", "_sid", "_queue", "_waiter", "ended", "reset", "headers", "_parse", "_sink", "_last",
+                 "_timer")
 
     def __init__(self, proto: "_Protocol", sid: int, headers: list[tuple[bytes, bytes]],
                  parse: Callable[[bytes], Any]) -> None:
@@ -56,6 +68,7 @@ class Call:
         self._queue: deque[bytes] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self.ended = False  # the client ended or reset the call: an answer written now is never read
+        self.reset = False  # the client reset it (or the connection is gone): it reads no answer at all
         self.headers = headers
         self._parse = parse
         self._sink: Sink | None = None  # ``consume``'s, while it waits
@@ -216,6 +229,23 @@ class Server:
         self._protocols: set[_Protocol] = set()
         self.calls: set[asyncio.Task[None]] = set()
         self.stopping = False
+        self._tick = 0.0  # the loop's time at its last tick
+        self.resumed_at = float("-inf")  # when the loop last came back from a pause
+
+    def _on_tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.settling()  # (a pause that no read noticed)
+        self._tick = loop.time()
+        loop.call_later(TICK_S, self._on_tick)
+
+    def settling(self) -> float:
+        """Seconds until calls may start after the loop's last pause (0: now).  Reads come before the
+        loop's timers once it runs again, so a late tick is seen by the first read after a pause."""
+        now = asyncio.get_running_loop().time()
+        if now - self._tick > FROZEN_S and self._tick:
+            self.resumed_at = now
+            self._tick = now
+        return max(0.0, self.resumed_at + SETTLE_S - now)
 
     async def _health(self, call: Call) -> None:
         """grpc.health.v1 ``Check``: the service's status; a service never registered is NOT_FOUND."""
@@ -228,6 +258,7 @@ class Server:
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Protocol(self), host, port, reuse_address=True)
+        self._on_tick()
 
     async def stop(self, grace: float) -> None:
         """Stop taking connections and calls (a GOAWAY on every connection; a new call is refused, so
@@ -257,6 +288,8 @@ class _Protocol(asyncio.Protocol):
         self.write_paused = False  # the transport's write buffer is full: the client is not reading
         self.read_paused = False
         self._writable: list[asyncio.Future[None]] = []  # handlers waiting in ``Call.read`` for that to pass
+        self._opened: list[tuple[int, Call, Handler]] = []  # calls not started yet (``_start_opened``)
+        self._starting: asyncio.TimerHandle | None = None  # their start, after a pause
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # a stream transport (uvloop's are not subclasses of asyncio.Transport, only alike)
@@ -268,8 +301,12 @@ class _Protocol(asyncio.Protocol):
         self.server._protocols.discard(self)
         self.transport = None
         for call in self.calls.values():
+            call.reset = True
             call._end()
         self.calls.clear()
+        self._opened.clear()
+        if self._starting is not None:
+            self._starting.cancel()
         self._wake_writers()
 
     def close(self) -> None:
@@ -310,6 +347,7 @@ class _Protocol(asyncio.Protocol):
         if pause != self.read_paused and self.transport is not None:
             self.read_paused = pause
             if pause:
+                self._start_opened()  # nothing more is read meanwhile: no reset of theirs comes first
                 self.transport.pause_reading()
             else:
                 self.transport.resume_reading()
@@ -345,18 +383,19 @@ class _Protocol(asyncio.Protocol):
             self.conn.goaway(e.code)
             self.close()
             return
-        for kind, sid, value in events:
-            if kind == h2.MESSAGE:
-                call = self.calls.get(sid)
+        for ev in events:
+            if isinstance(ev, h2.Message):
+                call = self.calls.get(ev.sid)
                 if call is not None:
-                    call._push(value)  # type: ignore[arg-type]
+                    call._push(ev.data)
                 else:
-                    self.conn.consumed(sid, len(value))  # type: ignore[arg-type]
-            elif kind == h2.OPENED:
-                self._open(sid, value)  # type: ignore[arg-type]
-            elif kind == h2.ENDED or kind == h2.RESET:
-                call = self.calls.get(sid)
+                    self.conn.consumed(ev.sid, len(ev.data))
+            elif isinstance(ev, h2.Opened):
+                self._open(ev.sid, ev.headers)
+            else:  # ended or reset by the client
+                call = self.calls.get(ev.sid)
                 if call is not None:
+                    call.reset = call.reset or isinstance(ev, h2.Reset)
                     call._end()
         if self.conn.unconsumed > READ_BACKLOG:
             self._pace()
@@ -376,6 +415,24 @@ class _Protocol(asyncio.Protocol):
             return
         handler, parse = route
         call = self.calls[sid] = Call(self, sid, headers, parse)
+        wait = 0.0 if self.read_paused else self.server.settling()
+        if not wait and not self._opened:
+            self._start(sid, call, handler)
+            return
+        self._opened.append((sid, call, handler))
+        if self._starting is None:
+            self._starting = self.loop.call_later(wait, self._start_opened)
+
+    def _start_opened(self) -> None:
+        """The calls held since a pause start, in the order they came."""
+        if self._starting is not None:
+            self._starting.cancel()
+            self._starting = None
+        opened, self._opened = self._opened, []
+        for sid, call, handler in opened:
+            self._start(sid, call, handler)
+
+    def _start(self, sid: int, call: Call, handler: Handler) -> None:
         task = self.loop.create_task(self._run(sid, call, handler))
         self.server.calls.add(task)
         task.add_done_callback(self.server.calls.discard)

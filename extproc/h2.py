@@ -24,6 +24,7 @@ so they are constant bytes.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from struct import Struct
 from typing import cast
 
@@ -55,8 +56,36 @@ _U32 = Struct(">L")
 _SETTING = Struct(">HL")
 _MSG = Struct(">BL")  # gRPC: compressed flag, message length
 
-# Events: (kind, stream id, value)
-OPENED, MESSAGE, ENDED, RESET = range(4)
+
+
+# ---- events: what ``receive`` returns ------------------------------------------------------------
+@dataclass(slots=True)
+class Opened:
+    """The client opened a stream with these headers."""
+    sid: int
+    headers: list[tuple[bytes, bytes]]
+
+
+@dataclass(slots=True)
+class Message:
+    """A whole gRPC message on the stream (its 5-byte length prefix taken off)."""
+    sid: int
+    data: bytes
+
+
+@dataclass(slots=True)
+class Ended:
+    """The client ended the stream (END_STREAM): it sends nothing more, and reads the answer."""
+    sid: int
+
+
+@dataclass(slots=True)
+class Reset:
+    """The stream is gone: the client reset it, or an error of its own made us reset it."""
+    sid: int
+
+
+Event = Opened | Message | Ended | Reset
 
 
 class ProtocolError(Exception):
@@ -166,11 +195,11 @@ class Connection:
         return out
 
     # ---- receiving -------------------------------------------------------------------------
-    def receive(self, data: bytes) -> list[tuple[int, int, object]]:
+    def receive(self, data: bytes) -> list[Event]:
         """Parse what arrived; raises ``ProtocolError`` (the caller sends ``goaway`` and closes)."""
         buf = self._in
         buf += data
-        events: list[tuple[int, int, object]] = []
+        events: list[Event] = []
         pos = 0
         if not self._preface:
             if not PREFACE.startswith(bytes(buf[:24])):
@@ -196,7 +225,7 @@ class Connection:
         del buf[:pos]
         return events
 
-    def _frame(self, kind: int, flags: int, sid: int, payload: bytes, events: list[tuple[int, int, object]]) -> None:
+    def _frame(self, kind: int, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
         if kind == DATA:
             self._data(flags, sid, payload, events)
         elif kind == HEADERS or kind == CONTINUATION:
@@ -222,7 +251,7 @@ class Connection:
                 raise ProtocolError(FRAME_SIZE_ERROR, "RST_STREAM not 4 bytes")
             self._stream_frame(sid)
             if self._drop(sid):
-                events.append((RESET, sid, None))
+                events.append(Reset(sid))
         elif kind == GOAWAY:
             self._connection_frame(sid)
             if len(payload) < 8:
@@ -231,7 +260,7 @@ class Connection:
         # PRIORITY, PUSH_PROMISE (never sent to a server) and unknown frame types are ignored
 
     def _header_block(self, kind: int, flags: int, sid: int, payload: bytes,
-                      events: list[tuple[int, int, object]]) -> None:
+                      events: list[Event]) -> None:
         if kind == HEADERS:
             if flags & PADDED:
                 payload = _unpad(payload)
@@ -282,7 +311,7 @@ class Connection:
             # HEADER_TABLE_SIZE needs nothing: our header blocks never use the dynamic table
         self._flush_blocked()
 
-    def _window_update(self, sid: int, payload: bytes, events: list[tuple[int, int, object]]) -> None:
+    def _window_update(self, sid: int, payload: bytes, events: list[Event]) -> None:
         if len(payload) != 4:
             raise ProtocolError(FRAME_SIZE_ERROR, "WINDOW_UPDATE not 4 bytes")
         inc = _U32.unpack(payload)[0] & 0x7FFFFFFF
@@ -320,7 +349,7 @@ class Connection:
             self._seen.clear()  # the table changed: a cached block's indexes may now mean other fields
         return headers
 
-    def _headers(self, events: list[tuple[int, int, object]]) -> None:
+    def _headers(self, events: list[Event]) -> None:
         assert self._block is not None
         sid, flags, block = self._block
         self._block = None
@@ -337,14 +366,14 @@ class Connection:
                 return
             self._accepted = sid
             st = self.streams[sid] = _Stream(sid, self._initial)
-            events.append((OPENED, sid, headers))
+            events.append(Opened(sid, headers))
         elif st.closed_remote or not flags & END_STREAM:  # more HEADERS after the end / trailers not ending it
             self._stream_error(sid, STREAM_CLOSED if st.closed_remote else PROTOCOL_ERROR, events)
             return
         if flags & END_STREAM:
             self._remote_end(sid, st, events)
 
-    def _data(self, flags: int, sid: int, payload: bytes, events: list[tuple[int, int, object]]) -> None:
+    def _data(self, flags: int, sid: int, payload: bytes, events: list[Event]) -> None:
         size = len(payload)
         self._recv -= size
         if self._recv < 0:
@@ -380,7 +409,7 @@ class Connection:
                 raise ProtocolError(PROTOCOL_ERROR, "gRPC message too large")
             if pos + 5 + n > end:
                 break
-            events.append((MESSAGE, sid, buf[pos + 5:pos + 5 + n]))
+            events.append(Message(sid, buf[pos + 5:pos + 5 + n]))
             pos += 5 + n
         if pos < end:
             rest = buf[pos:]
@@ -424,13 +453,13 @@ class Connection:
         st.unacked = 0
         return True
 
-    def _remote_end(self, sid: int, st: _Stream, events: list[tuple[int, int, object]]) -> None:
+    def _remote_end(self, sid: int, st: _Stream, events: list[Event]) -> None:
         st.closed_remote = True
-        events.append((ENDED, sid, None))
+        events.append(Ended(sid))
 
-    def _stream_error(self, sid: int, code: int, events: list[tuple[int, int, object]]) -> None:
+    def _stream_error(self, sid: int, code: int, events: list[Event]) -> None:
         if self.reset(sid, code):
-            events.append((RESET, sid, None))
+            events.append(Reset(sid))
 
     # ---- sending ---------------------------------------------------------------------------
     def send_message(self, sid: int, message: bytes) -> None:

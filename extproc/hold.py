@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .cost import Prices, cost_micro_pln, micro_to_pln
-from .errors import ApiError
+from .errors import QUOTA_HELD, ApiError, over_balance
 from .rules import Prepared
 
 # The most one request holds: a request whose worst case is more (an n of millions) is refused wherever a
@@ -39,18 +39,9 @@ class WorstCase:
         """402 for a request whose worst case does not fit ``available`` (balance - holds + credit limit);
         it names amounts and max_tokens, never anything the request says."""
         if available <= 0:
-            return ApiError("insufficient_quota", "The organisation's prepaid balance is exhausted, or held by its "
-                            "requests in flight; top up to continue.")
-        head = (f"This request could cost up to {micro_to_pln(self.cost)} PLN, more than the organisation's "
-                f"available balance of {micro_to_pln(available)} PLN")
-        if self.max_tokens == 0:
-            return ApiError("insufficient_quota", head + "; send less input, or top up to continue.")
-        fits = self.largest_max_tokens(available)
-        if fits < 1:
-            return ApiError("insufficient_quota", head + ", even with max_tokens 1; top up to continue.")
-        with_n = f" with n = {self.choices}" if self.choices > 1 else ""
-        return ApiError("insufficient_quota", head + f"; the largest max_tokens it allows{with_n} is {fits}. "
-                        "Ask for fewer tokens, or top up to continue.")
+            return QUOTA_HELD
+        fits = None if self.max_tokens == 0 else self.largest_max_tokens(available)
+        return over_balance(micro_to_pln(self.cost), micro_to_pln(available), fits, self.choices)
 
 
 def worst_case(p: Prepared, prices: Prices) -> WorstCase:

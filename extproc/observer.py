@@ -4,8 +4,9 @@ Envoy relays a model server's event stream to the client chunk by chunk (envoy/s
 nothing back but an unfinished event, so every event sent before a failure reaches the client.  A second
 ext_proc filter in observability mode sends this process a copy of each chunk as it passes, without
 waiting for an answer; the ``Exchange`` that let the request through named the stream in the
-``x-gateway-stream`` response header (``exchange.stream_context``).  This module knows nothing of gRPC:
-the stream loop (``server``) calls ``StreamWatch`` and ends the call when it asks to.
+``x-gateway-stream`` response header (``stream_context``), and the stream's endpoint's meter
+(``endpoints``) counts it.  This module knows nothing of gRPC: the stream loop (``server``) calls
+``StreamWatch`` and ends the call when it asks to.
 
 Billing (SPEC section 4, "Billing on failure"; README, Billing):
 - the stream ended: the usage the model server reported, else the estimated input and one output token
@@ -20,15 +21,14 @@ Envoy's access log tells them apart (``access_log``: the client's requests it ma
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any
 
 from . import metrics
 from .cost import Prices, cost_micro_pln
 from .decisions import UsageRecord
-from .exchange import STREAM_HEADER, Gateway, account, count
+from .exchange import Gateway, account, count
 from .sse import StreamMeter
+from .stream_context import HEADER, StreamContext
 
 
 # Envoy keeps the watch's call open this long after the stream ended (envoy/envoy.yaml
@@ -69,8 +69,8 @@ class StreamWatch:
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
-        self.ctx: dict[str, Any] | None = None
-        self.meter = StreamMeter()
+        self.ctx: StreamContext | None = None
+        self.meter = StreamMeter()  # the stream's endpoint's, once it is known
         self.output_seen = False
         self.ended = False
         self.failure = ""
@@ -84,12 +84,13 @@ class StreamWatch:
         return self.gw.idle_timeout_s if self.ctx is not None and not self.done else None
 
     def response_headers(self, headers: dict[str, str]) -> None:
-        raw = headers.get(STREAM_HEADER)
+        raw = headers.get(HEADER)
         if raw is not None:
-            self.ctx = ctx = json.loads(raw)
+            self.ctx = ctx = StreamContext.parse(raw)
+            self.meter = self.gw.endpoints.by_name[ctx.endpoint].meter()
             self.last_bytes = self.gw.clock()
-            if ctx["n"] == self.gw.owner:  # handed over by this process: it needs no finish of its own
-                self.gw.watched.add(ctx["r"])
+            if ctx.owner == self.gw.owner:  # handed over by this process: it needs no finish of its own
+                self.gw.watched.add(ctx.request_id)
 
     def response_body(self, body: bytes, end_of_stream: bool) -> None:
         if self.ctx is None:
@@ -118,27 +119,28 @@ class StreamWatch:
         self.done = True
         now = self.gw.clock()
         end = now if self.ended or self.failure or self.left else now - CLOSE_DELAY_S
-        if not self.ended and not self.failure and end - ctx["s"] >= self.gw.total_timeout_s - TOTAL_SLACK_S:
+        if not self.ended and not self.failure and end - ctx.started >= self.gw.total_timeout_s - TOTAL_SLACK_S:
             self.failure = "upstream_timeout"  # Envoy's total budget ended the stream
         left = self.left
         if not (self.ended or self.failure or self.meter.usage is not None or left) and self.output_seen:
-            left = await self.gw.client_left(ctx["r"])
+            left = await self.gw.client_left(ctx.request_id)
         o = outcome(ended=self.ended, usage=self.meter.usage, content_events=self.meter.content_events,
-                    output_seen=self.output_seen, estimated_input=ctx["p"], failure=self.failure,
+                    output_seen=self.output_seen, estimated_input=ctx.estimated_prompt_tokens, failure=self.failure,
                     client_left=left)
         prompt, completion = o.tokens or (0, 0)
-        alias = ctx["a"]
+        alias = ctx.alias
         r = UsageRecord(
-            request_id=ctx["r"], org_id=ctx["o"], key_id=ctx["k"], alias=alias, upstream_model=ctx["u"],
-            endpoint="chat", status=o.status, stream=True, prompt_tokens=prompt, completion_tokens=completion,
-            estimated=o.estimated, cost_micro_pln=cost_micro_pln(prompt, completion, Prices(ctx["i"], ctx["x"])),
-            input_price=ctx["i"], output_price=ctx["x"], started_at=ctx["s"], ttfb_ms=ctx["t"],
-            ended_at=max(end, self.last_bytes), error_code=o.code)
+            request_id=ctx.request_id, org_id=ctx.org_id, key_id=ctx.key_id, alias=alias,
+            upstream_model=ctx.upstream_model, endpoint=ctx.endpoint, status=o.status, stream=True,
+            prompt_tokens=prompt, completion_tokens=completion, estimated=o.estimated,
+            cost_micro_pln=cost_micro_pln(prompt, completion, Prices(ctx.input_price, ctx.output_price)),
+            input_price=ctx.input_price, output_price=ctx.output_price, started_at=ctx.started,
+            ttfb_ms=ctx.ttfb_ms, ended_at=max(end, self.last_bytes), error_code=o.code)
         if o.code:
             metrics.labelled(metrics.UPSTREAM_FAILURES, alias, o.code).inc()
         if o.tokens is not None:
-            account(r)
+            account(r, self.gw.endpoints.by_name[ctx.endpoint])
         else:
-            count(alias, "chat", o.status, o.code)
+            count(alias, ctx.endpoint, o.status, o.code)
         await self.gw.finish(r.org_id, r.request_id, r)
 

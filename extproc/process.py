@@ -24,11 +24,8 @@ def run(settings_type: type[S], serve: Callable[[S], Coroutine[Any, Any, None]])
         if settings.event_loop == "uvloop":
             import uvloop
             uvloop.run(serve(settings))
-        elif settings.event_loop == "asyncio":
+        else:  # asyncio: the only other value GATEWAY_EVENT_LOOP takes (settings_base.parse)
             asyncio.run(serve(settings))
-        else:
-            log.error("GATEWAY_EVENT_LOOP must be asyncio or uvloop, not %r", settings.event_loop)
-            raise SystemExit(2)
     except (RedisUrlError, SettingsError) as e:  # a configuration error: said in one line (the password masked), no traceback
         log.error("%s", e)
         raise SystemExit(2) from None

@@ -14,7 +14,8 @@ from typing import Any
 import re
 
 from .cost import estimate_reply_completion
-from .errors import NO_CAPACITY, UPSTREAM_FAILED, UPSTREAM_TIMEOUT, ApiError
+from .errors import (NO_CAPACITY, UPSTREAM_FAILED, UPSTREAM_TIMEOUT, ApiError, context_length_exceeded, text_only,
+                     upstream_rejected)
 
 _USAGE_KEY = b'"usage"'
 _PROMPT = re.compile(rb'"prompt_tokens":\s*(\d+)')
@@ -103,13 +104,10 @@ def upstream_error(status: int, body: bytes, input_param: str = "messages") -> A
     low = message.lower()
     if status in (400, 413, 422):
         if any(words in low for words in _CONTEXT_WORDS):
-            return ApiError("context_length_exceeded",
-                            "The input is longer than the model's context length.", input_param)
+            return context_length_exceeded(input_param)
         if "multimodal" in low or "image" in low or "vision" in low:
-            return ApiError("invalid_request", "This model accepts text content only.", input_param)
-        return ApiError("invalid_request",
-                        "The model server rejected the request" + (f" (parameter '{param}')." if param else "."),
-                        param)
+            return text_only(input_param)
+        return upstream_rejected(param)
     if status == 429:
         return NO_CAPACITY
     if status == 504:

@@ -10,18 +10,18 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .catalog import Alias, Catalog
+from .catalog_types import Alias, Catalog
 from .cost import estimate_chat_prompt, estimate_embedding_prompt
-from .errors import MODEL_NOT_FOUND, NO_CAPACITY, ApiError
+from . import errors
+from .errors import ApiError
 
-CHAT = "chat"
+CHAT = "chat"  # the capability an alias needs for chat completions, and the endpoint's name
 EMBEDDINGS = "embeddings"
 _ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    endpoint: str  # CHAT or EMBEDDINGS
     alias: Alias
     upstream_model: str
     body: bytes  # what goes upstream
@@ -32,32 +32,18 @@ class Prepared:
     choices: int = 1  # the choices the model server may return (chat's n, ``choices``)
 
 
-# A number such as 1e400 is valid JSON, but parses to infinity, which JSON cannot write: no model
-# server could read the body.
-_OUT_OF_RANGE = ApiError("invalid_request", "A number in the request body is beyond the range of a "
-                         "64-bit floating-point number.")
-
-# Python's guard against the quadratic cost of converting huge integers (sys.get_int_max_str_digits()).
-_TOO_MANY_DIGITS = ApiError("invalid_request", "An integer in the request body has more than 4,300 digits.")
-
-
 def _body(doc: dict[str, Any]) -> bytes | ApiError:
     """The body to forward: compact JSON, or the refusal of a number out of range."""
     try:
         return json.dumps(doc, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
     except ValueError:
-        return _OUT_OF_RANGE
-
-
-def _bad(message: str, param: str | None) -> ApiError:
-    return ApiError("invalid_request", message, param)
+        return errors.NUMBER_OUT_OF_RANGE  # no model server could read the body
 
 
 # Arrays and objects nested deeper than this are refused (README, "Upstream budgets and routing"):
 # 400 invalid_json.
 MAX_JSON_DEPTH = 128
-_TOO_DEEP = ApiError("invalid_json",
-                     f"The request body nests arrays and objects deeper than {MAX_JSON_DEPTH} levels.")
+_TOO_DEEP = errors.too_deep(MAX_JSON_DEPTH)
 
 
 def _no_constant(name: str) -> Any:
@@ -68,8 +54,6 @@ def _no_constant(name: str) -> Any:
 # A UTF-16 surrogate can only come as a \u escape (UTF-8 bytes of one do not decode): a body without
 # such an escape is spared the check.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
-_LONE_SURROGATE = ApiError("invalid_request", "The request body contains a lone UTF-16 surrogate "
-                           "(a \\ud800-\\udfff escape not part of a pair), which is not text.")
 
 
 def _parse(raw: bytes) -> dict[str, Any] | ApiError:
@@ -77,12 +61,12 @@ def _parse(raw: bytes) -> dict[str, Any] | ApiError:
         doc = json.loads(raw, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as e:
         if type(e) is ValueError and "integer string conversion" in str(e):
-            return _TOO_MANY_DIGITS  # valid JSON, but a number out of range (Python's guard, README)
-        return ApiError("invalid_json", "The request body is not valid JSON.")
+            return errors.TOO_MANY_DIGITS  # valid JSON, but a number out of range (Python's guard, README)
+        return errors.INVALID_JSON
     except RecursionError:  # deeper than the parser's own recursion limit (about 1,000 levels)
         return _TOO_DEEP
     if not isinstance(doc, dict):
-        return _bad("The request body must be a JSON object.", None)
+        return errors.NOT_AN_OBJECT
     # No body with fewer opening brackets than the limit can be nested deeper than it (a count runs at
     # memory speed); only a body with more is walked, once, through its arrays and objects.
     if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _deeper_than(doc, MAX_JSON_DEPTH):
@@ -92,7 +76,7 @@ def _parse(raw: bytes) -> dict[str, Any] | ApiError:
         try:
             json.dumps(doc, ensure_ascii=False).encode()
         except UnicodeEncodeError:
-            return _LONE_SURROGATE
+            return errors.LONE_SURROGATE
     return doc
 
 
@@ -114,21 +98,20 @@ def _deeper_than(doc: dict[str, Any], limit: int) -> bool:
 def _alias(doc: dict[str, Any], catalog: Catalog, capability: str) -> Alias | ApiError:
     model = doc.get("model")
     if model is None:
-        return _bad("The 'model' field is required.", "model")
+        return errors.MODEL_REQUIRED
     if not isinstance(model, str):
-        return _bad("The 'model' field must be a string.", "model")
+        return errors.MODEL_NOT_A_STRING
     alias = catalog.aliases.get(model)
     if alias is None:
-        return MODEL_NOT_FOUND
+        return errors.MODEL_NOT_FOUND
     if capability not in alias.capabilities:
-        what = "chat completions" if capability == "chat" else "embeddings"
-        return _bad(f"This model does not support {what}.", "model")
+        return errors.wrong_capability("chat completions" if capability == CHAT else "embeddings")
     return alias
 
 
 def _upstream(alias: Alias, pick: Callable[[Alias], str | None]) -> str | ApiError:
     up = pick(alias)
-    return NO_CAPACITY if up is None else up
+    return errors.NO_CAPACITY if up is None else up
 
 
 def _max_tokens(doc: dict[str, Any], alias: Alias) -> int | ApiError:
@@ -139,7 +122,7 @@ def _max_tokens(doc: dict[str, Any], alias: Alias) -> int | ApiError:
         if v is None:
             continue
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            return _bad(f"'{name}' must be an integer >= 1.", name)
+            return errors.not_a_positive_integer(name)
         chosen = min(chosen, v)
     return chosen
 
@@ -162,18 +145,18 @@ def prepare_chat(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | Non
     doc = _parse(raw)
     if isinstance(doc, ApiError):
         return doc
-    alias = _alias(doc, catalog, "chat")
+    alias = _alias(doc, catalog, CHAT)
     if isinstance(alias, ApiError):
         return alias
     messages = doc.get("messages")
     if not isinstance(messages, list) or not messages:
-        return _bad("'messages' must be a non-empty array.", "messages")
+        return errors.MESSAGES_REQUIRED
     for m in messages:
         if not isinstance(m, dict) or m.get("role") not in _ROLES:
-            return _bad("Each message must be an object with a valid 'role'.", "messages")
+            return errors.MESSAGE_ROLE
     stream = doc.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
-        return _bad("'stream' must be a boolean.", "stream")
+        return errors.STREAM_NOT_A_BOOLEAN
     max_tokens = _max_tokens(doc, alias)
     if isinstance(max_tokens, ApiError):
         return max_tokens
@@ -186,11 +169,11 @@ def prepare_chat(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | Non
         if opts is None:  # SPEC rule 4: a null one is replaced by include_usage true (absent: not asked)
             opts = {"include_usage": True} if "stream_options" in doc else {}
         elif not isinstance(opts, dict):
-            return _bad("'stream_options' must be an object.", "stream_options")
+            return errors.STREAM_OPTIONS_NOT_AN_OBJECT
         # a boolean (null: not asked); the model server never sees the client's, so it is checked here
         asked = opts.get("include_usage")
         if asked is not None and not isinstance(asked, bool):
-            return _bad("'stream_options.include_usage' must be a boolean.", "stream_options")
+            return errors.INCLUDE_USAGE_NOT_A_BOOLEAN
         wants_usage = asked is True
         doc["stream_options"] = {**opts, "include_usage": True}
     doc["model"] = up
@@ -198,7 +181,7 @@ def prepare_chat(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | Non
     body = _body(doc)
     if isinstance(body, ApiError):
         return body
-    return Prepared(CHAT, alias, up, body, bool(stream), wants_usage, estimate_chat_prompt(messages), max_tokens,
+    return Prepared(alias, up, body, bool(stream), wants_usage, estimate_chat_prompt(messages), max_tokens,
                     choices(doc.get("n")))
 
 
@@ -213,7 +196,7 @@ def prepare_embeddings(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str
     doc = _parse(raw)
     if isinstance(doc, ApiError):
         return doc
-    alias = _alias(doc, catalog, "embeddings")
+    alias = _alias(doc, catalog, EMBEDDINGS)
     if isinstance(alias, ApiError):
         return alias
     inp = doc.get("input")
@@ -222,12 +205,12 @@ def prepare_embeddings(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str
     elif isinstance(inp, list) and inp and all(isinstance(s, str) for s in inp):
         inputs = inp
     elif isinstance(inp, list) and inp and all(_tokens(s) for s in inp):
-        return _bad("Pre-tokenized (integer) input is not accepted; send strings.", "input")
+        return errors.TOKEN_INPUT
     else:
-        return _bad("'input' must be a string or a non-empty array of strings.", "input")
+        return errors.INPUT_REQUIRED
     fmt = doc.get("encoding_format")
     if fmt is not None and fmt not in ("float", "base64"):
-        return _bad("'encoding_format' must be 'float' or 'base64'.", "encoding_format")
+        return errors.ENCODING_FORMAT
     up = _upstream(alias, pick)
     if isinstance(up, ApiError):
         return up
@@ -235,4 +218,4 @@ def prepare_embeddings(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str
     body = _body(doc)
     if isinstance(body, ApiError):
         return body
-    return Prepared(EMBEDDINGS, alias, up, body, False, False, estimate_embedding_prompt(inputs))
+    return Prepared(alias, up, body, False, False, estimate_embedding_prompt(inputs))

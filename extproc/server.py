@@ -151,6 +151,8 @@ class Processor:
                     if phase == "request_headers":
                         h = req.request_headers
                         answer = await ex.request_headers(_headers(h.headers), h.end_of_stream)
+                    elif phase == "request_body" and call.reset:
+                        answer = await ex.answered_by_envoy(_attributes(req))  # and never admitted
                     elif phase == "request_body":
                         answer = await ex.request_body(req.request_body.body, _attributes(req))
                     elif phase == "response_headers":
@@ -206,7 +208,7 @@ class Processor:
             # ends here rather than when Envoy's deferred close, 1 s later, would end it), or EOF
         finally:
             if sink.w.ctx is not None:
-                sink.leaving.pop(sink.w.ctx["r"], None)
+                sink.leaving.pop(sink.w.ctx.request_id, None)
             await sink.w.close()
 
 
@@ -240,5 +242,5 @@ class _WatchSink:
         if phase == "response_headers":
             self.w.response_headers(_headers(req.response_headers.headers))
             if self.w.ctx is not None:  # the request, named by its headers
-                self.leaving[self.w.ctx["r"]] = self.client_left
+                self.leaving[self.w.ctx.request_id] = self.client_left
         return False

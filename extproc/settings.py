@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .settings_base import SharedSettings, env
+from .settings_base import SharedSettings, env, port
 
 
 @dataclass(frozen=True)
 class GatewaySettings(SharedSettings):
-    extproc_port: int = env("GATEWAY_EXTPROC_PORT", 0)        # ext_proc gRPC port; 0 = gateway_port + 10
-    admin_port: int = env("GATEWAY_ADMIN_PORT", 0)            # Envoy admin (loopback only); 0 = gateway_port + 11
+    extproc_port: int = port("GATEWAY_EXTPROC_PORT")        # ext_proc gRPC port; 0 = GATEWAY_PORT + its PORT_OFFSETS
+    admin_port: int = port("GATEWAY_ADMIN_PORT")            # Envoy admin (loopback only); 0 = GATEWAY_PORT + its PORT_OFFSETS
     default_rpm: int = env("GATEWAY_DEFAULT_RPM", 600)        # requests per minute per key
     default_concurrency: int = env("GATEWAY_DEFAULT_CONCURRENCY", 32)  # concurrent requests per organisation
     key_cache_ttl_s: int = env("GATEWAY_KEY_CACHE_TTL_S", 60)  # backstop lifetime of a cached key in Redis
@@ -30,17 +30,18 @@ class GatewaySettings(SharedSettings):
     max_connections: int = env("GATEWAY_MAX_CONNECTIONS", 10000)  # client connections open at once (more are closed on arrival)
     max_streams_per_connection: int = env("GATEWAY_MAX_STREAMS_PER_CONNECTION", 100)  # concurrent HTTP/2 requests on one connection
     envoy_access_log: str = env("GATEWAY_ENVOY_ACCESS_LOG", "")  # Envoy's access log file; empty = <state>/logs/envoy-access.log (the image: /dev/stdout)
-    metrics_port: int = env("GATEWAY_METRICS_PORT", 0)        # Prometheus metrics; 0 = gateway_port + 1384 (9464)
+    metrics_port: int = port("GATEWAY_METRICS_PORT")        # Prometheus metrics; 0 = GATEWAY_PORT + its PORT_OFFSETS
     metrics_envoy: bool = env("GATEWAY_METRICS_ENVOY", True)  # serve Envoy's own statistics (envoy_*) beside the ext_proc's
+    request_policies: str = env("GATEWAY_REQUEST_POLICIES", "")  # module:function request policies, comma-separated; empty = none (docs/extending.md)
 
     @property
     def grpc_port(self) -> int:
-        return self.extproc_port or self.gateway_port + 10
+        return self.port_of("extproc_port")
 
     @property
     def metrics_http_port(self) -> int:
-        return self.metrics_port or self.gateway_port + 1384
+        return self.port_of("metrics_port")
 
     @property
     def envoy_admin_port(self) -> int:
-        return self.admin_port or self.gateway_port + 11
+        return self.port_of("admin_port")

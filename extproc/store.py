@@ -23,7 +23,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
 from .decisions import Admission, Identity, UsageRecord
-from .errors import ApiError
+from .errors import CONCURRENCY, INVALID_KEY, QUOTA, SUSPENDED, ApiError, rate_limited
 from .hold import WorstCase
 from .resp import RespClient, RespSetupError
 from .settings import GatewaySettings
@@ -151,11 +151,6 @@ return 1
 """
 
 
-INVALID_KEY = ApiError("invalid_api_key", "Invalid API key.")
-SUSPENDED = ApiError("org_suspended", "The organisation is suspended.")
-QUOTA = ApiError("insufficient_quota", "The organisation's prepaid balance is exhausted; top up to continue.")
-CONCURRENCY = ApiError("concurrency_limit_exceeded", "Too many concurrent requests for this organisation.",
-                       retry_after=1)
 
 
 # the admission script's other answers (but "rate") -> the error (None: may proceed)
@@ -270,8 +265,7 @@ class Store:
         if tag == "miss_org":
             raise Miss("org", ident.org_id)
         if tag == "rate":
-            return Admission(ident, ApiError("rate_limit_exceeded", "Too many requests for this API key; retry "
-                                             "after the window resets.", retry_after=max(1, int(res[3]))))
+            return Admission(ident, rate_limited(max(1, int(res[3]))))
         if tag == "quota" and len(res) > 3 and hold is not None:  # a credit limit applied: what would fit
             return Admission(ident, hold.refusal(int(res[3])))
         return Admission(ident, _ANSWERS[tag])

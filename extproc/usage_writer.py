@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import time
+from dataclasses import Field, fields
 from typing import Any
 
 import asyncpg
@@ -29,22 +30,29 @@ from .usage_writer_settings import WriterSettings
 log = logging.getLogger("extproc.usage")
 GROUP = "writers"
 
+def _from_json(f: Field[Any]) -> str:
+    """A record field's type as its JSON is read (epoch seconds for a time)."""
+    return "float8" if f.metadata["pg_type"] == "timestamptz" else str(f.metadata["pg_type"])
+
+
+def _to_column(f: Field[Any]) -> str:
+    """A record field's value as its usage_records column takes it."""
+    if f.metadata["pg_type"] == "timestamptz":
+        return f"to_timestamp({f.name})"
+    return f"nullif({f.name}, '')" if f.default == "" else f.name
+
+
+COLUMNS = fields(UsageRecord)
+
 # One statement, one round trip: PostgreSQL parses the records' JSON itself (this process only joins
 # the bytes it read from Redis), inserts the new ones and debits each new one's cost in the ledger.
-_WRITE = """
+# The column lists are UsageRecord's fields (extproc/decisions.py).
+WRITE = f"""
 WITH r AS (
-  SELECT * FROM jsonb_to_recordset($1::jsonb) AS x(
-    request_id text, org_id text, key_id text, alias text, upstream_model text, endpoint text, status int,
-    stream bool, prompt_tokens int, completion_tokens int, estimated bool, cost_micro_pln bigint,
-    input_price bigint, output_price bigint, started_at float8, ttfb_ms int, ended_at float8,
-    error_code text)
+  SELECT * FROM jsonb_to_recordset($1::jsonb) AS x({", ".join(f"{f.name} {_from_json(f)}" for f in COLUMNS)})
 ), new AS (
-  INSERT INTO usage_records (request_id, org_id, key_id, alias, upstream_model, endpoint, status, stream,
-    prompt_tokens, completion_tokens, estimated, cost_micro_pln, input_price, output_price,
-    started_at, ttfb_ms, ended_at, error_code)
-  SELECT request_id, org_id, key_id, alias, upstream_model, endpoint, status, stream, prompt_tokens,
-    completion_tokens, estimated, cost_micro_pln, input_price, output_price, to_timestamp(started_at),
-    ttfb_ms, to_timestamp(ended_at), nullif(error_code, '')
+  INSERT INTO usage_records ({", ".join(f.name for f in COLUMNS)})
+  SELECT {", ".join(_to_column(f) for f in COLUMNS)}
   FROM r
   ON CONFLICT (request_id) DO NOTHING
   RETURNING request_id, org_id, cost_micro_pln
@@ -173,7 +181,7 @@ class UsageWriter:
         records = [f[b"r"] for _, f in entries if f]
         if records:  # the records and their debits in one transaction; one already written is skipped
             async with self.pool.acquire() as conn:
-                await conn.execute(_WRITE, (b"[" + b",".join(records) + b"]").decode())
+                await conn.execute(WRITE, (b"[" + b",".join(records) + b"]").decode())
         now_ms = time.time() * 1000
         ids = [i for i, _ in entries]  # acknowledged all, those without fields too
         for i in ids:  # an entry's id is "<ms>-<n>", the time it was queued: the request's end

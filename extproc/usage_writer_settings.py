@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .settings import GatewaySettings
-from .settings_base import env
+from .settings_base import port
 
 
 @dataclass(frozen=True)
 class WriterSettings(GatewaySettings):
-    writer_metrics_port: int = env("GATEWAY_WRITER_METRICS_PORT", 0)  # the usage writer's Prometheus metrics; 0 = gateway_port + 14 (8094)
+    writer_metrics_port: int = port("GATEWAY_WRITER_METRICS_PORT")  # the usage writer's Prometheus metrics; 0 = GATEWAY_PORT + its PORT_OFFSETS
 
     @property
     def writer_metrics_http_port(self) -> int:
-        return self.writer_metrics_port or self.gateway_port + 14
+        return self.port_of("writer_metrics_port")

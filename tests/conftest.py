@@ -24,10 +24,12 @@ import yaml
 from control.admin import Admin
 from control.launcher import Stack, free_port_base
 from control.settings import Settings
+from extproc.settings_base import PORT_OFFSETS, SPAN
 from extproc.store import redis_client
 
 
 free_base = free_port_base
+SIM = PORT_OFFSETS["simulators"]  # the first simulator's port: base + SIM
 
 
 # ---- skips: listed by -ra outside CI; in CI (CI=true) each one fails the run, with its reason -------------
@@ -77,7 +79,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def make_catalog(base: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    a, b = base + 15, base + 16
+    a, b = base + SIM, base + SIM + 1  # the demo catalog's simulators' ports
     price = lambda i, o: [{"effective": "2026-01-01T00:00:00Z",  # noqa: E731
                            "input_micro_pln_per_1m": i, "output_micro_pln_per_1m": o}]
     doc: dict[str, Any] = {
@@ -106,7 +108,7 @@ def make_catalog(base: int, extra: dict[str, Any] | None = None) -> dict[str, An
             "up-embed": {"deployments": [{"name": "sim-a", "host": "127.0.0.1", "port": a}]},
             "up-none": {"deployments": []},
             # nothing listens there (the launcher starts simulators on 127.0.0.1 only): a dead deployment
-            "up-dead": {"deployments": [{"name": "dead", "host": "127.0.0.2", "port": base + 17}]},
+            "up-dead": {"deployments": [{"name": "dead", "host": "127.0.0.2", "port": base + SIM + 2}]},
         },
     }
     if extra:
@@ -122,8 +124,8 @@ class Gateway:
         self.port = stack.s.gateway_port
         self.url = f"http://127.0.0.1:{self.port}"
         self.v1 = self.url + "/v1"
-        self.sim_a = f"http://127.0.0.1:{base + 15}"
-        self.sim_b = f"http://127.0.0.1:{base + 16}"
+        self.sim_a = f"http://127.0.0.1:{base + SIM}"
+        self.sim_b = f"http://127.0.0.1:{base + SIM + 1}"
         self.console = f"http://127.0.0.1:{stack.s.console_http_port}"  # the console web app
 
     def admin(self, fn: Callable[[Admin], Awaitable[Any]]) -> Any:
@@ -211,14 +213,14 @@ class Gateway:
 @contextlib.contextmanager
 def running_stack(prefix: str, catalog: Callable[[int], dict[str, Any]] = make_catalog,
                   **overrides: Any) -> Iterator[Gateway]:
-    """A whole stack of its own on free ports (base .. base + 19), stopped (drained) on exit."""
+    """A whole stack of its own on free ports (base .. base + SPAN - 1), stopped (drained) on exit."""
     base = free_base()
     tmp = Path(tempfile.mkdtemp(prefix=prefix))
     cat = tmp / "catalog.yaml"
     cat.write_text(yaml.safe_dump(catalog(base)))
     env = dict(os.environ)
     # development mode: the console's tests read mail at /dev/mail and pay with the sandbox provider
-    stack = Stack(Settings.from_env(**{"gateway_port": base, "metrics_port": base + 19, "dev": True,
+    stack = Stack(Settings.from_env(**{"gateway_port": base, "metrics_port": base + SPAN - 1, "dev": True,
                                        "low_balance_check_s": 0.3,
                                        "state_dir": str(tmp / "state"), "catalog": str(cat), **overrides}))
     try:

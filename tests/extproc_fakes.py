@@ -19,7 +19,8 @@ from extproc.exchange import ATTR_AUTH, ATTR_ID, ATTR_METHOD, ATTR_PATH, Gateway
 from extproc.grpc_server import EOF
 from extproc.hold import WorstCase
 from extproc.keys import key_hash
-from extproc.store import CONCURRENCY, INVALID_KEY, QUOTA, SUSPENDED, Miss
+from extproc.errors import CONCURRENCY, INVALID_KEY, QUOTA, SUSPENDED
+from extproc.store import Miss
 
 KEY = "sk-service-" + "a" * 40
 OTHER_KEY = "sk-service-" + "b" * 40  # well formed, unknown
@@ -252,6 +253,7 @@ class FakeCall:
         self.timeouts: list[float | None] = []
         self._metadata = metadata or {}
         self.ended = False  # Envoy ended or reset the call: set once ``read`` has handed out EOF
+        self.reset = False  # Envoy reset the call (its message timeout answered the client)
         self.ending: list[float] = []  # the delays ``end_soon`` was asked for
 
     def metadata(self, name: str) -> str | None:

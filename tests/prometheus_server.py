@@ -17,7 +17,7 @@ import httpx
 import yaml
 
 from conftest import process
-from control import envoy_config
+from control import ports
 from control.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +38,7 @@ def scrape_config(s: Settings) -> dict[str, Any]:
     """deploy/prometheus/prometheus.yml with its targets moved to the stack's metrics endpoints, scraped
     every second (its jobs and rules as they are)."""
     doc = dict(yaml.safe_load(SCRAPE_CONFIG.read_text()))
-    targets = {"gateway": [f"127.0.0.1:{metrics}" for _, _, metrics in envoy_config.extproc_workers(s)],
+    targets = {"gateway": [f"127.0.0.1:{metrics}" for _, _, metrics in ports.extproc_workers(s)],
                "usage-writer": [f"127.0.0.1:{s.writer_metrics_http_port}"]}
     assert [j["job_name"] for j in doc["scrape_configs"]] == list(targets), "the jobs the rules name"
     for job in doc["scrape_configs"]:

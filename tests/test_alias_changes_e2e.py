@@ -1,4 +1,4 @@
-"""The alias change policy end to end on a stack of its own (README, "Changing the model behind an
+"""The alias change policy end to end on a stack of its own (docs/configuration.md, "Changing the model behind an
 alias"): ``gateway catalog apply`` refuses a model change under 14 days ahead, forces it with --force (a
 stderr line and a PostgreSQL record), accepts one 14 days ahead; requests go to the upstream model of
 the step in force at their start, the reply's ``model`` always the alias; the ext_proc refuses a

@@ -1,4 +1,4 @@
-"""The alias change policy as pure functions (README, "Changing the model behind an alias"): dated
+"""The alias change policy as pure functions (docs/configuration.md, "Changing the model behind an alias"): dated
 upstream steps in the catalog, routing by the step in force at a request's start, and the comparison of
 the catalog in force with a new one (the model changes it brings, those under 14 days ahead, smaller
 limits)."""

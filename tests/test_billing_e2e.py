@@ -172,7 +172,7 @@ def test_client_that_leaves_a_stream_is_billed_estimated_input_only(gateway: Gat
 
 
 def test_complete_reply_without_usage_has_its_output_estimated(gateway: Gateway, fresh: tuple[str, str, str]) -> None:
-    """A complete non-streaming reply that reports no usage: input and output estimated (README, Billing)."""
+    """A complete non-streaming reply that reports no usage: input and output estimated (docs/billing.md)."""
     org, _, key = fresh
     r = httpx.post(gateway.v1 + "/chat/completions", headers=_h(key),
                    json={"model": "polish-pro", "messages": MSGS, "sim": {"no_usage": True, "output_tokens": 9}})

@@ -1,5 +1,5 @@
 """Request bodies that must never be a 500, through the real stack: lone UTF-16 surrogates
-are refused with 400 invalid_request (README), NaN / Infinity / -Infinity with 400 invalid_json, and
+are refused with 400 invalid_request (docs/configuration.md), NaN / Infinity / -Infinity with 400 invalid_json, and
 arbitrary JSON values and arbitrary bytes sent to both POST endpoints get no 5xx and SPEC's error shape."""
 from __future__ import annotations
 

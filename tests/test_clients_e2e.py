@@ -156,15 +156,12 @@ def test_llm_cli(gateway: Gateway, org: tuple[str, str, str], tmp_path) -> None:
     assert out.stdout.strip()
 
 
-# --- README "Use it from…" snippets, run as written ---------------------------------------------
+# --- the README's quickstart and docs/clients.md's snippets, run as written ------------------------
 
 def _snippets() -> dict[str, str]:
-    import re
-    from pathlib import Path
+    from docs_blocks import marked
 
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    found = re.findall(r"<!-- client-snippet: ([\w-]+) -->\n```\w+\n(.*?)\n```", text, re.S)
-    return dict(found)
+    return {b.marker.removeprefix("client-snippet: "): b.text for b in marked("client-snippet: ")}
 
 
 def _run(args: list[str], env: dict[str, str]) -> str:

@@ -34,7 +34,7 @@ def test_topup_through_the_sandbox_provider(gateway: Gateway) -> None:
     c, _, org = signed_up(gateway)
     page = c.get("/billing").text
     assert 'id="balance">PLN\xa05.00<' in page and "trial credit" in page and "polish-pro" in page
-    # the trial credit alone: the credit limit is 0 (README, "Billing")
+    # the trial credit alone: the credit limit is 0 (docs/billing.md)
     assert 'id="credit-limit">PLN\xa00.00<' in page and "largest possible cost fits the balance." in page
     assert "PLN\xa01.500000" in page  # a price per 1M tokens: to the micro-PLN
     pid = start_topup(c, "20")

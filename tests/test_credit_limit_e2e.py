@@ -1,4 +1,4 @@
-"""A bounded cost per request through the real stack (README, "Billing"): each request's worst case is held
+"""A bounded cost per request through the real stack (docs/billing.md): each request's worst case is held
 against the organisation's balance, less its requests in flight, plus its credit limit; one that does not
 fit is 402 insufficient_quota at no cost, saying the largest max_tokens that would fit.  Without a credit
 limit, SPEC's rule alone: a positive balance admits."""

@@ -1,5 +1,6 @@
-"""The usage record's JSON (the in-flight journal entry and the queued record) is written by hand for
-speed; it must be byte for byte what ``json.dumps`` gives, and read back as the same record."""
+"""The usage record's JSON (the in-flight journal entry and the queued record) is one f-string compiled
+from its fields, for speed; it must be byte for byte what ``json.dumps`` gives, and read back as the same
+record."""
 from __future__ import annotations
 
 import dataclasses

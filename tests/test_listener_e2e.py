@@ -346,7 +346,7 @@ def _deep(path: str, depth: int) -> bytes:
 @pytest.mark.parametrize("path", [CHAT, EMB])
 def test_deep_nesting_400_invalid_json(gateway: Gateway, org: tuple[str, str, str], path: str) -> None:
     """100,000 nested arrays used to end in a RecursionError (500); deeper than the documented 128
-    levels is malformed JSON for the gateway (README)."""
+    levels is malformed JSON for the gateway (docs/configuration.md)."""
     for raw in (b"[" * 100_000, b"[" * 100_000 + b"]" * 100_000, _deep(path, 129), _deep(path, 5000)):
         r = exchange(gateway, post(path, str(len(raw)), raw, key=org[2]))
         assert r is not None

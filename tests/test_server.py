@@ -15,7 +15,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from extproc.cost import estimate_chat_prompt
 from extproc import exchange
-from extproc.exchange import CLUSTER_HEADER, STREAM_HEADER, Gateway
+from extproc.exchange import CLUSTER_HEADER, Gateway
+from extproc.stream_context import HEADER as STREAM_HEADER, StreamContext
 from extproc.grpc_server import EOF, UNAVAILABLE, Status
 from extproc.server import LEFT_GRACE_S, ROLE_HEADER, WATCH_ROLE, Processor
 from extproc_fakes import (CHAT_BODY, OTHER_KEY, STALL, FakeCall, chat_reply, chunk, gateway, logged_free,
@@ -116,7 +117,7 @@ def test_a_streamed_reply_is_handed_over_and_the_call_lasts_as_long_as_the_strea
     mode = headers_msg.mode_override
     assert (mode.response_body_mode, mode.response_trailer_mode) == (pm.ProcessingMode.NONE, pm.ProcessingMode.SEND)
     headers, _ = mutated(headers_msg.response_headers.response)
-    assert json.loads(headers[STREAM_HEADER])["a"] == "polish-pro"
+    assert StreamContext.parse(headers[STREAM_HEADER]).alias == "polish-pro"
     assert list(headers_msg.response_headers.response.header_mutation.remove_headers) == ["content-length"]
     assert trailers_msg.WhichOneof("response") == "response_trailers"
     assert call.timeouts[-1] is None  # the idle budget is the stream watch's
@@ -343,6 +344,23 @@ def test_stream_reset_by_envoy_mid_request_releases_and_bills_estimated_input() 
     [rec] = store(gw).records
     assert (rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (EST, 0, True)
     assert store(gw).held() == 0
+
+
+def test_a_request_envoy_reset_before_it_was_admitted_is_logged_as_its_500_and_never_admitted() -> None:
+    """A process that resumed from a pause reads the request and, before it, Envoy's reset of its call
+    (Envoy's message timeout answered the client: SPEC's 500 internal_error): authenticated only, logged
+    as that 500 at no cost, never admitted (no slot, nothing of the per-minute budget)."""
+    gw = gateway()
+    call = FakeCall(request_body(CHAT_BODY), EOF)
+    call.reset = call.ended = True
+    asyncio.run(Processor(gw).process(call))  # type: ignore[arg-type]
+    [msg] = call.written
+    immediate(msg, 500, "internal_error")
+    assert store(gw).admits == [("rid-1", False)]  # authentication only
+    [rec] = store(gw).records
+    assert (rec.request_id, rec.status, rec.error_code, rec.cost_micro_pln, rec.prompt_tokens) == (
+        "rid-1", 500, "internal_error", 0, 0)
+    assert store(gw).held() == 0 and not any(store(gw).used.values())
 
 
 @pytest.mark.parametrize("how", ["told", "marked", "neither"])

@@ -12,7 +12,7 @@ import httpx
 
 from conftest import Gateway, running_stack, wait_for
 from control.cli import status
-from control.envoy_config import extproc_workers
+from control.ports import extproc_workers
 
 BODY = {"model": "polish-fast", "messages": [{"role": "user", "content": "Dzień dobry"}], "max_tokens": 8}
 

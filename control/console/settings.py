@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from extproc.settings_base import SharedSettings, env
+from extproc.settings_base import SharedSettings, env, port
 
 
 @dataclass(frozen=True)
 class ConsoleSettings(SharedSettings):
-    console_port: int = env("GATEWAY_CONSOLE_PORT", 0)        # console web app; 0 = gateway_port + 1 (8081)
+    console_port: int = port("GATEWAY_CONSOLE_PORT")        # console web app; 0 = GATEWAY_PORT + its PORT_OFFSETS
     console_url: str = env("GATEWAY_CONSOLE_URL", "")         # public address of the console (links, payments)
     console_secret: str = env("GATEWAY_CONSOLE_SECRET", "")   # CSRF/signing secret; empty = generated in state dir
     trial_balance_pln: str = env("GATEWAY_TRIAL_BALANCE_PLN", "5")  # demo organisation's first credit
@@ -23,7 +23,7 @@ class ConsoleSettings(SharedSettings):
     seller_nip: str = env("GATEWAY_SELLER_NIP", "")           # the seller's NIP
     seller_address: str = env("GATEWAY_SELLER_ADDRESS", "")   # the seller's address
     smtp_host: str = env("GATEWAY_SMTP_HOST", "")             # mail server; empty = the local capture server (development mode only)
-    smtp_port: int = env("GATEWAY_SMTP_PORT", 0)              # 0 = 587 (or the capture server: gateway_port + 18)
+    smtp_port: int = port("GATEWAY_SMTP_PORT")              # 0 = 587 (or the capture server: PORT_OFFSETS["smtp_capture"])
     smtp_user: str = env("GATEWAY_SMTP_USER", "")
     smtp_password: str = env("GATEWAY_SMTP_PASSWORD", "")
     smtp_tls: str = env("GATEWAY_SMTP_TLS", "starttls")       # starttls | tls | none
@@ -38,11 +38,11 @@ class ConsoleSettings(SharedSettings):
 
     @property
     def console_http_port(self) -> int:
-        return self.console_port or self.gateway_port + 1
+        return self.port_of("console_port")
 
     @property
     def smtp_capture_port(self) -> int:
-        return self.gateway_port + 18
+        return self.port_of("smtp_capture")
 
     @property
     def console_base_url(self) -> str:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import io
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, Callable
 from urllib.parse import urlencode
 
 from aiohttp import web
@@ -15,6 +15,7 @@ from aiohttp import web
 from control.admin import status_condition
 from extproc.catalog import WARSAW
 from extproc.cost import micro_to_pln
+from extproc.decisions import UsageRecord
 
 from ..i18n import DATE_HINT, _, day, day_short, money_exact, ngettext, parse_day
 from ..web import console, load_catalog, need_viewer, render
@@ -184,6 +185,31 @@ def cell(text: str) -> str:
     return "'" + text if text.startswith(FORMULA_START) else text
 
 
+# The CSV's columns in order: a usage record's field (extproc/decisions.py), written as its column's type
+# is, or one worked out from the row (``WORKED_OUT``)
+CSV_COLUMNS = ("started_at", "request_id", "key_id", "key_name", "alias", "endpoint", "status", "error_code",
+               "latency_ms", "prompt_tokens", "completion_tokens", "cost_pln", "cost_micro_pln", "estimated")
+RECORD_TYPES = {f.name: f.metadata["pg_type"] for f in fields(UsageRecord)}
+WORKED_OUT: dict[str, Callable[[Any], object]] = {
+    "key_name": lambda r: cell(r["key_name"] or ""), "latency_ms": lambda r: r["latency_ms"],
+    "cost_pln": lambda r: micro_to_pln(r["cost_micro_pln"])}
+
+
+def csv_value(name: str, row: Any) -> object:
+    """Column ``name`` of a usage row in the CSV: a time in ISO 8601 (UTC), a text as ``cell`` writes it (empty
+    for none), yes or no, a number as it is."""
+    if (work := WORKED_OUT.get(name)) is not None:
+        return work(row)
+    kind, v = RECORD_TYPES[name], row[name]
+    if kind == "timestamptz":
+        return v.isoformat()
+    if kind == "text":
+        return cell(v or "")
+    if kind == "boolean":
+        return "yes" if v else "no"
+    return v
+
+
 @routes.get("/usage.csv")
 async def usage_csv(request: web.Request) -> web.Response:
     v = need_viewer(request)
@@ -193,12 +219,8 @@ async def usage_csv(request: web.Request) -> web.Response:
     rows = await _rows(console(request).pool, v.org_id, f, CSV_ROWS)
     out = io.StringIO()
     w = csv.writer(out)
-    w.writerow(["started_at", "request_id", "key_id", "key_name", "alias", "endpoint", "status", "error_code",
-                "latency_ms", "prompt_tokens", "completion_tokens", "cost_pln", "cost_micro_pln", "estimated"])
+    w.writerow(CSV_COLUMNS)
     for r in rows:
-        w.writerow([r["started_at"].isoformat(), cell(r["request_id"]), cell(r["key_id"]), cell(r["key_name"] or ""),
-                    cell(r["alias"]), cell(r["endpoint"]), r["status"], cell(r["error_code"] or ""), r["latency_ms"],
-                    r["prompt_tokens"], r["completion_tokens"],
-                    micro_to_pln(r["cost_micro_pln"]), r["cost_micro_pln"], "yes" if r["estimated"] else "no"])
+        w.writerow([csv_value(name, r) for name in CSV_COLUMNS])
     return web.Response(text=out.getvalue(), content_type="text/csv",
                         headers={"Content-Disposition": 'attachment; filename="usage.csv"'})
