@@ -8,9 +8,11 @@
 -- server for it) shown as SPEC streaming rule 3 wants it or taken out when the client did not ask for it;
 -- when it asked and the model server reported none, the usage the request is billed (the estimated input,
 -- one output token per event with content: extproc/observer.py) comes as the last chunk before [DONE].
--- The ext_proc reads the same bytes for billing (extproc/sse.py), without holding them.  It works on
--- bytes; only an event that carries a usage object is taken apart, by a small JSON scanner (Envoy's Lua
--- has no JSON library).
+-- The ext_proc reads the same bytes for billing (extproc/sse.py), without holding them; what both count
+-- is one table of cases (tests/sse_cases.py) run against each.  It works on bytes; only an event that
+-- carries a usage object is taken apart, by a small JSON scanner (Envoy's Lua has no JSON library).
+-- The common case, whole events in vLLM's shape, goes straight on (``Relay:feed``), and Envoy's access
+-- log counts the chunks it took (relay_chunks, relay_common).
 --
 -- Framing (the SSE format): lines end with LF, CRLF or CR; a blank line ends an event; lines starting with
 -- a colon are comments; an event's data may span several "data:" lines (joined by LF).  A stream with CRs
@@ -23,6 +25,19 @@
 -- tests/lua_relay.py) in LuaJIT through lupa, outside Envoy.
 
 local find, sub, gsub, byte = string.find, string.sub, string.gsub, string.byte
+
+-- The first "name..." at or after i, found by what follows its opening quote (``needle`` is the text
+-- without it), the quote checked after: LuaJIT's plain search runs memchr on a needle's first byte, and a
+-- quote starts every JSON token (a few dozen in each chunk) where a letter is rarer.
+local function find_quoted(s, needle, i)
+  local from = i + 1
+  while true do
+    local at, stop = find(s, needle, from, true)
+    if at == nil then return nil end
+    if byte(s, at - 1) == 34 then return at - 1, stop end
+    from = at + 1
+  end
+end
 
 local function skip_ws(s, i)
   return find(s, "[^ \t\r\n]", i) or #s + 1
@@ -188,7 +203,7 @@ end
 local function count_content(block)
   local compact, spaced, pos, space = 0, 0, 1, false
   while true do
-    local _, j = find(block, '"content":', pos, true)
+    local _, j = find_quoted(block, 'content":', pos)
     if j == nil then break end
     local q = j + 1
     local c = byte(block, q)
@@ -247,7 +262,9 @@ function Relay.new(upstream_model, alias, show_usage, prompt_estimate)
     -- the stream's id and created (JSON tokens), the alias (a JSON string token), the estimated input
     reported = false, content = 0, id = nil, created = nil, alias_token = alias,
     prompt = tonumber(prompt_estimate or "0") or 0,
-    compact = '"model":' .. upstream_model, renamed = '"model":' .. alias,
+    -- the chunks fed (empty ones aside), and those the common case took (``feed``)
+    chunks = 0, common = 0,
+    compact = 'model":' .. upstream_model, renamed = '"model":' .. alias,
     model = '"model"%s*:%s*' .. escape_pattern(upstream_model),
     alias = gsub('"model":' .. alias, "%%", "%%%%"),
   }, Relay)
@@ -261,7 +278,7 @@ function Relay:rename(block)
   end
   local out, pos, compact = {}, 1, self.compact
   while true do
-    local i, j = find(block, compact, pos, true)
+    local i, j = find_quoted(block, compact, pos)
     if i == nil then break end
     out[#out + 1] = sub(block, pos, i - 1)
     out[#out + 1] = self.renamed
@@ -272,9 +289,18 @@ function Relay:rename(block)
   return table.concat(out)
 end
 
--- The bytes to pass on for the next chunk of the reply (cut anywhere).
+-- The bytes to pass on for the next chunk of the reply (cut anywhere).  The common case, the shape of
+-- vLLM's and the simulator's streams (whole events, each one "data: " line and a blank line, LF only,
+-- nothing held from the chunk before), goes straight on; the rest (the SSE format's other framings, an
+-- event cut in two) is framed first.  ``common`` counts the chunks the common case took.
 function Relay:feed(chunk)
   if chunk == "" then return "" end
+  self.chunks = self.chunks + 1
+  if self.buf == "" and not self.cr and byte(chunk, -1) == 10 and byte(chunk, -2) == 10
+      and not find(chunk, "\r", 1, true) and canonical(chunk) then
+    self.common = self.common + 1
+    return self:relay(chunk, chunk)
+  end
   if self.cr or find(chunk, "\r", 1, true) then
     if self.cr and byte(chunk, 1) == 10 then chunk = sub(chunk, 2) end  -- the LF of a CRLF cut in two
     self.cr = byte(chunk, -1) == 13
@@ -305,30 +331,46 @@ local USAGE = '^"usage"%s*:%s*{'
 -- at every byte of a block costs several times more)
 local function find_usage(block, i)
   while true do
-    local j = find(block, '"usage"', i, true)
+    local j = find_quoted(block, 'usage"', i)
     if j == nil then return nil end
     if find(block, USAGE, j) == j then return j end
     i = j + 7
   end
 end
 
-function Relay:events(block)
+-- For a usage chunk of our own: the events with content, counted as the ext_proc's meter counts them
+-- (extproc/sse.py), on the same bytes, and the stream's id; not once the model server reported usage.
+function Relay:count(block)
   if self.show and not self.reported then
-    -- counted as the ext_proc's meter counts them (extproc/sse.py), on the same bytes
     self.content = self.content + count_content(block)
     if self.id == nil then self:stream_ids(block) end
   end
+end
+
+-- A block of whole LF-framed events, in any of the SSE format's framings.
+function Relay:events(block)
+  local raw = block
   if not canonical(block) then
     block = canonicalize(block)
-    if block == "" then return "" end
+    if block == "" then
+      self:count(raw)
+      return ""
+    end
   end
-  if find(block, '"usage"', 1, true) then
+  return self:relay(block, raw)
+end
+
+-- A block of whole events, each one "data: " line (``raw``: as the model server framed them): the usage
+-- where SPEC wants it, the alias put in.
+function Relay:relay(block, raw)
+  if find_quoted(block, 'usage"', 1) then
     block = drop_null_usage(block)
     local at = find_usage(block, 1)
     if at ~= nil or self.held ~= nil then block = self:take_usage(block, at) end
   elseif self.held ~= nil then
     block = self:take_usage(block, nil)
   end
+  self:count(raw)  -- (after the usage: a block that reports it needs no count)
   if self.show and not self.reported and find(block, "[DONE]", 1, true) then
     block = self:own_usage(block)
   end
@@ -377,12 +419,8 @@ end
 function Relay:take_usage(block, at)
   local out, pos = {}, 1
   while at ~= nil do
-    local start, s = pos, pos
-    while true do
-      local i = find(block, "\n\n", s, true)
-      if i == nil or i >= at then break end
-      start, s = i + 2, i + 1
-    end
+    local start = at  -- the event's one line begins after the LF before it
+    while start > pos and byte(block, start - 1) ~= 10 do start = start - 1 end
     local e = find(block, "\n\n", at, true)
     local stop = e and e + 1 or #block
     out[#out + 1] = sub(block, pos, start - 1)
@@ -411,10 +449,13 @@ function Relay:usage_event(event)
     f[x[1]] = value(data, x)
     if x[1] == "usage" then k = i end
   end
-  if k == nil or not valid_usage(f.usage) then return event end
+  if k == nil then return event end
+  -- a usage object billing cannot read (extproc/cost.py) is no usage: taken out like a stale one
+  local valid = valid_usage(f.usage)
   local choices = f.choices and items(f.choices, 1, false)
   if f.choices == nil or falsy(f.choices) then
     -- vLLM's and SGLang's own usage chunk, choices: []: the final report (any earlier one is stale)
+    if not valid then return "" end
     self.held, self.reported = nil, true
     return self.show and event or ""
   end
@@ -422,13 +463,13 @@ function Relay:usage_event(event)
   -- usage on every chunk: the chunk goes on without it (a finish chunk's delta that says nothing new
   -- emptied), the usage (when asked) on a chunk of its own before [DONE], and a chunk left with nothing
   -- to say is dropped.
-  self.reported = true
+  self.reported = self.reported or valid
   local u = m[k]
   local rest
   if k > 1 then rest = sub(data, 1, m[k - 1][4] - 1) .. sub(data, u[4])
   elseif m[k + 1] ~= nil then rest = sub(data, 1, u[2] - 1) .. sub(data, m[k + 1][2])
   else rest = sub(data, 1, u[2] - 1) .. sub(data, u[4]) end
-  if self.show then
+  if self.show and valid then
     self.held = data_lines('{"id":' .. (f.id or "null") .. ',"object":' .. (f.object or '"chat.completion.chunk"')
       .. ',"created":' .. (f.created or "null") .. ',"model":' .. (f.model or "null")
       .. ',"choices":[],"usage":' .. f.usage .. "}")
@@ -465,4 +506,9 @@ function envoy_on_response(handle)
     local n = chunk:length()
     chunk:setBytes(relay:feed(n > 0 and chunk:getBytes(0, n) or ""))
   end
+  -- the stream ended: how many chunks the common case took, for Envoy's access log (relay_chunks,
+  -- relay_common)
+  local meta = handle:streamInfo():dynamicMetadata()
+  meta:set("gateway.relay", "chunks", relay.chunks)
+  meta:set("gateway.relay", "common", relay.common)
 end

@@ -92,12 +92,20 @@ class Alias:
         """The upstream models (with shares) in force at ``when`` (unix seconds)."""
         return self.upstream_steps[self._step(when)].upstreams
 
+    def offered_at(self, when: float) -> bool:
+        """Whether the alias is offered at ``when`` (unix seconds): from its first price's effective time
+        on.  Before it, it has no price in force and is not offered (an unknown model to a client)."""
+        return self.price_steps[0].effective <= when
+
     def prices_at(self, when: float) -> Prices:
-        """The prices in force at ``when`` (unix seconds)."""
-        chosen = self.price_steps[0].prices
+        """The prices in force at ``when`` (unix seconds), never one before its effective time: asked
+        only of an alias offered then (``offered_at``)."""
+        chosen = None
         for step in self.price_steps:
             if step.effective <= when:
                 chosen = step.prices
+        if chosen is None:
+            raise ValueError(f"alias {self.id!r} has no price in force at {when}: not offered yet")
         return chosen
 
     def pick_upstream(self, when: float) -> str | None:

@@ -126,7 +126,9 @@ def usage_json_tokens(usage: Any) -> tuple[int, int] | None:
     if not isinstance(usage, dict):
         return None
     p = usage.get("prompt_tokens")
-    c = usage.get("completion_tokens", 0) or 0
-    if not isinstance(p, int) or not isinstance(c, int) or p < 0 or c < 0:
+    c = usage.get("completion_tokens")
+    c = 0 if c is None else c
+    # (a JSON true or false is no count, though Python's bool is an int)
+    if type(p) is not int or type(c) is not int or p < 0 or c < 0:
         return None
     return p, c

@@ -13,10 +13,11 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Coroutine
+from typing import Any, Awaitable, Callable, Coroutine, Protocol
 from urllib.parse import unquote
 
 from . import logs, metrics
+from .billing_outcome import Facts, Outcome, decide
 from .catalog import Alias, Catalog
 from .cost import Prices, cost_micro_pln
 from .decisions import Admission, UsageRecord
@@ -45,6 +46,7 @@ ATTR_DETAILS, VIA_UPSTREAM = "response.code_details", "via_upstream"
 
 # How long after the end of a call a stream it handed over may still be billed by the stream watch
 # (Envoy keeps the watch's call open 1 s after the stream ended, envoy/envoy.yaml deferred_close_timeout).
+# The concurrency slot is given back at the end of the call, not after this (``Gateway.release``).
 HAND_OVER_GRACE_S = 5.0
 # How long a non-streaming reply that ended before its end waits for Envoy's access log to say whether the
 # client left (logged 499) or the model server broke it (502): both end the call alike, the access log's
@@ -53,6 +55,14 @@ LEFT_WAIT_S = 0.25
 
 _MODELS_PATH = "/v1/models"  # answered here (the endpoints, ``endpoints``, are forwarded)
 _FREE = Prices(0, 0)  # a refusal's, logged before an alias was chosen
+
+
+class Watch(Protocol):
+    """This process's stream watch of a request (``observer.StreamWatch``), as the exchange sees it."""
+
+    @property
+    def settled(self) -> bool:
+        """The stream reached its end or the watch billed it: its finish frees the slot now."""
 
 
 @dataclass(slots=True)
@@ -95,9 +105,9 @@ class Gateway:
     auth_cache: "AuthCache" = field(default_factory=lambda: AuthCache())
     _models: tuple[int, Catalog, bytes] | None = None
     owner: str = field(default_factory=lambda: uuid.uuid4().hex)  # this process, in the in-flight journal
-    # streams this process handed over whose stream watch runs in this process too (``observer``): their
-    # hand-over needs no finish of its own (``Exchange._handed_over_end``)
-    watched: set[str] = field(default_factory=set)
+    # streams this process handed over whose stream watch runs in this process too (``observer``), by
+    # request id: their hand-over needs no finish of its own (``Exchange._handed_over_end``)
+    watched: dict[str, Watch] = field(default_factory=dict)
     # what in this process waits on Envoy's access log to say a client left (``access_log``), by request
     # id: a stream watch (billed and its slot freed at once, not when Envoy's deferred close of its call,
     # 1 s later, would end it) or a non-streaming reply that ended before its end (499 or 502)
@@ -141,11 +151,20 @@ class Gateway:
         meanwhile: a record that counts only if no other came first."""
         async def later() -> None:
             await asyncio.sleep(HAND_OVER_GRACE_S)
-            if request_id in self.watched:
-                self.watched.discard(request_id)
+            if self.watched.pop(request_id, None) is not None:
                 return
             await self.finish(org_id, request_id, record, first_only=True)
         self._background(later())
+
+    def release(self, org_id: str, request_id: str) -> None:
+        """Give the request's concurrency slot back now, in the background, ahead of its finish (which
+        still comes, with the record and the debit); Redis unreachable: the finish gives it back."""
+        async def once() -> None:
+            try:
+                await self.store.release(org_id, request_id)
+            except Exception as e:  # noqa: BLE001
+                log.warning("could not free a slot early: %s", type(e).__name__, extra={"request_id": request_id})
+        self._background(once())
 
     def cancel(self, request_id: str) -> None:
         """An admission given up on (``Store.cancel``), in the background until Redis takes it."""
@@ -177,7 +196,8 @@ class Gateway:
         now = int(self.clock())
         cached = self._models
         if cached is None or cached[0] != now or cached[1] is not self.catalog:
-            body = _json({"object": "list", "data": [a.model_object(now) for a in self.catalog.aliases.values()]})
+            body = _json({"object": "list", "data": [a.model_object(now) for a in self.catalog.aliases.values()
+                                                     if a.offered_at(now)]})
             cached = self._models = (now, self.catalog, body)
         return cached[2]
 
@@ -278,7 +298,7 @@ def _json(doc: object) -> bytes:
 class Exchange:
     __slots__ = ("gw", "request_id", "method", "path", "endpoint", "key_hash", "admission", "prepared", "started",
                  "ttfb", "status", "error_code", "handed_over", "envoys_reply", "finished", "idle", "finishing",
-                 "cut")
+                 "cut", "delivered", "stream_ended")
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
@@ -297,6 +317,8 @@ class Exchange:
         self.handed_over = False
         self.envoys_reply = False  # the reply is Envoy's own (local_reply_config: SPEC's shape already)
         self.finished = False
+        self.delivered = True  # False: Envoy ended the call before the request went on (``undelivered``)
+        self.stream_ended = False  # a handed-over stream reached its end (its trailers phase)
         # Envoy ended the call while the answer to this response phase was in flight (``cut_off``)
         self.cut: str | None = None
         # seconds the next message may take to come (None: no limit here); set once the reply started
@@ -330,14 +352,14 @@ class Exchange:
                 or self.endpoint is None):
             return
         self.finished = True
-        self.finishing = (adm.identity.org_id, self._record((0, 0), False, adm.identity.org_id,
-                                                           adm.identity.key_id), True)
+        o = decide(Facts(0, reached_model=False, status=self.status, code=self.error_code))
+        self.finishing = (adm.identity.org_id, self._record(o, adm.identity.org_id, adm.identity.key_id), True)
 
     def _refuse_admitted(self, err: ApiError) -> Answer:
         """A request admitted (its slot, journal entry and hold taken) that a request policy refused: its
         finish undoes the admission and logs it at cost 0, after the answer like any request's."""
         answer = self._reject(err)
-        self._finish(None)
+        self._finish(Facts(0, reached_model=False, status=err.status, code=err.code))
         return answer
 
     def _ok(self, body: bytes) -> Answer:
@@ -377,7 +399,7 @@ class Exchange:
         if self.method == "GET" and self.path.startswith(_MODELS_PATH + "/"):
             # the id as the client meant it: percent-encoding undone (RFC 3986; /v1/models/%65mbed is embed)
             alias = self.gw.catalog.aliases.get(unquote(self.path[len(_MODELS_PATH) + 1:]))
-            if alias is None:
+            if alias is None or not alias.offered_at(self.gw.clock()):
                 return self._reject(MODEL_NOT_FOUND)
             return self._ok(_json(alias.model_object(self.gw.clock())))
         return self._reject(UNSUPPORTED_ENDPOINT)
@@ -404,6 +426,8 @@ class Exchange:
             return self._reject(UNSUPPORTED_ENDPOINT)
         prepared = self.endpoint.prepare(body, self.gw.catalog,
                                          lambda alias: self.gw.upstream_for(alias, self.started))
+        if isinstance(prepared, Prepared) and not prepared.alias.offered_at(self.started):
+            prepared = MODEL_NOT_FOUND  # no price in force yet: not offered before its first price
         if isinstance(prepared, Prepared):
             self.prepared = prepared
         adm = await self._admit(limits=self.prepared is not None)
@@ -531,15 +555,20 @@ class Exchange:
                 code = err.code
                 answer = self._reject(err)
             metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, code).inc()
-            self._finish(None)  # the model server produced no output
+            self._finish(Facts(p.estimated_prompt_tokens, status=self.status, code=code))
             return answer
         new, usage = endpoint.rewrite(body, p.upstream_model, p.alias.id)
+        output = 0
         if usage is None:  # a complete reply without usage: its input and its output estimated, and shown
             new, output = endpoint.estimate(new, p.estimated_prompt_tokens)
-            self._finish((p.estimated_prompt_tokens, output), estimated=True)
-        else:
-            self._finish(usage)
+        self._finish(Facts(p.estimated_prompt_tokens, status=self.status, ended=True, usage=usage, output=output))
         return Answer(body=new, set_headers={"content-length": str(len(new))})
+
+    def response_trailers(self) -> Answer:
+        """A handed-over stream reached its end: the stream watch bills it at once (its last copy is on
+        its way), so the slot needs no early release."""
+        self.stream_ended = True
+        return Answer()
 
     async def idle_gap(self) -> Answer:
         """Nothing more of a non-streaming reply came within the idle budget (SPEC section 7): 502
@@ -574,10 +603,9 @@ class Exchange:
 
     def undelivered(self) -> None:
         """Envoy ended the call before the answer that lets the request through (this process was late
-        past Envoy's message timeout, or the client left): no model server ever saw the request, so its
-        slot is released and nothing is billed."""
-        if self.prepared is not None:
-            self._finish(None)
+        past Envoy's message timeout, or the client left): no model server ever saw the request, so
+        nothing is billed (``close`` records it, as the client's 499 or Envoy's 500)."""
+        self.delivered = False
 
     async def close(self) -> None:
         """The gRPC stream ended.  A forwarded request not billed yet ended abnormally."""
@@ -585,8 +613,16 @@ class Exchange:
         if self.handed_over:
             self._handed_over_end()
         elif not self.finished and p is not None:
-            # a reply under way that ended before its end: the client left, or the model server broke it
-            self._bill_failure(p, 200 <= self.status < 400 and await self._client_left())
+            # never let through, or a reply under way that ended before its end: the client left, the
+            # model server broke it, or Envoy went away
+            asked = self.status == 0 or (200 <= self.status < 400 and not self.error_code)
+            adm = self.admission
+            if asked and adm is not None and adm.identity is not None:
+                # the slot now, not after the wait for Envoy's access log (up to LEFT_WAIT_S)
+                self.gw.release(adm.identity.org_id, self.request_id)
+            self._finish(Facts(p.estimated_prompt_tokens, reached_model=self.delivered, status=self.status,
+                               code=self.error_code, content_seen=200 <= self.status < 400,
+                               client_left=asked and await self._client_left(), failure=self.error_code))
         await self.send_finish()
 
     async def _client_left(self) -> bool:
@@ -609,52 +645,38 @@ class Exchange:
 
     def _handed_over_end(self) -> None:
         """A stream handed over to Envoy's relay is the stream watch's to bill, once Envoy passed its
-        headers on.  This call ends with the stream; a finish of its own follows ``HAND_OVER_GRACE_S``
-        later, and counts only if the stream watch's did not come first (``Store.finish`` takes the first
-        finish of a request): when the call ended right after the hand-over, Envoy may have reset the
-        client's stream before it read it (the client got 502 and the stream watch saw nothing), recorded
-        as that 502 at no cost; otherwise the stream watch's process died with the stream, billed the
-        estimated input as the reaper bills a request whose ext_proc died."""
+        headers on.  This call ends with the stream: its concurrency slot is given back now (a client's
+        next request is not refused for a stream that is over), and a finish of its own follows
+        ``HAND_OVER_GRACE_S`` later, which counts only if the stream watch's did not come first
+        (``Store.finish`` takes the first finish of a request): when the call ended right after the
+        hand-over, Envoy may have reset the client's stream before it read it (the client got 502 and the
+        stream watch saw nothing), recorded as that 502 at no cost; otherwise the stream watch's process
+        died with the stream, billed the estimated input as the reaper bills a request whose ext_proc died."""
         p = self.prepared
         adm = self.admission
         if self.finished or p is None or adm is None or adm.identity is None:
             return
         self.finished = True
-        if self.request_id in self.gw.watched:  # this process's stream watch has it
-            self.gw.watched.discard(self.request_id)
+        org_id = adm.identity.org_id
+        watch = self.gw.watched.pop(self.request_id, None)
+        # a stream that broke or was left is billed when the watch's call ends, up to 1 s later: its slot
+        # is given back now (a stream that reached its end is billed by the watch right away)
+        if not (self.stream_ended or (watch is not None and watch.settled)):
+            self.gw.release(org_id, self.request_id)
+        if watch is not None:  # this process's stream watch has it
             return
-        tokens = (p.estimated_prompt_tokens, 0)
         if self.cut == "response_headers":
-            self.status, self.error_code, tokens = 502, "upstream_unavailable", (0, 0)
-        record = self._record(tokens, tokens != (0, 0), adm.identity.org_id, adm.identity.key_id)
-        self.gw.finish_later(adm.identity.org_id, self.request_id, record)
-
-    def _bill_failure(self, p: Prepared, client_left: bool) -> None:
-        """The reply ended abnormally; SPEC section 4, "Billing on failure" (README, Billing)."""
-        est_input = p.estimated_prompt_tokens
-        if self.status == 0 or client_left:
-            # no reply yet, or one the client did not wait for: the client left (or gave up) after the
-            # request reached the model server
-            self.status = 499
-            self._finish((est_input, 0), estimated=True)
-        elif self.status >= 400 or self.status < 200:
-            self._finish(None)  # the model server's error reply, cut short: it produced no output
+            facts = Facts(p.estimated_prompt_tokens, streamed=True, status=502, code="upstream_unavailable")
         else:
-            # a non-streaming reply that broke after the model server started it (the client got
-            # Envoy's 502): its estimated input
-            self.status = 502
-            self._finish((est_input, 0), estimated=True)
+            facts = Facts(p.estimated_prompt_tokens, streamed=True, status=200, observed=False)
+        record = self._record(decide(facts), org_id, adm.identity.key_id)
+        self.gw.finish_later(org_id, self.request_id, record)
 
-    def _record(self, tokens: tuple[int, int], estimated: bool, org_id: str, key_id: str) -> UsageRecord:
+    def _record(self, o: Outcome, org_id: str, key_id: str) -> UsageRecord:
         """The request's usage record; without ``prepared`` (refused before an alias was chosen) it has
         no alias, no prices and costs nothing."""
         p = self.prepared
-        prompt, completion = tokens
-        status = self.status or 500
-        code = self.error_code
-        if not code and status >= 500 and self.finished:
-            # an ending the gateway decided after the reply began (a broken or cut reply)
-            code = "internal_error" if status == 500 else "upstream_unavailable"
+        prompt, completion = o.tokens or (0, 0)
         endpoint = "" if self.endpoint is None else self.endpoint.name  # (only an endpoint's is recorded)
         if p is None:
             alias, upstream, stream, prices = "", "", False, _FREE
@@ -665,10 +687,10 @@ class Exchange:
                 completion = 0
         return UsageRecord(
             request_id=self.request_id, org_id=org_id, key_id=key_id, alias=alias, upstream_model=upstream,
-            endpoint=endpoint, status=status, stream=stream, prompt_tokens=prompt, completion_tokens=completion,
-            estimated=estimated, cost_micro_pln=cost_micro_pln(prompt, completion, prices),
+            endpoint=endpoint, status=o.status, stream=stream, prompt_tokens=prompt, completion_tokens=completion,
+            estimated=o.estimated, cost_micro_pln=cost_micro_pln(prompt, completion, prices),
             input_price=prices.input, output_price=prices.output, started_at=self.started,
-            ttfb_ms=self._ttfb_ms(), ended_at=self.gw.clock(), error_code=code)
+            ttfb_ms=self._ttfb_ms(), ended_at=self.gw.clock(), error_code=o.code)
 
     def _ttfb_ms(self) -> int | None:
         return None if self.ttfb is None else int((self.ttfb - self.started) * 1000)
@@ -676,12 +698,12 @@ class Exchange:
     def _pending(self) -> str:
         """The journal entry while in flight: what is billed if this process dies (estimated input)."""
         assert self.prepared is not None  # only a request with limits (a prepared one) is journalled
-        rec = self._record((self.prepared.estimated_prompt_tokens, 0), True, "", "")
+        rec = self._record(decide(Facts(self.prepared.estimated_prompt_tokens, observed=False)), "", "")
         return self.gw.owner + "|" + rec.to_json()
 
-    def _finish(self, tokens: tuple[int, int] | None, *, estimated: bool = False) -> None:
-        """Release the slot and record the request once; ``None`` tokens: nothing billed (the record,
-        at cost 0, still goes to the usage log)."""
+    def _finish(self, facts: Facts) -> None:
+        """Release the slot and record the request once, as ``billing_outcome`` decides (a request billed
+        nothing still goes to the usage log, at cost 0)."""
         if self.finished:
             return
         self.finished = True
@@ -689,8 +711,9 @@ class Exchange:
         if adm is None or adm.identity is None or self.prepared is None:
             return
         ident = adm.identity
-        record = self._record((0, 0) if tokens is None else tokens, estimated, ident.org_id, ident.key_id)
-        if tokens is not None and self.endpoint is not None:
+        o = decide(facts)
+        record = self._record(o, ident.org_id, ident.key_id)
+        if o.billed and self.endpoint is not None:
             account(record, self.endpoint)
         self.finishing = (ident.org_id, record, False)
 

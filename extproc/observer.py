@@ -8,22 +8,16 @@ waiting for an answer; the ``Exchange`` that let the request through named the s
 (``endpoints``) counts it.  This module knows nothing of gRPC: the stream loop (``server``) calls
 ``StreamWatch`` and ends the call when it asks to.
 
-Billing (SPEC section 4, "Billing on failure"; README, Billing):
-- the stream ended: the usage the model server reported, else the estimated input and one output token
-  per event that carried content (estimated);
-- it ended abnormally before any output: nothing;
-- the model server broke it (or went idle past the budget, or the total budget ran out) after some
-  events: the estimated input and the events that reached the client (estimated); the client saw 200
-  and a stream without [DONE], logged as 200 with the code upstream_unavailable / upstream_timeout;
-- the client left: the estimated input (logged 499).
-A model server that breaks the stream and a client that leaves both end Envoy's stream at any moment;
-Envoy's access log tells them apart (``access_log``: the client's requests it marks in Redis).
+Billing is ``billing_outcome.decide``'s, on the facts gathered here: whether the stream ended, the usage
+the model server reported, the events that carried content (the role chunk carries none), whether the
+idle or the total budget ran out, and whether the client left.  A model server that breaks the stream
+and a client that leaves both end Envoy's stream at any moment; Envoy's access log tells them apart
+(``access_log``: the client's requests it marks in Redis).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from . import metrics
+from .billing_outcome import Facts, decide
 from .cost import Prices, cost_micro_pln
 from .decisions import UsageRecord
 from .exchange import Gateway, account, count
@@ -39,44 +33,23 @@ CLOSE_DELAY_S = 1.0
 TOTAL_SLACK_S = 0.25
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """How a stream ended, as the usage log shows it and what it costs (``tokens`` None: nothing)."""
-
-    status: int
-    code: str
-    tokens: tuple[int, int] | None
-    estimated: bool
-
-
-def outcome(*, ended: bool, usage: tuple[int, int] | None, content_events: int, output_seen: bool,
-            estimated_input: int, failure: str, client_left: bool) -> Outcome:
-    """The policy of the module docstring, as a pure function.  ``failure``: "" or the SPEC code of a
-    failure known here (the idle or the total budget ran out)."""
-    if usage is not None:  # reported usage wins (without the stream's end: the client left at the very end)
-        return Outcome(200, "", usage, False)
-    if ended:
-        return Outcome(200, "", (estimated_input, content_events), True)
-    if not output_seen:  # (a client that leaves in that moment is not billed either)
-        return Outcome(200, failure or "upstream_unavailable", None, False)
-    if failure or not client_left:
-        return Outcome(200, failure or "upstream_unavailable", (estimated_input, content_events), True)
-    return Outcome(499, "", (estimated_input, 0), True)
-
-
 class StreamWatch:
-    __slots__ = ("gw", "ctx", "meter", "output_seen", "ended", "failure", "last_bytes", "done", "left")
+    __slots__ = ("gw", "ctx", "meter", "ended", "failure", "last_bytes", "done", "left")
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
         self.ctx: StreamContext | None = None
         self.meter = StreamMeter()  # the stream's endpoint's, once it is known
-        self.output_seen = False
         self.ended = False
         self.failure = ""
         self.last_bytes = gw.clock()
         self.done = False
         self.left = False  # Envoy's access log said the client left (``access_log``, in this process)
+
+    @property
+    def settled(self) -> bool:
+        """The stream reached its end, or this watch billed it (its finish frees the slot now)."""
+        return self.ended or self.done
 
     @property
     def idle(self) -> float | None:
@@ -90,13 +63,12 @@ class StreamWatch:
             self.meter = self.gw.endpoints.by_name[ctx.endpoint].meter()
             self.last_bytes = self.gw.clock()
             if ctx.owner == self.gw.owner:  # handed over by this process: it needs no finish of its own
-                self.gw.watched.add(ctx.request_id)
+                self.gw.watched[ctx.request_id] = self
 
     def response_body(self, body: bytes, end_of_stream: bool) -> None:
         if self.ctx is None:
             return
         if body:
-            self.output_seen = True
             self.last_bytes = self.gw.clock()
             self.meter.feed(body)
         if end_of_stream:
@@ -122,11 +94,12 @@ class StreamWatch:
         if not self.ended and not self.failure and end - ctx.started >= self.gw.total_timeout_s - TOTAL_SLACK_S:
             self.failure = "upstream_timeout"  # Envoy's total budget ended the stream
         left = self.left
-        if not (self.ended or self.failure or self.meter.usage is not None or left) and self.output_seen:
+        if not (self.ended or self.failure or self.meter.usage is not None or left):
             left = await self.gw.client_left(ctx.request_id)
-        o = outcome(ended=self.ended, usage=self.meter.usage, content_events=self.meter.content_events,
-                    output_seen=self.output_seen, estimated_input=ctx.estimated_prompt_tokens, failure=self.failure,
-                    client_left=left)
+        events = self.meter.content_events
+        o = decide(Facts(ctx.estimated_prompt_tokens, streamed=True, status=200, ended=self.ended,
+                         usage=self.meter.usage, output=events, content_seen=events > 0, client_left=left,
+                         failure=self.failure))
         prompt, completion = o.tokens or (0, 0)
         alias = ctx.alias
         r = UsageRecord(

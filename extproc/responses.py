@@ -1,7 +1,7 @@
 """Model-server replies, translated for the client.  Pure.
 
-- ``rewrite_body``: a successful JSON reply with the alias put back in ``model`` and its usage read,
-  at the bytes level (no full JSON parse of a possibly large embeddings reply);
+- ``rewrite_body``: a successful JSON reply with the alias put back in ``model`` and its usage read:
+  the usage object alone is decoded as JSON (no full parse of a possibly large embeddings reply);
   ``with_estimated_usage``: one that reports none given the estimate it is billed.
 - ``upstream_error``: a model-server error reply mapped to SPEC section 7, with a message of our own:
   nothing of the model server's text (which may quote the prompt) reaches the client.
@@ -13,13 +13,13 @@ import json
 from typing import Any
 import re
 
-from .cost import estimate_reply_completion
+from .cost import estimate_reply_completion, usage_json_tokens
 from .errors import (NO_CAPACITY, UPSTREAM_FAILED, UPSTREAM_TIMEOUT, ApiError, context_length_exceeded, text_only,
                      upstream_rejected)
 
 _USAGE_KEY = b'"usage"'
-_PROMPT = re.compile(rb'"prompt_tokens":\s*(\d+)')
-_COMPLETION = re.compile(rb'"completion_tokens":\s*(\d+)')
+_USAGE_MEMBER = re.compile(rb'"usage"\s*:\s*(?=\{)')  # a member named usage whose value is an object
+_DECODER = json.JSONDecoder()
 _SAFE_PARAM = re.compile(r"[A-Za-z_][A-Za-z0-9_.\[\]]{0,63}")
 
 
@@ -36,10 +36,9 @@ def rewrite_body(body: bytes, upstream_model: str, alias: str, *, embeddings: bo
     """(body with ``model`` = alias, (prompt, completion) usage or None when not reported).
     Embeddings usage carries no ``completion_tokens`` (SPEC section 2): it is taken out."""
     new = model_pattern(upstream_model).sub(b'"model":' + json.dumps(alias).encode(), body, count=1)
-    usage = read_usage(new)
+    at, end, usage = _usage_member(new)
     if embeddings and usage is not None:
-        at = new.rfind(_USAGE_KEY)
-        new = new[:at] + _EMB_COMPLETION.sub(b"", new[at:], count=1)
+        new = new[:at] + _EMB_COMPLETION.sub(b"", new[at:end], count=1) + new[end:]
     return new, usage
 
 
@@ -63,16 +62,29 @@ def with_estimated_usage(body: bytes, prompt_tokens: int, *, embeddings: bool = 
 
 
 def read_usage(body: bytes) -> tuple[int, int] | None:
+    """(prompt, completion) of a reply's usage object, or None when it has none."""
+    return _usage_member(body)[2]
+
+
+def _usage_member(body: bytes) -> tuple[int, int, tuple[int, int] | None]:
+    """Where the reply's usage object starts and ends, and its tokens: the last member ``"usage": {...}``
+    of the body whose value decodes as a Usage object, decoded as JSON (its members in any order, nested
+    objects such as ``prompt_tokens_details`` anywhere in it).  A string that merely says "usage" (a
+    logprobs token, content) is no member: inside a JSON string its quotes are escaped."""
     at = body.rfind(_USAGE_KEY)
-    if at < 0:
-        return None
-    end = body.find(b"}", at)
-    tail = body[at:end if end > 0 else len(body)]
-    p = _PROMPT.search(tail)
-    if p is None:
-        return None
-    c = _COMPLETION.search(tail)
-    return int(p.group(1)), int(c.group(1)) if c else 0
+    while at >= 0:
+        m = _USAGE_MEMBER.match(body, at)
+        if m is not None:
+            tail = body[m.end():].decode("utf-8", "replace")
+            try:
+                value, end = _DECODER.raw_decode(tail)
+            except ValueError:
+                value = None
+            tokens = usage_json_tokens(value)
+            if tokens is not None:
+                return m.end(), m.end() + len(tail[:end].encode()), tokens
+        at = body.rfind(_USAGE_KEY, 0, at)
+    return -1, -1, None
 
 
 def _upstream_message_and_param(body: bytes) -> tuple[str, str | None]:

@@ -162,7 +162,9 @@ class Processor:
                         b = req.response_body
                         last = b.end_of_stream
                         answer = await ex.response_body(b.body, last)
-                    else:  # the trailers of a handed-over stream (or of a request): nothing to do
+                    elif phase == "response_trailers":  # the end of a handed-over stream
+                        answer = ex.response_trailers()
+                    else:  # the trailers of a request: nothing to do
                         answer = Answer()
                 except Exception:  # noqa: BLE001 - every failure becomes SPEC's 500, never a hang
                     log.exception("ext_proc phase %s failed", phase, extra={"request_id": ex.request_id})

@@ -8,7 +8,8 @@ that carries a usage object is ever JSON-parsed.
 
 Framing (the SSE format): lines end with LF, CRLF or CR; a blank line ends an event; lines starting
 with a colon are comments; an event's data may span several ``data:`` lines (joined by LF).  Only
-whole events count: one the stream never ends with a blank line reached no SSE client either.
+whole events count: one the stream never ends with a blank line reached no SSE client either.  The
+counting rule's cases are one table (tests/sse_cases.py), run against this meter and against Envoy's relay.
 """
 from __future__ import annotations
 

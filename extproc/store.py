@@ -285,6 +285,11 @@ class Store:
                 "finished with no in-flight entry in Redis (lost, or finished already): record queued for "
                 "PostgreSQL, Redis's balance not debited (gateway reconcile)", extra={"request_id": request_id})
 
+    async def release(self, org_id: str, request_id: str) -> None:
+        """Give the request's concurrency slot back ahead of its finish (a reply that is over, billed
+        later): its journal entry, hold and record stay for the finish."""
+        await self.fast.call("ZREM", rk.IN_FLIGHT + org_id, request_id)
+
     async def mark_left(self, request_id: str) -> None:
         """The client of this request went away (``access_log``): kept for two minutes."""
         await self.r.set(rk.left(request_id), "1", ex=120)

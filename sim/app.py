@@ -403,6 +403,8 @@ class Simulator:
             return await self._send_stream(request, rec, reply, knobs)
         if knobs.no_usage:
             del reply["usage"]
+        elif knobs.usage_details:
+            reply["usage"] = _with_details(reply["usage"], knobs.usage_details)
         return await self._send_json(request, rec, reply, knobs)
 
     # ------------------------------------------------------------------- chat
@@ -629,6 +631,8 @@ class Simulator:
                     return resp
                 if k > 0 and knobs.itl_ms:
                     await asyncio.sleep(knobs.itl_ms / 1000)
+                if k == 0 and knobs.first_event_ms:
+                    await asyncio.sleep(knobs.first_event_ms / 1000)
                 if k == half and knobs.stall_ms:
                     await asyncio.sleep(knobs.stall_ms / 1000)
                 data = frame_event(ev.data, knobs)
@@ -720,3 +724,13 @@ def make_app(name: str, chat_models: dict[str, int], embed_models: dict[str, int
     app.router.add_delete("/sim/requests", sim.clear_records)
     app.router.add_get("/sim/requests/{request_id}", sim.get_record)
     return app
+
+
+def _with_details(usage: dict[str, Any], where: str) -> dict[str, Any]:
+    """The usage object with ``prompt_tokens_details`` first or between the prompt and the completion
+    counts (JSON keeps the order)."""
+    details = {"cached_tokens": 0}
+    if where == "first":
+        return {"prompt_tokens_details": details, **usage}
+    return {"prompt_tokens": usage["prompt_tokens"], "prompt_tokens_details": details,
+            **{k: v for k, v in usage.items() if k != "prompt_tokens"}}

@@ -6,6 +6,9 @@ Recognised knobs (all optional):
 knob                   type        effect
 =====================  ==========  ==============================================
 ``ttft_ms``            number>=0   delay before the response headers
+``first_event_ms``     number>=0   stream: delay between the response headers and
+                                   the first event (a model server that sends its
+                                   headers at once and its first token later)
 ``itl_ms``             number>=0   delay between stream events
 ``output_tokens``      int>=0      tokens to produce (default 16), before max_tokens
 ``fail_after_chunks``  int>=0      stream: drop the connection after N data events;
@@ -30,6 +33,10 @@ knob                   type        effect
                                    the finish chunk), ``tgi`` (usage on the finish
                                    chunk) or ``litellm`` (its own chunk after the
                                    finish chunk, ``choices: [{index, delta: {}}]``)
+``usage_details``      string      JSON reply: the usage object carries
+                                   ``prompt_tokens_details`` ``first`` (before every
+                                   count) or ``middle`` (between the prompt and the
+                                   completion counts), as some servers order it
 =====================  ==========  ==============================================
 
 Unknown knob names and values of the wrong type are rejected (HTTP 400).
@@ -62,6 +69,7 @@ def is_number(v: Any) -> bool:
 @dataclass(frozen=True)
 class Knobs:
     ttft_ms: float = 0.0
+    first_event_ms: float = 0.0
     itl_ms: float = 0.0
     output_tokens: int = 16
     fail_after_chunks: int | None = None
@@ -77,10 +85,12 @@ class Knobs:
     multiline: bool = False
     write_bytes: int | None = None
     usage_shape: str = "vllm"
+    usage_details: str = ""
 
 
-_NUMBER = ("ttft_ms", "itl_ms", "stall_ms")
-_CHOICES = {"framing": ("lf", "crlf", "cr"), "usage_shape": ("vllm", "sglang", "llamacpp", "tgi", "litellm")}
+_NUMBER = ("ttft_ms", "first_event_ms", "itl_ms", "stall_ms")
+_CHOICES = {"framing": ("lf", "crlf", "cr"), "usage_shape": ("vllm", "sglang", "llamacpp", "tgi", "litellm"),
+            "usage_details": ("first", "middle")}
 # knob -> (what it must be, its check)
 _RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     **{n: ("a non-negative number", lambda v: is_number(v) and not v < 0) for n in _NUMBER},

@@ -46,7 +46,9 @@ class FakeStore:
     orgs: dict[str, Org] = field(default_factory=dict)  # cached organisations
     revoked: set[str] = field(default_factory=set)
     used: dict[str, int] = field(default_factory=dict)  # key id -> requests this minute
-    slots: dict[str, set[str]] = field(default_factory=dict)  # org -> request ids in flight
+    slots: dict[str, set[str]] = field(default_factory=dict)  # org -> request ids in flight (concurrency slots)
+    journal: set[str] = field(default_factory=set)  # admitted and not finished yet (the real gw:if)
+    released: list[str] = field(default_factory=list)  # slots given back ahead of their finish
     records: list[UsageRecord] = field(default_factory=list)  # the usage stream
     left: set[str] = field(default_factory=set)  # requests whose client went away (Envoy's access log)
     admits: list[tuple[str, bool]] = field(default_factory=list)  # (request id, limits) asked
@@ -85,6 +87,7 @@ class FakeStore:
             return Admission(ident, CONCURRENCY)
         self.used[key_id] = self.used.get(key_id, 0) + 1
         held.add(request_id)
+        self.journal.add(request_id)
         return Admission(ident, None)
 
     async def mark_left(self, request_id: str) -> None:
@@ -101,20 +104,27 @@ class FakeStore:
             self.records.append(record)
             return
         held = self.slots.get(org_id, set())
-        if request_id not in held:
+        held.discard(request_id)
+        if request_id not in self.journal:
             # a repeated finish (or one whose in-flight entry Redis lost): its record is queued unless it
             # counts only as the first, and PostgreSQL keeps the first record of a request id
             if record is not None and not first_only and all(r.request_id != request_id for r in self.records):
                 self.records.append(record)
             return
-        held.discard(request_id)
+        self.journal.discard(request_id)
         if record is not None:
             self.orgs[org_id].balance -= record.cost_micro_pln
             self.records.append(record)
 
+    async def release(self, org_id: str, request_id: str) -> None:
+        """The slot given back ahead of the finish; the journal entry stays for it."""
+        self.released.append(request_id)
+        self.slots.get(org_id, set()).discard(request_id)
+
     async def cancel(self, request_id: str) -> None:
         """The caller gave up on this admission: undo it (the real script also refuses one still queued)."""
         self.cancelled.append(request_id)
+        self.journal.discard(request_id)
         for held in self.slots.values():
             held.discard(request_id)
 

@@ -89,7 +89,8 @@ def test_an_alias_lists_a_registered_endpoints_capability_or_vision() -> None:
     assert str(refused.value) == ("<catalog>: aliases.storyteller.capabilities: each must be one of "
                                   "['chat', 'embeddings', 'vision']")
     cat = catalog_mod.parse(catalog_doc(), endpoints=WITH_COMPLETIONS)
-    assert cat.aliases["storyteller"].model_object(0)["capabilities"] == ["completions"]
+    storyteller = cat.aliases["storyteller"]
+    assert storyteller.model_object(storyteller.price_steps[0].effective)["capabilities"] == ["completions"]
 
 
 def test_a_registered_endpoint_is_forwarded_and_billed_by_the_exchange() -> None:

@@ -8,6 +8,8 @@ import asyncio
 import json
 from typing import Any, Awaitable, TypeVar
 
+import pytest
+
 from extproc.cost import estimate_chat_prompt
 from extproc.exchange import CLUSTER_HEADER, Answer, Exchange
 from extproc.stream_context import HEADER as STREAM_HEADER, StreamContext
@@ -263,7 +265,8 @@ def test_reply_without_usage_is_estimated() -> None:
 
 def test_a_stream_is_handed_over_to_envoys_relay_named_in_a_header() -> None:
     """A 200 event stream: Envoy relays it (envoy/sse_relay.lua) and the stream watch bills it; the
-    exchange names it for both in x-gateway-stream and bills nothing itself."""
+    exchange names it for both in x-gateway-stream and bills nothing itself.  Its call ends with the
+    stream: the concurrency slot is given back then, the record and the debit are the watch's."""
     gw = gateway()
     body = json.dumps({"model": "polish-pro", "stream": True,
                        "messages": [{"role": "user", "content": "Dzień dobry"}]}).encode()
@@ -273,6 +276,7 @@ def test_a_stream_is_handed_over_to_envoys_relay_named_in_a_header() -> None:
         await _forwarded(ex, body)
         h = await ex.response_headers({":status": "200", "content-type": "text/event-stream"})
         await ex.close()
+        await asyncio.sleep(0.01)
         return h
     h = run(go())
     assert h.hand_over and h.remove_headers == ["content-length"]
@@ -281,7 +285,9 @@ def test_a_stream_is_handed_over_to_envoys_relay_named_in_a_header() -> None:
             ctx.key_id, ctx.estimated_prompt_tokens, ctx.owner) == (
         "chat", "polish-pro", "up-pro", False, "rid-1", "org_1", "key_1", EST, gw.owner)
     assert (ctx.input_price, ctx.output_price) == (1_500_000, 3_000_000) and isinstance(ctx.started, float)
-    assert store(gw).records == [] and store(gw).held() == 1  # the stream watch's to finish
+    # the slot free, the journal entry (the record and the debit) the stream watch's to finish
+    assert store(gw).records == [] and store(gw).held() == 0 and store(gw).journal == {"rid-1"}
+    assert store(gw).released == ["rid-1"]
 
 
 def test_upstream_error_bills_nothing() -> None:
@@ -351,16 +357,24 @@ def test_idle_gap_in_a_non_streaming_reply_is_502_and_billed_estimated_input() -
     assert store(gw).held() == 0
 
 
-def test_stream_reset_after_the_request_went_upstream_bills_estimated_input() -> None:
+@pytest.mark.parametrize("left", [True, False])
+def test_a_call_that_ends_before_the_reply_bills_the_estimated_input_only_if_the_client_left(left: bool) -> None:
+    """The call ended while the model server worked, before its reply: the client left (Envoy's access
+    log says so: 499, the estimated input), or Envoy itself went away and the client got no byte
+    (nothing billed, logged 500 internal_error)."""
     gw = gateway()
+    if left:
+        store(gw).left.add("rid-1")
 
     async def go() -> None:
         ex = Exchange(gw)
         await _forwarded(ex)
-        await ex.close()  # Envoy closed the stream: the client left (or the upstream reset) mid-request
+        await ex.close()
     run(go())
     [rec] = store(gw).records
-    assert (rec.prompt_tokens, rec.completion_tokens, rec.estimated, rec.ttfb_ms) == (EST, 0, True, None)
+    got = (rec.status, rec.error_code, rec.prompt_tokens, rec.completion_tokens, rec.estimated, rec.ttfb_ms)
+    assert got == ((499, "", EST, 0, True, None) if left else (500, "internal_error", 0, 0, False, None))
+    assert rec.cost_micro_pln == (-(-EST * 1_500_000 // 10**6) if left else 0)
     assert store(gw).held() == 0
 
 

@@ -121,7 +121,9 @@ def test_a_streamed_reply_is_handed_over_and_the_call_lasts_as_long_as_the_strea
     assert list(headers_msg.response_headers.response.header_mutation.remove_headers) == ["content-length"]
     assert trailers_msg.WhichOneof("response") == "response_trailers"
     assert call.timeouts[-1] is None  # the idle budget is the stream watch's
-    assert store(gw).records == [] and store(gw).held() == 1  # the stream watch's to finish
+    # the stream reached its end (its trailers phase): the stream watch finishes it at once, slot and
+    # record, so no early release of the slot is sent
+    assert store(gw).records == [] and store(gw).held() == 1 and store(gw).released == []
 
 
 def test_a_hand_over_cut_off_at_once_is_logged_as_envoys_502_unless_the_watch_billed_it(
@@ -147,7 +149,7 @@ def test_a_hand_over_cut_off_at_once_is_logged_as_envoys_502_unless_the_watch_bi
             [rec] = store(gw).records
             assert (rec.status, rec.prompt_tokens, rec.completion_tokens) == (200, 9, 1)
             # the watch ran in this process: no finish of the ext_proc's own, no Redis call for it
-            assert len(store(gw).finishes) == 1 and gw.watched == set()
+            assert len(store(gw).finishes) == 1 and gw.watched == {}
         else:
             assert logged_free(store(gw)) == (502, "upstream_unavailable")
         assert store(gw).held() == 0
@@ -339,10 +341,11 @@ def test_idle_gap_in_a_non_streaming_reply_is_an_immediate_502() -> None:
 
 def test_stream_reset_by_envoy_mid_request_releases_and_bills_estimated_input() -> None:
     gw = gateway()
-    call = process(gw, request_body(CHAT_BODY), EOF)  # the client went away while the model server worked
+    store(gw).left.add("rid-1")  # Envoy's access log: the client went away while the model server worked
+    call = process(gw, request_body(CHAT_BODY), EOF)
     assert [m.WhichOneof("response") for m in call.written] == ["request_body"]
     [rec] = store(gw).records
-    assert (rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (EST, 0, True)
+    assert (rec.status, rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (499, EST, 0, True)
     assert store(gw).held() == 0
 
 

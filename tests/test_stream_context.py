@@ -23,8 +23,11 @@ function(header, body)
   local headers = {get = function(_, name) if name == "x-gateway-stream" then return header end end,
                    remove = function(_, name) removed[#removed + 1] = name end}
   local given = false
+  -- (the relay's counts for Envoy's access log: tests/test_relay_e2e.py reads them through Envoy)
+  local metadata = {set = function(_, namespace, key, value) end}
   local handle = {
     headers = function(_) return headers end,
+    streamInfo = function(_) return {dynamicMetadata = function(_) return metadata end} end,
     bodyChunks = function(_)
       return function()
         if given then return nil end

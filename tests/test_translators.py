@@ -19,6 +19,43 @@ def test_rewrite_body_puts_alias_back_and_reads_usage() -> None:
     assert rewrite_body(emb, "e", "embed")[1] == (3, 0)
 
 
+_LOGPROB_USAGE = {"token": "usage", "logprob": -0.1, "bytes": [117], "top_logprobs": [{"token": "usage"}]}
+
+
+@pytest.mark.parametrize("usage,expected", [
+    ({"prompt_tokens": 12, "total_tokens": 20, "completion_tokens": 8}, (12, 8)),
+    # a nested object before the counts, or between them (members in any order)
+    ({"prompt_tokens_details": {"cached_tokens": 4}, "prompt_tokens": 12, "completion_tokens": 8}, (12, 8)),
+    ({"prompt_tokens": 12, "prompt_tokens_details": {"cached_tokens": 4}, "completion_tokens": 8}, (12, 8)),
+    ({"completion_tokens": 8, "completion_tokens_details": {"reasoning_tokens": 2}, "prompt_tokens": 12}, (12, 8)),
+    ({"prompt_tokens": 12, "total_tokens": 12}, (12, 0)),  # embeddings: no completion count
+    ({"total_tokens": 20}, None),
+    ({"prompt_tokens": "12", "completion_tokens": 8}, None),
+    (None, None),
+])
+@pytest.mark.parametrize("usage_first", [False, True])
+def test_a_replys_usage_is_read_as_json(usage: object, expected: tuple[int, int] | None, usage_first: bool) -> None:
+    """The usage object is decoded, wherever it is in the reply; a logprobs token spelled "usage" or
+    content that says it are no usage member."""
+    choices = [{"index": 0, "message": {"role": "assistant", "content": 'say "usage": {"prompt_tokens": 99}'},
+                "logprobs": {"content": [_LOGPROB_USAGE]}, "finish_reason": "stop"}]
+    doc: dict[str, object] = {"id": "x", "model": "up-pro"}
+    doc.update({"usage": usage, "choices": choices} if usage_first else {"choices": choices, "usage": usage})
+    if usage is None:
+        del doc["usage"]
+    body = json.dumps(doc).encode()
+    assert read_usage(body) == expected
+    assert read_usage(json.dumps(doc, separators=(",", ":")).encode()) == expected
+    new, got = rewrite_body(body, "up-pro", "polish-pro")
+    assert got == expected and json.loads(new)["model"] == "polish-pro"
+
+
+def test_embeddings_usage_loses_its_completion_count_only() -> None:
+    emb = b'{"object":"list","model":"e","data":[],"usage":{"prompt_tokens":3,"completion_tokens":0,"total_tokens":3}}'
+    new, usage = rewrite_body(emb, "e", "embed", embeddings=True)
+    assert usage == (3, 0) and json.loads(new)["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
+
+
 @pytest.mark.parametrize("status,msg,code,http", [
     (400, "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens", "context_length_exceeded", 400),
     # vLLM v1, SGLang, TGI, llama.cpp
@@ -71,6 +108,10 @@ def test_prices_in_force_by_effective_time() -> None:
     a = cat.aliases["a"]
     assert a.prices_at(1798761599) == Prices(1, 2)  # 2026-12-31T23:59:59Z
     assert a.prices_at(1798761600) == Prices(5, 6)
+    # before its first price the alias has none in force: not offered, and no price is applied early
+    assert a.offered_at(1767225600) and not a.offered_at(1767225599)
+    with pytest.raises(ValueError, match="no price in force"):
+        a.prices_at(1767225599)
 
 
 def test_keys() -> None:

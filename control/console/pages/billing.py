@@ -42,7 +42,7 @@ def _prices(request: web.Request) -> list[dict[str, object]]:
         return []
     now = time.time()
     return [{**a.model_object(now), "scheduled": a.scheduled(now)}
-            for a in sorted(cat.aliases.values(), key=lambda a: a.id)]
+            for a in sorted(cat.aliases.values(), key=lambda a: a.id) if a.offered_at(now)]
 
 
 @routes.get("/billing")
