@@ -1,4 +1,4 @@
-"""SPEC section 7 as data: every client-visible error code, its HTTP status and type, and every message the
+"""docs/interface.md section 7 as data: every client-visible error code, its HTTP status and type, and every message the
 gateway gives with one, whichever part answers (the ext_proc, or Envoy's own replies: control/envoy_config.py
 renders envoy/envoy.yaml's ``local_reply_config`` bodies from the constants here).  This is the only place a
 message is written; tests/test_errors_home.py fails if one appears anywhere else.
@@ -31,7 +31,7 @@ TABLE: dict[str, tuple[int, str]] = {
 
 @dataclass(frozen=True, slots=True)
 class ApiError:
-    """A rejection with SPEC's code; ``message`` never quotes request or reply text."""
+    """A rejection with the interface's code; ``message`` never quotes request or reply text."""
 
     code: str
     message: str

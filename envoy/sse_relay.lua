@@ -1,11 +1,11 @@
--- The relay of a model server's server-sent event stream to the client (SPEC section 4, streaming rules),
+-- The relay of a model server's server-sent event stream to the client (docs/interface.md section 4, streaming rules),
 -- run by Envoy on every chunk of a streamed reply as it passes: nothing is held back but an event not
 -- complete yet, so every event the model server sent before it failed reaches the client.
 --
--- It passes whole events only, each as SPEC streaming rule 1 writes it (one "data: " line and a blank line:
+-- It passes whole events only, each as the interface's streaming rule 1 writes it (one "data: " line and a blank line:
 -- comments, other fields and events without data are left out, data over several lines joined into one),
 -- with the upstream model name replaced by the alias, and the usage (the gateway always asks the model
--- server for it) shown as SPEC streaming rule 3 wants it or taken out when the client did not ask for it;
+-- server for it) shown as the interface's streaming rule 3 wants it or taken out when the client did not ask for it;
 -- when it asked and the model server reported none, the usage the request is billed (the estimated input,
 -- one output token per event with content: extproc/observer.py) comes as the last chunk before [DONE].
 -- The ext_proc reads the same bytes for billing (core/sse.py), without holding them; what both count
@@ -158,7 +158,7 @@ local function idle_closing_delta(data, choice)
   return delta
 end
 
--- A chunk's data with each such delta emptied: the choice closed by an empty delta, as SPEC streaming
+-- A chunk's data with each such delta emptied: the choice closed by an empty delta, as the interface's streaming
 -- rule 2 has it.  A delta with content is left as it came.
 local function empty_closing_deltas(data)
   local cuts = {}
@@ -231,7 +231,7 @@ local function canonical(block)
   end
 end
 
--- The block's events as SPEC streaming rule 1 writes them: one "data: " line each, the data of several
+-- The block's events as the interface's streaming rule 1 writes them: one "data: " line each, the data of several
 -- lines joined (by a space: a line break inside JSON can only fall between tokens), comments, other
 -- fields and events without data left out.
 local function canonicalize(block)
@@ -243,7 +243,7 @@ local function canonicalize(block)
   return table.concat(out)
 end
 
--- A "usage": null member (sent on every chunk by some servers) taken out: SPEC shows usage only on the
+-- A "usage": null member (sent on every chunk by some servers) taken out: the interface shows usage only on the
 -- final chunk, and only when it was asked for.
 local function drop_null_usage(block)
   if not (find(block, '"usage":null', 1, true) or find(block, '"usage": null', 1, true)) then return block end
@@ -361,7 +361,7 @@ function Relay:events(block)
 end
 
 -- A block of whole events, each one "data: " line (``raw``: as the model server framed them): the usage
--- where SPEC wants it, the alias put in.
+-- where the interface wants it, the alias put in.
 function Relay:relay(block, raw)
   if find_quoted(block, 'usage"', 1) then
     block = drop_null_usage(block)
@@ -402,7 +402,7 @@ end
 
 -- The client asked for usage and the model server reported none by [DONE]: the usage the request is
 -- billed (observer.outcome: the estimated input, one output token per event with content) in a chunk
--- of our own, the last before [DONE] as SPEC streaming rule 3 wants it.
+-- of our own, the last before [DONE] as the interface's streaming rule 3 wants it.
 function Relay:own_usage(block)
   local d = done_at(block, 1)
   if d == nil then return block end
@@ -414,7 +414,7 @@ function Relay:own_usage(block)
   return sub(block, 1, d - 1) .. event .. sub(block, d)
 end
 
--- Each event of the block that carries a usage object: the usage moved where SPEC streaming rule 3 wants
+-- Each event of the block that carries a usage object: the usage moved where the interface's streaming rule 3 wants
 -- it, or taken out; the usage chunk of our own goes out last before [DONE].
 function Relay:take_usage(block, at)
   local out, pos = {}, 1

@@ -16,7 +16,7 @@ MAX_HOLD = 10**15
 @dataclass(frozen=True, slots=True)
 class WorstCase:
     """The most a request can cost: its estimated input and ``choices`` x ``max_tokens`` output tokens,
-    at the prices in force (SPEC's billing rule, each term rounded up).  Embeddings: ``max_tokens`` 0."""
+    at the prices in force (the interface's billing rule, each term rounded up).  Embeddings: ``max_tokens`` 0."""
 
     input_tokens: int
     choices: int

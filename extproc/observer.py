@@ -53,7 +53,7 @@ class StreamWatch:
 
     @property
     def idle(self) -> float | None:
-        """Seconds the next chunk may take (SPEC section 7's idle gap), once the stream is known."""
+        """Seconds the next chunk may take (docs/interface.md section 7's idle gap), once the stream is known."""
         return self.gw.idle_timeout_s if self.ctx is not None and not self.done else None
 
     def response_headers(self, headers: dict[str, str]) -> None:

@@ -166,7 +166,7 @@ class Processor:
                         answer = ex.response_trailers()
                     else:  # the trailers of a request: nothing to do
                         answer = Answer()
-                except Exception:  # noqa: BLE001 - every failure becomes SPEC's 500, never a hang
+                except Exception:  # noqa: BLE001 - every failure becomes the interface's 500, never a hang
                     log.exception("ext_proc phase %s failed", phase, extra={"request_id": ex.request_id})
                     answer = error_answer(INTERNAL_ERROR, ex.request_id)
                 msg = _to_message(phase or "", answer)

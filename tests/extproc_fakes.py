@@ -1,5 +1,5 @@
 """Unit-test doubles for the ext_proc's own interfaces (never for Redis, PostgreSQL or Envoy, which the
-end-to-end tests run for real): an in-memory store with the way-in checks of SPEC section 5, a
+end-to-end tests run for real): an in-memory store with the way-in checks of docs/interface.md section 5, a
 directory of keys and organisations, a scripted gRPC call, and hand-made ext_proc messages."""
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class Org:
 
 @dataclass
 class FakeStore:
-    """The ``Store`` interface in memory: ``admit`` checks, in SPEC section 5's order, the key, the
+    """The ``Store`` interface in memory: ``admit`` checks, in docs/interface.md section 5's order, the key, the
     organisation's status, then (with ``limits``) the balance, the per-key rate and the concurrency,
     and takes a slot; ``finish`` releases it and, with a record, debits and queues the record once.
     Cache entries start empty, so the first ``admit`` misses as Redis would after a restart."""

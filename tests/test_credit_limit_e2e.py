@@ -1,7 +1,7 @@
 """A bounded cost per request through the real stack (docs/billing.md): each request's worst case is held
 against the organisation's balance, less its requests in flight, plus its credit limit; one that does not
 fit is 402 insufficient_quota at no cost, saying the largest max_tokens that would fit.  Without a credit
-limit, SPEC's rule alone: a positive balance admits."""
+limit, the interface's rule alone: a positive balance admits."""
 from __future__ import annotations
 
 import threading
@@ -148,7 +148,7 @@ def test_without_a_credit_limit_a_positive_balance_admits_as_spec_says(gateway: 
 def test_an_organisations_own_credit_limit_and_payment_apply_within_a_second(gateway: Gateway) -> None:
     """`gateway org limits --credit-limit` and a credit reach the cache at once: a trial organisation is held
     to its balance until money other than the trial credit arrives; then its own limit (0: the balance),
-    none (SPEC's rule), or the default (none on this stack) applies."""
+    none (the interface's rule), or the default (none on this stack) applies."""
     async def make(a: Any) -> tuple[str, str]:
         org = await a.create_org("trial", 10_000, kind="trial")
         return org, (await a.create_key(org))[1]

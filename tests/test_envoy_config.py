@@ -108,7 +108,7 @@ def test_circuit_breakers_follow_the_connection_limit() -> None:
 
 
 def test_envoys_own_error_replies_are_rendered_from_errors_py() -> None:
-    """Every reply Envoy writes itself (local_reply_config) is SPEC section 7's error object: the body of
+    """Every reply Envoy writes itself (local_reply_config) is docs/interface.md section 7's error object: the body of
     one of core/errors.py's errors word for word (a client sees one text for one error, whichever
     part refused it), with Envoy's request id, and the status errors.TABLE gives its code."""
     import json

@@ -1,5 +1,5 @@
 """extproc/hold.py alone: a request's worst-case cost, the largest max_tokens an available balance allows
-(exact against SPEC's billing rule) and the 402 that says so; the credit limit as the admission script
+(exact against the interface's billing rule) and the 402 that says so; the credit limit as the admission script
 decides it."""
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def test_the_refusal_says_what_would_fit_and_nothing_of_the_request() -> None:
 def test_the_credit_limit_in_force() -> None:
     assert credit_limit(False, "none", 5) == 0  # the trial credit only: never below zero
     assert credit_limit(False, "7", None) == 0
-    assert credit_limit(True, "default", None) is None  # paid, no limit anywhere: SPEC's rule alone
+    assert credit_limit(True, "default", None) is None  # paid, no limit anywhere: the interface's rule alone
     assert credit_limit(True, "default", 2_000_000) == 2_000_000
     assert credit_limit(True, "500", 2_000_000) == 500  # its own wins
     assert credit_limit(True, "none", 2_000_000) is None

@@ -1,7 +1,7 @@
-"""openapi.yaml: the document is valid OpenAPI 3.1 and agrees with SPEC (statuses, error codes,
+"""openapi.yaml: the document is valid OpenAPI 3.1 and agrees with the interface (statuses, error codes,
 headers); the console serves it as /openapi.json and renders /docs/api; the live gateway's replies
 validate against it with openapi-core; and a bounded schemathesis run over every operation finds only
-documented statuses with SPEC's error shape, never text/plain and never a 500."""
+documented statuses with the interface's error shape, never text/plain and never a 500."""
 from __future__ import annotations
 
 import base64
@@ -24,7 +24,7 @@ from conftest import Gateway, rate_window_with, wait_for
 ROOT = Path(__file__).resolve().parent.parent
 OPENAPI = ROOT / "openapi.yaml"
 
-# SPEC section 4: the error statuses of each operation (200 besides).
+# docs/interface.md section 4: the error statuses of each operation (200 besides).
 SPEC_STATUSES = {
     ("post", "/v1/chat/completions"): {400, 401, 402, 403, 404, 429, 500, 502, 503},
     ("post", "/v1/embeddings"): {400, 401, 402, 403, 404, 429, 500, 502, 503},
@@ -83,7 +83,7 @@ def test_every_operation_and_status_of_spec(doc: dict[str, Any]) -> None:
                 (media, body), = resp["content"].items()
                 assert media == "application/json"
                 schema = resolve(doc, body["schema"])
-                # the per-status schema narrows the error to exactly SPEC's codes and type of that status
+                # the per-status schema narrows the error to exactly the interface's codes and type of that status
                 ref, narrow = schema["allOf"]
                 assert ref == {"$ref": "#/components/schemas/ErrorResponse"}
                 err = narrow["properties"]["error"]["properties"]
@@ -186,7 +186,7 @@ def oapi(live_doc: dict[str, Any]) -> Any:
 
 
 def sse_events(raw: bytes) -> list[dict[str, str]]:
-    """The stream's events as {"data": ...} objects (SPEC: `data: ` + payload + a blank line)."""
+    """The stream's events as {"data": ...} objects (the interface: `data: ` + payload + a blank line)."""
     events = []
     for block in raw.decode("utf-8").split("\n\n"):
         if not block.strip():
@@ -212,7 +212,7 @@ def call(gateway: Gateway, method: str, path: str, key: str | None, body: Any = 
 
 
 def check(oapi: Any, r: requests.Response) -> None:
-    """The reply validates against the document (status, headers, body), and an error carries SPEC's
+    """The reply validates against the document (status, headers, body), and an error carries the interface's
     request id."""
     from openapi_core.contrib.requests import RequestsOpenAPIRequest, RequestsOpenAPIResponse
 
@@ -407,7 +407,7 @@ STREAM_EVENTS = 10_000
 def _bounded(doc: dict[str, Any]) -> dict[str, Any]:
     """The document steered for a short run: schema-valid `model` and `id` are the test catalog's aliases
     (the schema-violating half of the run sends any other value), so requests get past the alias check
-    to the model server; `n` (no limit in SPEC) is the number of choices the simulator generates, so
+    to the model server; `n` (no limit in the interface) is the number of choices the simulator generates, so
     the fuzzer asks for at most 3."""
     d = copy.deepcopy(doc)
     schemas = d["components"]["schemas"]
@@ -436,7 +436,7 @@ def fuzz_schema(doc: dict[str, Any], gateway: Gateway, key: str) -> Any:
 
 
 def _spec_reply(response: Any, case: Any, chunk_validator: Any) -> None:
-    """SPEC's rules for every reply: a documented status, never a 500, never text/plain, an error is
+    """The interface's rules for every reply: a documented status, never a 500, never text/plain, an error is
     `{"error": {message, type, code, param, request_id}}` with request_id = the X-Request-Id header, and
     a stream is ChatCompletionChunk events ended by `[DONE]`."""
     status = response.status_code
