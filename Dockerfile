@@ -21,6 +21,7 @@ WORKDIR /app
 # from the source tree.
 COPY openapi.yaml pyproject.toml ./
 COPY envoy ./envoy
+COPY core ./core
 COPY extproc ./extproc
 COPY control ./control
 COPY sim ./sim

@@ -104,7 +104,6 @@ test: $(STAMP) browser services prometheus compose litellm-env node-clients
 bench: $(STAMP)
 	command -v wrk >/dev/null || (apt-get update && apt-get install -y wrk)
 	command -v gcc >/dev/null || (apt-get update && apt-get install -y gcc)  # the long-stream cell's C programs
-	$(PY) -m bench.grpc_servers $(if $(QUICK),--seconds 2 --rounds 1,--seconds 5 --rounds 2)
 	$(PY) -m bench.run $(if $(QUICK),--quick) $(if $(SOAK),--soak $(SOAK)) $(if $(PROFILE),--profile)
 
 # The console's texts: messages.pot extracted from the templates and the code, messages.po updated from it

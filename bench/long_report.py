@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from . import rounds
 from .markdown import md_table, profile_lines
 
 CHART = Path(__file__).resolve().parent / "chart-streams.svg"
@@ -17,7 +18,9 @@ COLORS = {"direct": "#9e9e9e", "bare_envoy": "#4c78a8", "minimal_extproc": "#72b
 
 METHOD = """\
 C concurrent chat streams (C = {cs}) of {tokens} tokens, one SSE event every {cadence} ms, all opened
-evenly over {ramp} ms.  The upstream (`bench/sse_upstream.c`) and the load generator (`bench/sse_client.c`)
+evenly over {ramp} ms, {n_rounds} rounds at each C with every system once per round (the order
+reversed every other round): each figure is the median of the rounds, the added gap taken within each
+round against bare Envoy's of the same round, errors and streams counted over all rounds.  The upstream (`bench/sse_upstream.c`) and the load generator (`bench/sse_client.c`)
 are small C programs the bench compiles with gcc into its temporary directory: the upstream keeps each
 stream's cadence on a 1 ms timer wheel (epoll + timerfd), the client holds all C connections in one
 epoll loop and records when each token event arrives.  A *gap* is the time between two consecutive
@@ -78,7 +81,7 @@ def table(ls: dict[str, Any]) -> list[list[str]]:
                 continue
             ref = " (vs direct)" if r.get("added_ref") == "direct" else ""
             out.append([s["label"], f"{c:,}", _ms(r["gap_p50_us"]), _ms(r["gap_p99_us"]),
-                        _opt(r, "added_p50_ms", 2) + ref, _opt(r, "added_p99_ms", 2) + ref,
+                        _opt(r, "added_p50_ms", 2) + ref, rounds.mark(_opt(r, "added_p99_ms", 2), r.get("added_p99_ms_spread")) + ref,
                         f"{r['tokens_per_s']:,.0f}", f"{r['duration_p50_us'] / 1e6:.2f}", _errors(r),
                         _opt(r, "extproc_kb_per_stream"), _opt(r, "extproc_kb_per_added_stream"),
                         _opt(r, "envoy_kb_per_stream"), _opt(r, "envoy_kb_per_added_stream"),
@@ -168,9 +171,10 @@ def section(ls: dict[str, Any], prof: dict[str, Any] | None, timestamp: str, whe
     CHART.write_text(chart(ls, short_when))
     parts = ["## Long streams: the gap added between tokens", "",
              METHOD.format(cs=", ".join(f"{c:,}" for c in ls["concurrency"]), tokens=ls["tokens"],
+                           n_rounds=ls.get("rounds", 1),
                            cadence=ls["cadence_ms"], ramp=ls["ramp_ms"], timeout=ls["timeout_s"],
                            nominal=(ls["tokens"] - 1) * ls["cadence_ms"] / 1000), "",
-             f"Latest: {when}.", "", md_table(HEAD, table(ls)), "",
+             md_table(HEAD, table(ls)), "", rounds.WIDE_NOTE, "",
              "![added gap p99 against concurrency](bench/chart-streams.svg)", "", "Targets:", "",
              *targets(ls), ""]
     gave = {s["label"]: s["gave_up_after"] for s in ls["systems"].values() if "gave_up_after" in s}

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import fixtures as fx
+from . import rounds
 from .event_loop import cpu_s
-from .procs import Procs, free_port, port_open, settle
+from .procs import Procs, drain, free_port, port_open, settle
 from .systems import System
 
 SRC = Path(__file__).resolve().parent
@@ -117,6 +118,8 @@ def run_cell(system: System, port: int, streams: int, client: Path, tmp: Path,
     out = subprocess.run([str(client), str(port), str(req), str(streams), str(RAMP_MS), str(TIMEOUT_S),
                           str(fx.LONG_TOKENS)], capture_output=True, text=True, timeout=TIMEOUT_S + 60)
     used1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if "pgid" in system.extra:  # LiteLLM: streams it still serves are not the next system's load
+        drain(system.extra["pgid"], TIMEOUT_S)
     if out.returncode != 0:
         watch.result(streams, 1)
         raise RuntimeError(f"sse_client failed ({out.returncode}): {out.stderr[-500:]}")
@@ -132,53 +135,93 @@ def _port(system: System, long_port: int) -> int:
 
 
 def measure(systems: list[System], long_port: int, quick: bool, client: Path, tmp: Path,
-            log: Callable[[str], None]) -> dict[str, Any]:
-    """Every C (ascending), every system in turn at that C, so the systems compared at one C are measured
-    minutes apart at most on a shared machine; LiteLLM is left out of the higher C once it failed
-    ``GIVE_UP`` of the streams.  Returns {"concurrency": [...], "systems": {name: {"label", "cells": {C: result}}}}."""
+            log: Callable[[str], None], n_rounds: int = 1) -> dict[str, Any]:
+    """Every C (ascending), ``n_rounds`` rounds at each, every system once per round in the order
+    bench/rounds.py gives, so the systems compared at one C are measured seconds apart; LiteLLM is left
+    out of the rest once it failed ``GIVE_UP`` of the streams.  Returns {"concurrency": [...], "systems":
+    {name: {"label", "rounds": {C: [result per round]}, "cells": {C: the rounds' medians}}}}."""
     cs = CONCURRENCY_QUICK if quick else CONCURRENCY_FULL
     res: dict[str, Any] = {"concurrency": list(cs), "tokens": fx.LONG_TOKENS, "cadence_ms": fx.LONG_CADENCE_MS,
-                           "ramp_ms": RAMP_MS, "timeout_s": TIMEOUT_S, "profiled_c": PROFILED_C, "systems": {}}
+                           "ramp_ms": RAMP_MS, "timeout_s": TIMEOUT_S, "profiled_c": PROFILED_C,
+                           "rounds": n_rounds, "systems": {}}
     idle = {s.name: idle_rss(s) for s in systems}
     for s in systems:
-        res["systems"][s.name] = {"label": s.label, "cells": {}, "rss_idle_kb": idle[s.name]}
-    prev: int | None = None
+        res["systems"][s.name] = {"label": s.label, "cells": {}, "rounds": {}, "rss_idle_kb": idle[s.name]}
     for c in cs:
-        for s in systems:
-            doc = res["systems"][s.name]
-            if "gave_up_after" in doc:
-                continue
-            r = run_cell(s, _port(s, long_port), c, client, tmp, idle[s.name])
-            if prev is not None and str(prev) in doc["cells"]:
-                for k in _pids(s):
-                    r[f"{k}_kb_per_added_stream"] = round(
-                        (r[f"{k}_rss_peak_kb"] - doc["cells"][str(prev)][f"{k}_rss_peak_kb"]) / (c - prev), 2)
-            doc["cells"][str(c)] = r
-            log(f"{s.label:22s} streams c={c:<5d} gap p50 {r['gap_p50_us'] / 1000:6.2f} ms  p99 "
-                f"{r['gap_p99_us'] / 1000:7.2f} ms  {r['tokens_per_s']:8.0f} chunks/s  errors {r['errors']}"
-                + "".join(f"  {k} {r[k + '_kb_per_stream']:.1f} KB/stream {r[k + '_cpu_us_per_chunk']:.1f} us/chunk"
-                          for k in _pids(s)))
-            if s.name == "litellm" and r["errors"] > GIVE_UP * c:
-                doc["gave_up_after"] = c
-        prev = c
+        for i in range(n_rounds):
+            for s in rounds.order(systems, i):
+                doc = res["systems"][s.name]
+                if "gave_up_after" in doc:
+                    continue
+                r = run_cell(s, _port(s, long_port), c, client, tmp, idle[s.name])
+                doc["rounds"].setdefault(str(c), []).append(r)
+                log(f"r{i + 1} {s.label:22s} streams c={c:<5d} gap p50 {r['gap_p50_us'] / 1000:6.2f} ms  p99 "
+                    f"{r['gap_p99_us'] / 1000:7.2f} ms  {r['tokens_per_s']:8.0f} chunks/s  errors {r['errors']}"
+                    + "".join(f"  {k} {r[k + '_kb_per_stream']:.1f} KB/stream {r[k + '_cpu_us_per_chunk']:.1f} us/chunk"
+                              for k in _pids(s)))
+                if s.name == "litellm" and r["errors"] > GIVE_UP * c:
+                    doc["gave_up_after"] = c
     _added(res)
+    for doc in res["systems"].values():
+        doc["cells"] = {c: cell(rs) for c, rs in doc["rounds"].items()}
+        prev: str | None = None
+        for c in map(str, cs):  # the marginal memory of the streams added since the previous C
+            r = doc["cells"].get(c)
+            if r is not None and prev is not None and prev in doc["cells"]:
+                for k in ("extproc", "envoy"):
+                    if f"{k}_rss_peak_kb" in r:
+                        r[f"{k}_kb_per_added_stream"] = round(
+                            (r[f"{k}_rss_peak_kb"] - doc["cells"][prev][f"{k}_rss_peak_kb"]) / (int(c) - int(prev)), 2)
+            prev = c
     return res
 
 
+SUMMED = ("streams", "good", "tokens", "gap_n", "ttft_n", "duration_n")
+
+
+def cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One C's rounds: counts (streams, tokens, errors by kind) added up, every other figure their median,
+    with the spread (bench/rounds.py) of the gap p99 and of the added gap p99."""
+    out: dict[str, Any] = {"rounds": len(runs)}
+    for k, v in runs[0].items():
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            out[k] = v
+        elif k in SUMMED or k.startswith("errors"):
+            out[k] = sum(r.get(k, 0) for r in runs)
+        else:
+            m = rounds.median(r.get(k) for r in runs)
+            out[k] = None if m is None else round(m, 2)
+    out["gap_p99_us_spread"] = rounds.spread(r["gap_p99_us"] for r in runs)
+    if "added_p99_ms" in runs[0]:
+        out["added_p99_ms_spread"] = rounds.spread(r.get("added_p99_ms") for r in runs)
+        out["added_p99_ms_rounds"] = [r.get("added_p99_ms") for r in runs]
+    return out
+
+
 def _added(res: dict[str, Any]) -> None:
-    """Each cell's added gap p50/p99 in ms: against bare Envoy at the same C; bare Envoy against direct."""
+    """Each round's added gap p50/p99 in ms: against bare Envoy's of the same round at the same C; bare
+    Envoy against direct."""
     sy = res["systems"]
     for name, s in sy.items():
         ref = "direct" if name == "bare_envoy" else "bare_envoy"
         if name == "direct" or ref not in sy:
             continue
-        for c, r in s["cells"].items():
-            b = sy[ref]["cells"].get(c)
-            if b is None:
-                continue
-            r["added_ref"] = ref
-            for q in ("p50", "p99"):
-                r[f"added_{q}_ms"] = round((r[f"gap_{q}_us"] - b[f"gap_{q}_us"]) / 1000, 2)
+        for c, rs in s["rounds"].items():
+            for i, r in enumerate(rs):
+                bs = sy[ref]["rounds"].get(c, [])
+                if i >= len(bs):
+                    continue
+                r["added_ref"] = ref
+                for q in ("p50", "p99"):
+                    r[f"added_{q}_ms"] = round((r[f"gap_{q}_us"] - bs[i][f"gap_{q}_us"]) / 1000, 2)
+
+
+def round_view(ls: dict[str, Any] | None, i: int) -> dict[str, Any] | None:
+    """``ls`` as if only round ``i`` had been run (for that round's headline)."""
+    if ls is None:
+        return None
+    return {"systems": {n: {"cells": {c: rs[i] for c, rs in s.get("rounds", {}).items() if i < len(rs)}}
+                        for n, s in ls["systems"].items()}}
 
 
 def profile(system: System, port: int, client: Path, tmp: Path, stem: Path) -> dict[str, Any]:
@@ -192,11 +235,16 @@ def profile(system: System, port: int, client: Path, tmp: Path, stem: Path) -> d
 
 
 def headline(ls: dict[str, Any] | None) -> dict[str, Any]:
-    """The issue's keys from the gateway's cells (None where a cell was not run); ``kb_per_stream`` at the
-    largest C measured, where the memory the earlier cells left behind weighs least."""
-    cells = (ls or {}).get("systems", {}).get("gateway", {}).get("cells", {})
+    """The headline's long-stream keys from the gateway's cells (None where a cell was not run);
+    ``kb_per_stream`` at the largest C measured, where the memory the earlier cells left behind weighs
+    least; the gateway's Envoy CPU per chunk at 500 streams over bare Envoy's."""
+    sy = (ls or {}).get("systems", {})
+    cells = sy.get("gateway", {}).get("cells", {})
     c500, c2000 = cells.get("500", {}), cells.get("2000", {})
     largest = cells[max(cells, key=int)] if cells else {}
+    gw_envoy = c500.get("envoy_cpu_us_per_chunk")
+    bare_envoy = sy.get("bare_envoy", {}).get("cells", {}).get("500", {}).get("envoy_cpu_us_per_chunk")
     return {"streams_c500_added_itl_p99_ms": c500.get("added_p99_ms"),
+            "streams_c500_envoy_cpu_vs_bare": round(gw_envoy / bare_envoy, 3) if gw_envoy and bare_envoy else None,
             "streams_c2000_errors": c2000.get("errors"),
             "kb_per_stream": largest.get("extproc_kb_per_stream")}

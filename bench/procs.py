@@ -60,6 +60,32 @@ def settle(limit: float) -> float:
     return busy
 
 
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds so far (utime + stime) of every process in process group ``pgid``."""
+    total = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended meanwhile
+            continue
+        if int(fields[2]) == pgid:
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def drain(pgid: int, limit: float, window: float = 0.5, share: float = 0.1) -> float:
+    """Wait (up to ``limit`` s) until the processes of group ``pgid`` use less than ``share`` of a core: a
+    proxy still working off requests whose clients wrk has dropped (LiteLLM) would charge that work to
+    the next system's cell, whichever it is in the round.  Returns the seconds waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        c0 = group_cpu_s(pgid)
+        time.sleep(window)
+        if group_cpu_s(pgid) - c0 < share * window:
+            break
+    return time.monotonic() - t0
+
+
 class Procs:
     def __init__(self, logs: Path) -> None:
         self.logs = logs

@@ -13,11 +13,11 @@ import time
 
 from bench.event_loop import cpu_s
 from bench.procs import redis_server
-from extproc import redis_keys as rk
-from extproc.cost import Prices
-from extproc.decisions import UsageRecord
+from core import redis_keys as rk
+from core.cost import Prices
+from core.decisions import UsageRecord
+from core.resp import RespClient
 from extproc.hold import WorstCase
-from extproc.resp import RespClient
 from extproc.store import Store
 
 

@@ -9,8 +9,8 @@ import json
 import time
 
 from bench.procs import redis_server
-from extproc.decisions import UsageRecord
-from extproc.resp import RespClient
+from core.decisions import UsageRecord
+from core.resp import RespClient
 from extproc.store import Store
 
 N = 20_000

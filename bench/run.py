@@ -21,17 +21,19 @@ import time
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import fixtures as fx
-from . import cpu_split, long_streams, profiling, report
+from . import cpu_split, grpc_servers, long_streams, profiling, report, resp_ab, rounds
 from .redis_ceiling import ceiling
 from .load import SCENARIOS, check, write_bodies, wrk
-from .procs import BUSY, Procs, cpu_busy, settle
+from .procs import BUSY, Procs, cpu_busy, drain, settle
 from .systems import (ROOT, System, direct, ensure_litellm, launch_litellm, litellm_ready, start_bare,
                       start_gateway, start_minimal, start_upstream)
 
 RESULTS = ROOT / "bench" / "results"
+ROUNDS_QUICK, ROUNDS_FULL = 3, 5  # rounds of every cell (bench/rounds.py)
+DRAIN_S = 60  # at most this long after a LiteLLM cell for it to work off what wrk left (procs.drain)
 WORKERS = 2  # the "Throughput vs ext_proc processes" row: GATEWAY_EXTPROC_WORKERS of the second gateway stack
 
 # (cell id, scenario, connections); "latency" is the one-connection run.
@@ -79,15 +81,17 @@ def run_cell(system: System, scenario: str, conns: int, secs: float, bodies: Pat
         busy = settle(limit)
         r = split(lambda: wrk(system, SCENARIOS[scenario], conns, longer * secs, bodies))
         r["extended"] = True
+    if "pgid" in system.extra:  # LiteLLM: its backlog worked off before anything else is measured
+        r["drained_s"] = round(drain(system.extra["pgid"], DRAIN_S), 1)
     r["few"] = r["requests"] < 2 * conns
     r["busy_before"] = round(busy, 2)
     r["noisy"] = busy > BUSY
     return r
 
 
-def measure(system: System, cells: list[tuple[str, str, int]], secs: float, warm: float, bodies: Path,
-            out: dict[str, Any], quick: bool) -> None:
-    res: dict[str, Any] = {"label": system.label, "note": system.note, "cells": {}, "invalid": {}}
+def prepare(system: System, warm: float, bodies: Path, out: dict[str, Any]) -> dict[str, Any]:
+    """The system's functional checks (a scenario that fails is not measured) and, once, its warm-up."""
+    res: dict[str, Any] = {"label": system.label, "note": system.note, "cells": {}, "invalid": {}, "rounds": []}
     out[system.name] = res
     for scenario in SCENARIOS:
         problem = check(system, scenario, bodies)
@@ -96,6 +100,13 @@ def measure(system: System, cells: list[tuple[str, str, int]], secs: float, warm
             log(f"{system.label}: {scenario} NOT measured, functional check failed: {problem}")
     if warm and "chat" not in res["invalid"] and system.name != "litellm":
         wrk(system, SCENARIOS["chat"], 64, warm, bodies)
+    return res
+
+
+def runs(system: System, cells: list[tuple[str, str, int]], res: dict[str, Any],
+         quick: bool) -> list[tuple[str, str, int]]:
+    """The cells this system is measured in."""
+    out = []
     for cell, scenario, conns in cells:
         if scenario in res["invalid"]:
             continue
@@ -103,12 +114,35 @@ def measure(system: System, cells: list[tuple[str, str, int]], secs: float, warm
             continue  # the upstream alone needs no 256-connection run; QUICK skips LiteLLM's too
         if quick and system.name == "direct" and scenario in ("embeddings", "models"):
             continue  # QUICK: the bare upstream only as a reference for chat, streaming and latency
+        out.append((cell, scenario, conns))
+    return out
+
+
+def measure_round(system: System, cells: list[tuple[str, str, int]], secs: float, bodies: Path,
+                  res: dict[str, Any], quick: bool) -> None:
+    """One round of the system's cells, appended to ``res["rounds"]``; ``res["cells"]`` their medians so far."""
+    got: dict[str, Any] = {}
+    n = len(res["rounds"]) + 1
+    for cell, scenario, conns in runs(system, cells, res, quick):
         r = run_cell(system, scenario, conns, secs, bodies, 2.0, quick)
-        res["cells"][cell] = r
-        log(f"{system.label:22s} {cell:12s} c={conns:<3d} {r['rps']:9.1f} req/s  p50 {r['p50_us']/1000:7.2f} ms"
+        got[cell] = r
+        log(f"r{n} {system.label:22s} {cell:12s} c={conns:<3d} {r['rps']:9.1f} req/s  p50 {r['p50_us']/1000:7.2f} ms"
             f"  p99 {r['p99_us']/1000:8.2f} ms  errors {r['errors']}" + ("  (run again, longer)" if r.get("extended") else "")
             + ("  (few requests: figure is rough)" if r.get("few") else "")
             + (f"  [machine {100 * r['busy_before']:.0f}% busy before the cell]" if r["noisy"] else ""))
+    res["rounds"].append(got)
+    res["cells"] = {c: rounds.cell([r[c] for r in res["rounds"] if c in r]) for c in got}
+
+
+def measure(systems: list[System], cells: list[tuple[str, str, int]], secs: float, warm: float, bodies: Path,
+            out: dict[str, Any], quick: bool, n_rounds: int) -> None:
+    """Every system's cells, ``n_rounds`` times, the systems' order reversed every other round."""
+    for s in systems:
+        prepare(s, warm, bodies, out)
+    for i in range(n_rounds):
+        log(f"--- round {i + 1} of {n_rounds}: {', '.join(s.label for s in rounds.order(systems, i))} ---")
+        for s in rounds.order(systems, i):
+            measure_round(s, cells, secs, bodies, out[s.name], quick)
 
 
 def profile(system: System, secs: float, bodies: Path, stamp: str) -> dict[str, Any]:
@@ -173,9 +207,19 @@ def per_process(stack: Any) -> dict[str, int]:
     return out
 
 
+def aside(what: str, run: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+    """A cell of its own beside the comparison: its failure is logged and leaves it out (None), not the run."""
+    try:
+        return run()
+    except Exception as e:  # noqa: BLE001
+        log(f"{what} NOT measured: {type(e).__name__}: {e}")
+        return None
+
+
 def compare(args: argparse.Namespace, tmp: Path, procs: Procs, stamp: str) -> dict[str, Any]:
     quick = args.quick
-    secs, warm = (2.0, 0.0) if quick else (8.0, 3.0)
+    secs, warm = (2.0, 0.0) if quick else (5.0, 3.0)
+    n_rounds = args.rounds or (ROUNDS_QUICK if quick else ROUNDS_FULL)
     cells = CELLS_QUICK if quick else CELLS_FULL
     t_start = time.monotonic()
     bodies = tmp / "bodies"
@@ -211,14 +255,12 @@ def compare(args: argparse.Namespace, tmp: Path, procs: Procs, stamp: str) -> di
         log(f"all systems up after {time.monotonic() - t_start:.0f} s")
         results: dict[str, Any] = {}
         prof = None
-        for s in systems:
-            log(f"--- {s.label} ---")
-            measure(s, cells, secs, warm, bodies, results, quick)
-            if s.name == "gateway" and args.profile:
-                prof = profile(s, secs, bodies, stamp)
-                log(f"profile: {prof.get('error') or prof['svg']}")
-        log(f"--- long streams: {fx.LONG_TOKENS} tokens every {fx.LONG_CADENCE_MS} ms ---")
-        ls = long_streams.measure(systems, up.long, quick, long_client, tmp, log)
+        measure(systems, cells, secs, warm, bodies, results, quick, n_rounds)
+        if args.profile and "gateway" in results:
+            prof = profile(gw, secs, bodies, stamp)
+            log(f"profile: {prof.get('error') or prof['svg']}")
+        log(f"--- long streams: {fx.LONG_TOKENS} tokens every {fx.LONG_CADENCE_MS} ms, {n_rounds} rounds ---")
+        ls = long_streams.measure(systems, up.long, quick, long_client, tmp, log, n_rounds)
         ls_prof = None
         if args.profile and "gateway" in results:
             ls_prof = long_streams.profile(gw, gw.port, long_client, tmp,
@@ -226,6 +268,10 @@ def compare(args: argparse.Namespace, tmp: Path, procs: Procs, stamp: str) -> di
             log(f"profile of the {long_streams.PROFILED_C}-stream cell: {ls_prof.get('error') or ls_prof['svg']}")
         if "gateway" in results:
             results["gateway"]["error_detail"] = gateway_errors(stack)
+        log(f"--- which gRPC server: the minimal ext_proc on each, {n_rounds} rounds ---")
+        grpc = aside("gRPC servers", lambda: grpc_servers.measure(
+            procs, tmp, up, bodies, secs, n_rounds, log,
+            started={"grpcio": next(s for s in systems if s.name == "minimal_extproc")}))
         if "chat" in results.get("gateway", {}).get("cells", {}):
             # Throughput vs ext_proc processes: the same stack again with GATEWAY_EXTPROC_WORKERS=2,
             # non-streaming chat at 64 connections only, after the one-process stack has stopped.
@@ -237,13 +283,15 @@ def compare(args: argparse.Namespace, tmp: Path, procs: Procs, stamp: str) -> di
             log(f"gateway stack with {WORKERS} ext_proc processes up on :{gw2.port}")
             log(f"--- {gw2.label} ---")
             # warmed like the one-process stack, whose chat cell came after its latency cell
-            measure(gw2, [c for c in cells if c[0] == "chat"], secs, max(warm, 1.0), bodies, results, quick)
+            measure([gw2], [c for c in cells if c[0] == "chat"], secs, max(warm, 1.0), bodies, results, quick,
+                    n_rounds)
             results[gw2.name]["error_detail"] = gateway_errors(stack)
             results[gw2.name]["requests_per_process"] = per_process(stack)
             log(f"requests served per ext_proc process: {results[gw2.name]['requests_per_process']}")
-        return {"mode": "quick" if quick else "full", "cell_seconds": secs, "systems": results,
+        return {"mode": "quick" if quick else "full", "cell_seconds": secs, "rounds": n_rounds, "systems": results,
                 "litellm_note": litellm_note, "profile": prof, "long_streams": ls, "long_profile": ls_prof,
-                "redis": ceiling(),
+                "redis": aside("Redis ceiling", ceiling), "grpc_servers": grpc,
+                "resp_client": aside("RESP client A/B", lambda: resp_ab.measure(n_rounds, log)),
                 "stream_chunks_per_reply": fx.STREAM_CHUNKS,
                 "cells": [{"id": c, "scenario": s, "conns": n} for c, s, n in cells]}
     finally:
@@ -321,42 +369,59 @@ def soak(args: argparse.Namespace, tmp: Path, procs: Procs) -> dict[str, Any]:
 
 
 # ---- the end -------------------------------------------------------------------------------------
+HEADLINE = ("rps_gateway", "rps_bare_envoy", "rps_minimal_extproc", "rps_litellm", "ratio_vs_envoy",
+            "ratio_vs_minimal", "ratio_vs_litellm", "overhead_p50_ms", "overhead_p50_minimal_ms",
+            "overhead_p99_ms", "stream_chunks_per_s", "stream_ratio_vs_minimal", "models_ratio_vs_minimal",
+            "streams_c500_added_itl_p99_ms", "streams_c500_envoy_cpu_vs_bare", "streams_c2000_errors",
+            "kb_per_stream")  # each round's figures; their medians and spreads make the headline
+
+
+def round_headline(cmp: dict[str, Any], i: int) -> dict[str, Any]:
+    """The headline's figures from round ``i`` alone: each ratio from cells of the same round."""
+    sy = cmp["systems"]
+
+    def cell(name: str, c: str, key: str = "rps") -> float | None:
+        rs = sy.get(name, {}).get("rounds", [])
+        v = rs[i].get(c) if i < len(rs) else None
+        return None if v is None else float(v[key])
+
+    def ratio(a: float | None, b: float | None, nd: int = 3) -> float | None:
+        return None if a is None or not b else round(a / b, nd)
+
+    def diff_ms(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else round((a - b) / 1000, 3)
+
+    h: dict[str, Any] = dict.fromkeys(HEADLINE)
+    rg, rb, rm, rl = (cell(n, "chat") for n in ("gateway", "bare_envoy", "minimal_extproc", "litellm"))
+    h.update({"rps_gateway": rg, "rps_bare_envoy": rb, "rps_minimal_extproc": rm, "rps_litellm": rl,
+              "ratio_vs_envoy": ratio(rg, rb), "ratio_vs_minimal": ratio(rg, rm), "ratio_vs_litellm": ratio(rg, rl),
+              "overhead_p50_ms": diff_ms(cell("gateway", "latency", "p50_us"), cell("bare_envoy", "latency", "p50_us")),
+              "overhead_p50_minimal_ms": diff_ms(cell("minimal_extproc", "latency", "p50_us"),
+                                                 cell("bare_envoy", "latency", "p50_us")),
+              "overhead_p99_ms": diff_ms(cell("gateway", "latency", "p99_us"), cell("bare_envoy", "latency", "p99_us"))})
+    sg = cell("gateway", "stream")
+    h["stream_chunks_per_s"] = None if sg is None else sg * cmp["stream_chunks_per_reply"]
+    h["stream_ratio_vs_minimal"] = ratio(sg, cell("minimal_extproc", "stream"))
+    # as the target is worded: the gateway's GET /v1/models against the minimal ext_proc's chat
+    h["models_ratio_vs_minimal"] = ratio(cell("gateway", "models"), rm)
+    h.update(long_streams.headline(long_streams.round_view(cmp.get("long_streams"), i)))
+    return h
+
+
 def headline(cmp: dict[str, Any] | None, sk: dict[str, Any] | None) -> dict[str, Any]:
-    h: dict[str, Any] = {k: None for k in (
-        "rps_gateway", "rps_bare_envoy", "rps_minimal_extproc", "rps_litellm", "ratio_vs_envoy",
-        "ratio_vs_minimal", "ratio_vs_litellm", "overhead_p50_ms", "overhead_p50_minimal_ms",
-        "overhead_p99_ms", "stream_chunks_per_s", "stream_ratio_vs_minimal", "models_ratio_vs_minimal",
-        "errors", "rss_growth_pct", "streams_c500_added_itl_p99_ms", "streams_c2000_errors", "kb_per_stream",
-        "redis_us_per_request")}  # exactly the headline's keys: the 2-process row is in the table
+    """The last line printed: each figure the median over the rounds, with its ``_spread`` and the list of
+    those spread wider than bench/rounds.py's limit; errors over every round; the Redis and RESP client
+    figures from their own runs."""
+    h: dict[str, Any] = dict.fromkeys(HEADLINE)
     if cmp:
-        sy = cmp["systems"]
-        h.update(long_streams.headline(cmp.get("long_streams")))
-        h["redis_us_per_request"] = cmp.get("redis", {}).get("redis_us_per_request")
-
-        def cell(name: str, c: str, key: str = "rps") -> float | None:
-            v = sy.get(name, {}).get("cells", {}).get(c)
-            return None if v is None else float(v[key])
-
-        def ratio(a: float | None, b: float | None, nd: int = 3) -> float | None:
-            return None if a is None or not b else round(a / b, nd)
-
-        def diff_ms(a: float | None, b: float | None) -> float | None:
-            return None if a is None or b is None else round((a - b) / 1000, 3)
-
-        rg, rb, rm, rl = (cell(n, "chat") for n in ("gateway", "bare_envoy", "minimal_extproc", "litellm"))
-        h.update({"rps_gateway": rg and round(rg, 1), "rps_bare_envoy": rb and round(rb, 1),
-                  "rps_minimal_extproc": rm and round(rm, 1), "rps_litellm": rl and round(rl, 1),
-                  "ratio_vs_envoy": ratio(rg, rb), "ratio_vs_minimal": ratio(rg, rm), "ratio_vs_litellm": ratio(rg, rl),
-                  "overhead_p50_ms": diff_ms(cell("gateway", "latency", "p50_us"), cell("bare_envoy", "latency", "p50_us")),
-                  "overhead_p50_minimal_ms": diff_ms(cell("minimal_extproc", "latency", "p50_us"),
-                                                     cell("bare_envoy", "latency", "p50_us")),
-                  "overhead_p99_ms": diff_ms(cell("gateway", "latency", "p99_us"), cell("bare_envoy", "latency", "p99_us"))})
-        sg = cell("gateway", "stream")
-        h["stream_chunks_per_s"] = None if sg is None else round(sg * cmp["stream_chunks_per_reply"], 1)
-        h["stream_ratio_vs_minimal"] = ratio(sg, cell("minimal_extproc", "stream"))
-        # as the target is worded: the gateway's GET /v1/models against the minimal ext_proc's chat
-        h["models_ratio_vs_minimal"] = ratio(cell("gateway", "models"), rm)
-        gw = sy.get("gateway")
+        per_round = [round_headline(cmp, i) for i in range(cmp.get("rounds", 1))]
+        h = rounds.combine(per_round, summed=("streams_c2000_errors",),
+                           digits=lambda k: 1 if k.startswith("rps") or k == "stream_chunks_per_s" else 3)
+    h.update(dict.fromkeys(("errors", "rss_growth_pct", "redis_us_per_request")))
+    if cmp:
+        h["redis_us_per_request"] = (cmp.get("redis") or {}).get("redis_us_per_request")
+        h.update(resp_ab.headline(cmp.get("resp_client")))
+        gw = cmp["systems"].get("gateway")
         if gw is not None:
             h["errors"] = sum(int(c["errors"]) for c in gw["cells"].values()) + len(gw["invalid"])
     if sk:
@@ -367,10 +432,12 @@ def headline(cmp: dict[str, Any] | None, sk: dict[str, Any] | None) -> dict[str,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="short cells (under 2 minutes in all)")
+    ap.add_argument("--quick", action="store_true", help="2 s cells, 3 rounds: about 10 minutes on 2 cores (full: 5 s, 5 rounds, 4 stream counts)")
     ap.add_argument("--soak", type=int, default=0, help="soak the gateway for this many seconds instead")
     ap.add_argument("--profile", action="store_true", help="py-spy flame graph of the gateway's ext_proc")
     ap.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out")
+    ap.add_argument("--rounds", type=int, default=0,
+                    help=f"rounds of every cell (default {ROUNDS_FULL}, {ROUNDS_QUICK} with --quick)")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("bench: wrk not found (make bench installs Debian's wrk)")

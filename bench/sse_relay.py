@@ -1,6 +1,6 @@
 """Micro-benchmark of a streamed reply's per-chunk work outside Envoy (python -m bench.sse_relay
 [relay.lua ...]): Envoy's relay (envoy/sse_relay.lua, or the given copies of it, for an A/B) in LuaJIT
-through lupa, timed inside Lua, and the ext_proc's meter (extproc/sse.py).  The bench's 64-event
+through lupa, timed inside Lua, and the ext_proc's meter (core/sse.py).  The bench's 64-event
 stream (vLLM's shape: compact JSON, LF, the usage chunk with empty choices), fed as one chunk (a burst)
 and one event a chunk (a stream at a model server's pace), then the same framed with CRLF (the general
 path); usage asked for and not.  The files are alternated over rounds; medians in µs per stream."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from lupa import luajit21
 
-from extproc.sse import StreamMeter
+from core.sse import StreamMeter
 
 from .fixtures import STREAM_ALIAS, UP_STREAM, stream_reply
 
@@ -60,7 +60,7 @@ def main(files: list[Path]) -> None:
                 for show in (False, True):
                     runs.setdefault((str(f), name, show), []).append(
                         run(lua.table_from(chunks), up, alias, show, STREAMS))
-            runs.setdefault(("meter (extproc/sse.py)", name, False), []).append(
+            runs.setdefault(("meter (core/sse.py)", name, False), []).append(
                 min(timeit.repeat(lambda: _meter(chunks), number=STREAMS, repeat=1)) / STREAMS * 1e6)
     for name in cases():
         for (f, case, show), v in runs.items():

@@ -158,7 +158,7 @@ def start_gateway(tmp: Path, up: Upstream, workers: int = 1, event_loop: str | N
 
     async def make_key() -> tuple[str, str]:
         import asyncpg
-        from extproc.store import redis_client
+        from core.redis_client import redis_client
         pool = await asyncpg.create_pool(stack.database_url, min_size=1, max_size=2)
         r = redis_client(stack.redis_url, 2)
         try:
@@ -207,10 +207,11 @@ def launch_litellm(procs: Procs, tmp: Path, up: Upstream, binary: str) -> System
     path = tmp / "litellm.yaml"
     path.write_text(yaml.safe_dump(cfg))
     workers = os.cpu_count() or 1
-    procs.start("litellm", litellm_env.proxy_argv(binary, path, port, workers),
-                env=litellm_env.proxy_env(LITELLM_KEY), cwd=str(tmp))
+    p = procs.start("litellm", litellm_env.proxy_argv(binary, path, port, workers),
+                    env=litellm_env.proxy_env(LITELLM_KEY), cwd=str(tmp))
     return System("litellm", "LiteLLM proxy", port, key=LITELLM_KEY,
-                  note=f"litellm[proxy], {workers} workers (one per core), no database")
+                  note=f"litellm[proxy], {workers} workers (one per core), no database",
+                  extra={"pgid": p.pid})  # its process group: the proxy and its workers
 
 
 def litellm_ready(port: int) -> bool:

@@ -10,12 +10,12 @@ from typing import Any, Literal
 import asyncpg
 import redis.asyncio as aioredis
 
-from extproc import cost, redis_keys as rk
-from extproc.cost import micro_to_pln
-from extproc.decisions import UsageRecord
-from extproc.directory import CLIMIT_SQL, PAID_SQL
-from extproc.hold import credit_limit
-from extproc.keys import key_hash, new_key
+from core import cost, redis_keys as rk
+from core.cost import micro_to_pln
+from core.decisions import UsageRecord
+from core.directory import CLIMIT_SQL, PAID_SQL
+from core.cost import credit_limit
+from core.keys import key_hash, new_key
 
 # Keep the cached balance in step with a ledger entry only where the balance is cached; money other than
 # the trial credit makes the organisation a paying one (its credit limit, README "Billing").
@@ -179,7 +179,7 @@ class Admin:
                 for r in rows]
 
 
-# ``gateway usage``'s columns: a usage record's fields (extproc/decisions.py), its organisation aside
+# ``gateway usage``'s columns: a usage record's fields (core/decisions.py), its organisation aside
 USAGE_COLUMNS = ", ".join(f.name for f in fields(UsageRecord) if f.name != "org_id")
 
 

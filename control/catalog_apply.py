@@ -17,8 +17,8 @@ from pathlib import Path
 
 import asyncpg
 
-from extproc import catalog as catalog_mod
-from extproc.alias_policy import ModelChange, breaches, describe, model_changes, too_soon
+from core import catalog as catalog_mod
+from core.alias_policy import ModelChange, breaches, describe, model_changes, too_soon
 
 
 class Refused(Exception):

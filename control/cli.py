@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from extproc.catalog import CatalogError
-from extproc.cost import micro_to_pln
-from extproc.settings_base import PORT_OFFSETS, SettingsError
-from extproc.urls import RedisUrlError
+from core.catalog import CatalogError
+from core.cost import micro_to_pln
+from core.settings_base import PORT_OFFSETS, SettingsError
+from core.urls import RedisUrlError
 
 from .admin import Admin, AdminError, CreditLimit, pln_to_micro
 from .console.launch import ConfigError
@@ -45,7 +45,7 @@ def _urls(s: Settings) -> tuple[str, str]:
 def db_problem(url: str, e: BaseException) -> str:
     """What went wrong reaching PostgreSQL, and what to do, in one line (the password masked)."""
     import asyncpg
-    from extproc.urls import mask
+    from core.urls import mask
     m = mask(url)
     if isinstance(e, (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError)):
         return f"PostgreSQL refused DATABASE_URL's credentials: {e} (at {m}); fix DATABASE_URL"
@@ -64,7 +64,7 @@ def db_problem(url: str, e: BaseException) -> str:
 def redis_problem(url: str, e: BaseException) -> str:
     """What went wrong reaching Redis, and what to do, in one line (the password masked)."""
     import redis.exceptions as rx
-    from extproc.urls import mask
+    from core.urls import mask
     m = mask(url)
     if isinstance(e, RedisUrlError):
         return str(e)
@@ -83,7 +83,7 @@ async def _with_admin(s: Settings, fn: Callable[[Admin], Awaitable[Any]]) -> Any
     AdminError saying which, at which URL (password masked), and what to do."""
     import asyncpg
     import redis.exceptions as rx
-    from extproc.store import redis_client
+    from core.redis_client import redis_client
     db, rd = _urls(s)
     async with contextlib.AsyncExitStack() as opened:
         try:
@@ -154,7 +154,7 @@ Ctrl-C stops every process."""
 
 
 def cmd_up(args: argparse.Namespace, s: Settings) -> int:
-    from extproc import catalog as catalog_mod
+    from core import catalog as catalog_mod
 
     from .launcher import GaveUp, Stack
     from .procs import stop_requested
@@ -204,10 +204,10 @@ async def status(s: Settings) -> dict[str, dict[str, Any]]:
     import urllib.request
     import asyncpg
     import grpc
-    from extproc.store import redis_client
+    from core.redis_client import redis_client
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from extproc import catalog as catalog_mod
+    from core import catalog as catalog_mod
     from .ports import extproc_workers
 
     timeout = STATUS_TIMEOUT_S
@@ -350,7 +350,7 @@ def cmd_sim(args: argparse.Namespace, s: Settings) -> int:
 def cmd_catalog(args: argparse.Namespace, s: Settings) -> int:
     """``gateway catalog apply FILE [--force]`` (control/catalog_apply.py)."""
     import asyncpg
-    from extproc.alias_policy import describe, when_text
+    from core.alias_policy import describe, when_text
     from .catalog_apply import Refused, apply
     db = _urls(s)[0]
     try:

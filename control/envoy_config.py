@@ -11,9 +11,9 @@ from typing import Any
 
 import yaml
 
-from extproc import errors
-from extproc.catalog import Catalog, CatalogError, load
-from extproc.endpoints import REGISTRY, Registry
+from core import errors
+from core.catalog import Catalog, CatalogError, load
+from core.endpoints import REGISTRY, Registry
 
 from .ports import extproc_workers
 from .settings import Settings
@@ -37,7 +37,7 @@ def access_log_path(s: Settings) -> str:
 
 def error_bodies() -> dict[str, str]:
     """The template's Envoy reply bodies: ``REQ_<NAME>`` / ``RESP_<NAME>`` is the JSON body of
-    ``extproc.errors.<NAME>`` with Envoy's request id (the request's, or the one its reply minted), as a
+    ``core.errors.<NAME>`` with Envoy's request id (the request's, or the one its reply minted), as a
     YAML scalar (the same text the bootstrap had when these were written by hand): every message a client
     can see is written in errors.py alone."""
     out = {}

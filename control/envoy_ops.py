@@ -1,13 +1,13 @@
 """What every deployment shape does to a running Envoy, in one place: apply a changed catalog (re-render its
-clusters, which Envoy swaps in without a restart) and drain it (``extproc.envoy_admin.drain``: refuse new
+clusters, which Envoy swaps in without a restart) and drain it (``core.envoy_admin.drain``: refuse new
 connections, let the requests and streams in flight finish).  ``gateway up`` (control.launcher) and the image's Envoy
 (control.envoy_runner, compose and Kubernetes) both use these."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from extproc import catalog as catalog_mod
-from extproc.envoy_admin import drain
+from core import catalog as catalog_mod
+from core.envoy_admin import drain
 
 from . import embedded, envoy_config
 from .settings import Settings

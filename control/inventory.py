@@ -13,8 +13,8 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from extproc import redis_keys as rk
-from extproc.cost import micro_to_pln
+from core import redis_keys as rk
+from core.cost import micro_to_pln
 
 from .admin import AdminError
 

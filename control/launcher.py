@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 from typing import Awaitable, Callable, TypeVar
 
-from extproc import catalog as catalog_mod
-from extproc import redis_durability
-from extproc.settings_base import SPAN
+from core import catalog as catalog_mod
+from core import redis_durability
+from core.settings_base import SPAN
 
 from . import embedded, envoy_config, envoy_ops, ports
 from .procs import Proc, http_ok, port_open
@@ -89,7 +89,7 @@ def dsn_problem(database_url: str, e: BaseException) -> str:
     errors name the parameter; any other (``int()`` of a "port" that is a piece of a password with an
     unescaped ``#`` or ``/``) could quote a secret, so only its type is told."""
     import asyncpg
-    from extproc.urls import mask
+    from core.urls import mask
     why = str(e) if isinstance(e, asyncpg.ClientConfigurationError) else (
         f"{type(e).__name__}; a reserved character in the password (@ : / ? # % or a space) must be "
         "percent-encoded")
@@ -100,7 +100,7 @@ async def migrate(database_url: str, timeout: float = 10.0) -> int:
     """Apply the pending migrations (control.schema) once PostgreSQL accepts a connection, waiting up to
     ``timeout`` seconds for that; returns the schema version.  A StartError says what went wrong."""
     import asyncpg
-    from extproc.urls import mask
+    from core.urls import mask
     from .schema import migrate as apply
     refused = (asyncpg.InvalidPasswordError, asyncpg.InvalidAuthorizationSpecificationError)
     try:
@@ -284,8 +284,8 @@ class Stack:
     async def _check_redis(self, timeout: float = 10.0) -> None:
         """Redis takes REDIS_URL's credentials: refused, or not reachable in ``timeout`` seconds, is a
         StartError naming Redis and the URL (its password masked)."""
-        from extproc.resp import RespClient, RespSetupError
-        from extproc.urls import RedisUrlError, mask
+        from core.resp import RespClient, RespSetupError
+        from core.urls import RedisUrlError, mask
         try:
             client = RespClient.from_url(self.redis_url)
             try:  # any error but a refusal at login: down, slow, or not Redis

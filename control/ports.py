@@ -3,7 +3,7 @@ starts anything, so that a port already taken stops the start with one line nami
 variable, instead of a component crash-looping (or, worse, a second stack's requests reaching the first
 stack's simulators).
 
-The defaults are relative to GATEWAY_PORT (by extproc.settings_base.PORT_OFFSETS, the one table of them), and
+The defaults are relative to GATEWAY_PORT (by core.settings_base.PORT_OFFSETS, the one table of them), and
 so are the embedded simulators' ports (the catalog's ``port_offset``): two stacks with different GATEWAY_PORTs
 share nothing.  The ext_proc workers' ports follow the first one's (``extproc_workers``).
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
-from extproc.catalog import Catalog
-from extproc.settings_base import PORT_OFFSETS, SPAN
+from core.catalog import Catalog
+from core.settings_base import PORT_OFFSETS, SPAN
 
 from .settings import MAX_EXTPROC_WORKERS, Settings
 

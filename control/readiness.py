@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from extproc.catalog import Alias, Catalog
+from core.catalog import Alias, Catalog
 
 from .admin import Admin, pln_to_micro
 from .embedded import write_private

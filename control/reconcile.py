@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 import redis.asyncio as aioredis
 
-from extproc import redis_keys as rk
+from core import redis_keys as rk
 
 
 @dataclass(frozen=True)

@@ -135,7 +135,7 @@ MIGRATIONS: list[str] = [
     ALTER TABLE api_keys ADD COLUMN created_by text REFERENCES users(id) ON DELETE SET NULL;
     CREATE INDEX api_keys_creator ON api_keys (org_id, created_by) WHERE revoked_at IS NULL;
     """,
-    # 4: the usage log lists every authenticated chat/embeddings request, refusals included: the SPEC
+    # 4: the usage log lists every authenticated chat/embeddings request, refusals included: the interface
     # error code the client got (NULL: none); a status filter and a request-id lookup
     """
     ALTER TABLE usage_records ADD COLUMN error_code text;

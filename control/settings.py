@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from extproc.settings_base import env, port
-from extproc.usage_writer_settings import WriterSettings
+from core.settings_base import env, port
+from core.usage_writer_settings import WriterSettings
 
 from .console.settings import ConsoleSettings
 

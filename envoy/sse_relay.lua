@@ -1,14 +1,14 @@
--- The relay of a model server's server-sent event stream to the client (SPEC section 4, streaming rules),
+-- The relay of a model server's server-sent event stream to the client (docs/interface.md section 4, streaming rules),
 -- run by Envoy on every chunk of a streamed reply as it passes: nothing is held back but an event not
 -- complete yet, so every event the model server sent before it failed reaches the client.
 --
--- It passes whole events only, each as SPEC streaming rule 1 writes it (one "data: " line and a blank line:
+-- It passes whole events only, each as the interface's streaming rule 1 writes it (one "data: " line and a blank line:
 -- comments, other fields and events without data are left out, data over several lines joined into one),
 -- with the upstream model name replaced by the alias, and the usage (the gateway always asks the model
--- server for it) shown as SPEC streaming rule 3 wants it or taken out when the client did not ask for it;
+-- server for it) shown as the interface's streaming rule 3 wants it or taken out when the client did not ask for it;
 -- when it asked and the model server reported none, the usage the request is billed (the estimated input,
 -- one output token per event with content: extproc/observer.py) comes as the last chunk before [DONE].
--- The ext_proc reads the same bytes for billing (extproc/sse.py), without holding them; what both count
+-- The ext_proc reads the same bytes for billing (core/sse.py), without holding them; what both count
 -- is one table of cases (tests/sse_cases.py) run against each.  It works on bytes; only an event that
 -- carries a usage object is taken apart, by a small JSON scanner (Envoy's Lua has no JSON library).
 -- The common case, whole events in vLLM's shape, goes straight on (``Relay:feed``), and Envoy's access
@@ -19,7 +19,7 @@
 -- is rewritten with LFs as it passes (an LF right after a CR that ended the previous chunk is dropped).  An
 -- event the stream never ends with a blank line is not relayed: SSE clients discard it too.
 --
--- The ext_proc names the stream in the response header x-gateway-stream (extproc/stream_context.py, whose
+-- The ext_proc names the stream in the response header x-gateway-stream (core/stream_context.py, whose
 -- WIRE names its members: "a" the alias and "u" the upstream model as JSON strings, "w" 1 when the client
 -- asked for usage, "p" the estimated input tokens); it is removed here.  The file is also loaded by the unit tests (tests/test_sse.py, through
 -- tests/lua_relay.py) in LuaJIT through lupa, outside Envoy.
@@ -119,7 +119,7 @@ local function falsy(v)
   return v == "null" or v == "false" or v == "{}" or v == "[]" or find(v, "^%-?0+%.?0*$") ~= nil
 end
 
--- A usage object as billing reads it (extproc/cost.py usage_json_tokens): a whole prompt_tokens, and a
+-- A usage object as billing reads it (core/cost.py usage_json_tokens): a whole prompt_tokens, and a
 -- whole completion_tokens or none.
 local function valid_usage(u)
   local m = items(u, 1, true)
@@ -158,7 +158,7 @@ local function idle_closing_delta(data, choice)
   return delta
 end
 
--- A chunk's data with each such delta emptied: the choice closed by an empty delta, as SPEC streaming
+-- A chunk's data with each such delta emptied: the choice closed by an empty delta, as the interface's streaming
 -- rule 2 has it.  A delta with content is left as it came.
 local function empty_closing_deltas(data)
   local cuts = {}
@@ -195,7 +195,7 @@ local function escape_pattern(s)
   return (gsub(s, "[%^%$%(%)%%%.%[%]%*%+%-%?]", "%%%0"))
 end
 
--- Events with a content piece, as extproc/sse.py's StreamMeter counts them (the same rule on the same
+-- Events with a content piece, as core/sse.py's StreamMeter counts them (the same rule on the same
 -- bytes, so that a usage chunk of our own says what the request is billed): a "content" member whose
 -- value is a string that is not empty.  The meter reads vLLM's compact JSON by plain searches
 -- ("content":" then no quote) and spaced JSON (a block with "content": or "usage": ) by a pattern that
@@ -231,7 +231,7 @@ local function canonical(block)
   end
 end
 
--- The block's events as SPEC streaming rule 1 writes them: one "data: " line each, the data of several
+-- The block's events as the interface's streaming rule 1 writes them: one "data: " line each, the data of several
 -- lines joined (by a space: a line break inside JSON can only fall between tokens), comments, other
 -- fields and events without data left out.
 local function canonicalize(block)
@@ -243,7 +243,7 @@ local function canonicalize(block)
   return table.concat(out)
 end
 
--- A "usage": null member (sent on every chunk by some servers) taken out: SPEC shows usage only on the
+-- A "usage": null member (sent on every chunk by some servers) taken out: the interface shows usage only on the
 -- final chunk, and only when it was asked for.
 local function drop_null_usage(block)
   if not (find(block, '"usage":null', 1, true) or find(block, '"usage": null', 1, true)) then return block end
@@ -339,7 +339,7 @@ local function find_usage(block, i)
 end
 
 -- For a usage chunk of our own: the events with content, counted as the ext_proc's meter counts them
--- (extproc/sse.py), on the same bytes, and the stream's id; not once the model server reported usage.
+-- (core/sse.py), on the same bytes, and the stream's id; not once the model server reported usage.
 function Relay:count(block)
   if self.show and not self.reported then
     self.content = self.content + count_content(block)
@@ -361,7 +361,7 @@ function Relay:events(block)
 end
 
 -- A block of whole events, each one "data: " line (``raw``: as the model server framed them): the usage
--- where SPEC wants it, the alias put in.
+-- where the interface wants it, the alias put in.
 function Relay:relay(block, raw)
   if find_quoted(block, 'usage"', 1) then
     block = drop_null_usage(block)
@@ -402,7 +402,7 @@ end
 
 -- The client asked for usage and the model server reported none by [DONE]: the usage the request is
 -- billed (observer.outcome: the estimated input, one output token per event with content) in a chunk
--- of our own, the last before [DONE] as SPEC streaming rule 3 wants it.
+-- of our own, the last before [DONE] as the interface's streaming rule 3 wants it.
 function Relay:own_usage(block)
   local d = done_at(block, 1)
   if d == nil then return block end
@@ -414,7 +414,7 @@ function Relay:own_usage(block)
   return sub(block, 1, d - 1) .. event .. sub(block, d)
 end
 
--- Each event of the block that carries a usage object: the usage moved where SPEC streaming rule 3 wants
+-- Each event of the block that carries a usage object: the usage moved where the interface's streaming rule 3 wants
 -- it, or taken out; the usage chunk of our own goes out last before [DONE].
 function Relay:take_usage(block, at)
   local out, pos = {}, 1
@@ -450,7 +450,7 @@ function Relay:usage_event(event)
     if x[1] == "usage" then k = i end
   end
   if k == nil then return event end
-  -- a usage object billing cannot read (extproc/cost.py) is no usage: taken out like a stale one
+  -- a usage object billing cannot read (core/cost.py) is no usage: taken out like a stale one
   local valid = valid_usage(f.usage)
   local choices = f.choices and items(f.choices, 1, false)
   if f.choices == nil or falsy(f.choices) then

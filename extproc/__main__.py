@@ -15,14 +15,15 @@ import asyncpg
 from grpc_health.v1 import health_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
-from . import catalog as catalog_mod
-from . import access_log, alias_policy, envoy_admin, health, metrics, policies, tracing
-from .directory import Directory
+from core import catalog as catalog_mod
+from core import alias_policy, envoy_admin
+from core.directory import Directory
+from core.settings import GatewaySettings
+from . import access_log, health, metrics, policies, tracing
 from .exchange import Gateway
 from .grpc_server import Server
 from .process import run, until_stopped
 from .server import PROCESS_PATH, Processor
-from .settings import GatewaySettings
 from .spool import Spool
 from .store import heartbeat, open_store
 

@@ -16,23 +16,24 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Coroutine, Protocol
 from urllib.parse import unquote
 
-from . import logs, metrics
+from core import logs
+from core.catalog import Alias, Catalog
+from core.cost import Prices, cost_micro_pln
+from core.decisions import Admission, UsageRecord
+from core.directory import Directory
+from core.endpoints import REGISTRY, Endpoint, Registry
+from . import metrics
 from .billing_outcome import Facts, Outcome, decide
-from .catalog import Alias, Catalog
-from .cost import Prices, cost_micro_pln
-from .decisions import Admission, UsageRecord
-from .directory import Directory
-from .endpoints import REGISTRY, Endpoint, Registry
-from .errors import (BODY_TOO_LARGE, INTERNAL_ERROR, INVALID_KEY, MODEL_NOT_FOUND, UNSUPPORTED_ENDPOINT,
+from core.errors import (BODY_TOO_LARGE, INTERNAL_ERROR, INVALID_KEY, MODEL_NOT_FOUND, UNSUPPORTED_ENDPOINT,
                      UPSTREAM_TIMEOUT, ApiError)
+from core.keys import bearer_key, key_hash
+from core.responses import upstream_error
+from core.rules import Prepared
+from core.stream_context import HEADER as STREAM_HEADER, StreamContext
 from .hold import worst_case
-from .keys import bearer_key, key_hash
 from .policies import NONE, Policies
-from .responses import upstream_error
-from .rules import Prepared
 from .spool import NoSpool, PendingFinish, Spool
 from .store import Late, Miss, Store
-from .stream_context import HEADER as STREAM_HEADER, StreamContext
 
 log = logging.getLogger("extproc")
 
@@ -92,15 +93,15 @@ class Gateway:
     policies: Policies = NONE  # the operator's request policies (GATEWAY_REQUEST_POLICIES): none by default
     clock: Callable[[], float] = time.time
     max_body_bytes: int = 20 * 1024 * 1024
-    # SPEC section 7: the longest gap allowed inside an upstream reply once it has started.  Envoy's
+    # docs/interface.md section 7: the longest gap allowed inside an upstream reply once it has started.  Envoy's
     # idle timers run from the start of the upstream request, so the ext_proc keeps this one.
     idle_timeout_s: float = 60.0
-    # SPEC section 7's total budget (Envoy's route timeout, which starts after the ext_proc let the
+    # docs/interface.md section 7's total budget (Envoy's route timeout, which starts after the ext_proc let the
     # request through): a stream Envoy ends at it was failed by the model server, not left by the client
     total_timeout_s: float = 600.0
     # The longest an admission may wait on Redis and PostgreSQL before the request is answered 500
     # internal_error: well inside Envoy's ext_proc message_timeout (5 s, envoy/envoy.yaml), so that a
-    # hung dependency gives the client SPEC's error, never Envoy's empty 504.
+    # hung dependency gives the client the interface's error, never Envoy's empty 504.
     dependency_budget_s: float = 3.5
     auth_cache: "AuthCache" = field(default_factory=lambda: AuthCache())
     _models: tuple[int, Catalog, bytes] | None = None
@@ -244,7 +245,7 @@ def account(r: UsageRecord, endpoint: Endpoint) -> None:
 
 
 def _error_code(body: bytes) -> str:
-    """SPEC's code in one of Envoy's own replies (envoy/envoy.yaml local_reply_config)."""
+    """The interface's code in one of Envoy's own replies (envoy/envoy.yaml local_reply_config)."""
     try:
         code = json.loads(body)["error"]["code"]
     except (ValueError, KeyError, TypeError):
@@ -261,7 +262,7 @@ def _forget(task: "asyncio.Future[Any]") -> None:
 class AuthCache:
     """Successful authentications, kept for half a second in this process: enough to spare Redis a round
     trip on ``GET /v1/models`` under load, short enough that a revocation or suspension still takes
-    effect within a second (SPEC section 3)."""
+    effect within a second (docs/interface.md section 3)."""
 
     def __init__(self, ttl: float = 0.5, size: int = 10000, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl = ttl
@@ -312,10 +313,10 @@ class Exchange:
         self.started = gw.clock()
         self.ttfb: float | None = None
         self.status = 0
-        self.error_code = ""  # SPEC's code of the error the client got, for the usage log
+        self.error_code = ""  # The interface's code of the error the client got, for the usage log
         # a streamed reply went to Envoy's relay: the stream watch (``observer``) bills it
         self.handed_over = False
-        self.envoys_reply = False  # the reply is Envoy's own (local_reply_config: SPEC's shape already)
+        self.envoys_reply = False  # the reply is Envoy's own (local_reply_config: the interface's shape already)
         self.finished = False
         self.delivered = True  # False: Envoy ended the call before the request went on (``undelivered``)
         self.stream_ended = False  # a handed-over stream reached its end (its trailers phase)
@@ -406,7 +407,7 @@ class Exchange:
 
     # ---- request body ----------------------------------------------------------------------
     async def _too_large(self) -> Answer:
-        """A body over the cap: 400, once the key is known good (SPEC section 5: authentication first;
+        """A body over the cap: 400, once the key is known good (docs/interface.md section 5: authentication first;
         a body over Envoy's buffer limit gets Envoy's 413, mapped to the same 400, before any key check)."""
         adm = await self._admit(limits=False)
         if adm.error is not None:
@@ -546,7 +547,7 @@ class Exchange:
         if p is None or endpoint is None:
             return Answer()
         if self.status >= 400 or self.status < 200:
-            if self.envoys_reply:  # already in SPEC's shape: passed on as it is
+            if self.envoys_reply:  # already in the interface's shape: passed on as it is
                 code = self.error_code = _error_code(body)
                 self._count(self.status, code)
                 answer = Answer()
@@ -571,7 +572,7 @@ class Exchange:
         return Answer()
 
     async def idle_gap(self) -> Answer:
-        """Nothing more of a non-streaming reply came within the idle budget (SPEC section 7): 502
+        """Nothing more of a non-streaming reply came within the idle budget (docs/interface.md section 7): 502
         upstream_timeout (Envoy still holds the reply whole, so the client gets the error).  A stream's
         idle budget is the stream watch's (``observer``)."""
         p = self.prepared
@@ -592,7 +593,7 @@ class Exchange:
 
     async def answered_by_envoy(self, attributes: dict[str, str] | None = None) -> Answer:
         """Envoy reset the call before the request was admitted: its message timeout answered the client
-        (SPEC's 500 internal_error) while this process was paused.  Logged as the client saw it, after
+        (the interface's 500 internal_error) while this process was paused.  Logged as the client saw it, after
         authentication only (the usage log is its organisation's); admitted never: no slot, no request
         of the per-minute budget, nothing billed.  ``attributes`` as for ``request_body``."""
         if attributes is None or self._identify(attributes.get(ATTR_ID, ""), attributes.get(ATTR_METHOD, ""),

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cost import Prices, cost_micro_pln, micro_to_pln
-from .errors import QUOTA_HELD, ApiError, over_balance
-from .rules import Prepared
+from core.cost import Prices, cost_micro_pln, micro_to_pln
+from core.errors import QUOTA_HELD, ApiError, over_balance
+from core.rules import Prepared
 
 # The most one request holds: a request whose worst case is more (an n of millions) is refused wherever a
 # credit limit applies, and the held totals stay far inside Redis's 64-bit integers and Lua's exact ones.
@@ -16,7 +16,7 @@ MAX_HOLD = 10**15
 @dataclass(frozen=True, slots=True)
 class WorstCase:
     """The most a request can cost: its estimated input and ``choices`` x ``max_tokens`` output tokens,
-    at the prices in force (SPEC's billing rule, each term rounded up).  Embeddings: ``max_tokens`` 0."""
+    at the prices in force (the interface's billing rule, each term rounded up).  Embeddings: ``max_tokens`` 0."""
 
     input_tokens: int
     choices: int
@@ -48,12 +48,3 @@ def worst_case(p: Prepared, prices: Prices) -> WorstCase:
     return WorstCase(p.estimated_prompt_tokens, p.choices, p.max_tokens, prices)
 
 
-def credit_limit(paid: bool, own: str, default: int | None) -> int | None:
-    """How far below zero an organisation's balance may go (micro-PLN; None: no limit, SPEC's rule alone),
-    as the admission script decides it: 0 while its only money is the trial credit (``paid`` false), else
-    its own limit ``own`` (micro-PLN, or "none"), else (``own`` "default") GATEWAY_CREDIT_LIMIT_PLN's."""
-    if not paid:
-        return 0
-    if own == "none":
-        return None
-    return default if own == "default" else int(own)

@@ -16,13 +16,13 @@ and a client that leaves both end Envoy's stream at any moment; Envoy's access l
 """
 from __future__ import annotations
 
+from core.cost import Prices, cost_micro_pln
+from core.decisions import UsageRecord
+from core.sse import StreamMeter
+from core.stream_context import HEADER, StreamContext
 from . import metrics
 from .billing_outcome import Facts, decide
-from .cost import Prices, cost_micro_pln
-from .decisions import UsageRecord
 from .exchange import Gateway, account, count
-from .sse import StreamMeter
-from .stream_context import HEADER, StreamContext
 
 
 # Envoy keeps the watch's call open this long after the stream ended (envoy/envoy.yaml
@@ -53,7 +53,7 @@ class StreamWatch:
 
     @property
     def idle(self) -> float | None:
-        """Seconds the next chunk may take (SPEC section 7's idle gap), once the stream is known."""
+        """Seconds the next chunk may take (docs/interface.md section 7's idle gap), once the stream is known."""
         return self.gw.idle_timeout_s if self.ctx is not None and not self.done else None
 
     def response_headers(self, headers: dict[str, str]) -> None:

@@ -16,9 +16,9 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from .decisions import Identity
-from .errors import INTERNAL_ERROR, ApiError
-from .rules import Prepared
+from core.decisions import Identity
+from core.errors import INTERNAL_ERROR, ApiError
+from core.rules import Prepared
 
 log = logging.getLogger("extproc")
 

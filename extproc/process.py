@@ -8,9 +8,9 @@ import os
 import signal
 from typing import Any, Callable, Coroutine
 
-from . import logs
-from .settings_base import S, SettingsError
-from .urls import RedisUrlError
+from core import logs
+from core.settings_base import S, SettingsError
+from core.urls import RedisUrlError
 
 log = logging.getLogger("extproc")
 

@@ -14,8 +14,8 @@ from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from envoy.type.v3 import http_status_pb2
 
+from core.errors import INTERNAL_ERROR
 from . import metrics, tracing
-from .errors import INTERNAL_ERROR
 from .exchange import Answer, Exchange, Gateway, error_answer
 from .grpc_server import EOF, UNAVAILABLE, Call, Status
 from .observer import StreamWatch
@@ -171,7 +171,7 @@ class Processor:
                         answer = ex.response_trailers()
                     else:  # the trailers of a request: nothing to do
                         answer = Answer()
-                except Exception:  # noqa: BLE001 - every failure becomes SPEC's 500, never a hang
+                except Exception:  # noqa: BLE001 - every failure becomes the interface's 500, never a hang
                     log.exception("ext_proc phase %s failed", phase, extra={"request_id": ex.request_id})
                     answer = error_answer(INTERNAL_ERROR, ex.request_id)
                 msg = _to_message(phase or "", answer)

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .decisions import UsageRecord
+from core.decisions import UsageRecord
 
 log = logging.getLogger("extproc")
 

@@ -1,7 +1,7 @@
 """The request path's one narrow interface to Redis: one round trip on the way in (``admit``), one on the
 way out (``finish``).  Cache fills on a miss come from ``directory`` (PostgreSQL) and are rare.
 
-The Redis key layout is ``extproc.redis_keys``'s.
+The Redis key layout is ``core.redis_keys``'s.
 
 A hung Redis (SIGSTOP) keeps accepting connections and queues commands: an admission whose caller timed
 out would run when Redis resumes, take a slot and journal a request no model server ever sees.  So the
@@ -14,23 +14,22 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict
 from typing import Any
 
 import redis.asyncio as aioredis
 import redis.exceptions
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 
-from .decisions import Admission, Identity, UsageRecord
-from .errors import CONCURRENCY, INVALID_KEY, QUOTA, SUSPENDED, ApiError, rate_limited
+from core.decisions import Admission, Identity, UsageRecord
+from core.errors import CONCURRENCY, INVALID_KEY, QUOTA, SUSPENDED, ApiError, rate_limited
+from core.resp import RespClient, RespSetupError
+from core.settings import GatewaySettings
+from core import redis_durability
+from core import redis_keys as rk
+from core.redis_keys import USAGE_STREAM
+from core.redis_client import redis_client
+from core.urls import mask
 from .hold import WorstCase
-from .resp import RespClient, RespSetupError
-from .settings import GatewaySettings
-from . import metrics, redis_durability
-from . import redis_keys as rk
-from .redis_keys import USAGE_STREAM
-from .urls import RedisTarget, mask, parse_redis
+from . import metrics
 
 
 _ADMIT = rk.lua("""
@@ -171,29 +170,8 @@ class Miss(Exception):
         self.org_id = org_id
 
 
-def redis_client(url: str, size: int) -> aioredis.Redis:
-    """redis-py for everything but the request path's two scripts, opened from the same reading of
-    REDIS_URL as the request path's client (extproc/urls.py), so that both log in alike.  A restarted
-    Redis leaves dead pooled connections: a failed call is retried on a new one.  The pool waits for a
-    free connection rather than failing when every one is busy; it is small and opened whole at start,
-    so that a process's descriptors do not grow under load."""
-    return aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool(
-        max_connections=size, timeout=5, socket_timeout=2, socket_connect_timeout=2,
-        health_check_interval=10, retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2),
-        retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
-        **_redis_py_options(parse_redis(url))))
 
 
-def _redis_py_options(t: RedisTarget) -> dict[str, Any]:
-    opts: dict[str, Any] = {"db": t.db, "username": t.username, "password": t.password}
-    if t.unix_path is not None:
-        return opts | {"connection_class": aioredis.UnixDomainSocketConnection, "path": t.unix_path}
-    opts |= {"host": t.host, "port": t.port}
-    if t.tls is None:
-        return opts
-    # Tls's fields are redis-py's ssl_* parameters without the prefix; those not set are left to redis-py
-    tls = {f"ssl_{k}": v for k, v in asdict(t.tls).items() if v is not None}
-    return opts | tls | {"connection_class": aioredis.SSLConnection}
 
 
 async def open_store(settings: GatewaySettings, pool_size: int, owner: str = "") -> Store:

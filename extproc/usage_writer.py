@@ -20,12 +20,12 @@ from typing import Any
 import asyncpg
 import redis.exceptions
 
+from core.decisions import UsageRecord
+from core.redis_keys import USAGE_STREAM
+from core.usage_writer_settings import WriterSettings
 from . import metrics
-from .decisions import UsageRecord
 from .process import run, until_stopped
-from .redis_keys import USAGE_STREAM
 from .store import Store, open_store, orphans
-from .usage_writer_settings import WriterSettings
 
 log = logging.getLogger("extproc.usage")
 GROUP = "writers"
@@ -46,7 +46,7 @@ COLUMNS = fields(UsageRecord)
 
 # One statement, one round trip: PostgreSQL parses the records' JSON itself (this process only joins
 # the bytes it read from Redis), inserts the new ones and debits each new one's cost in the ledger.
-# The column lists are UsageRecord's fields (extproc/decisions.py).
+# The column lists are UsageRecord's fields (core/decisions.py).
 WRITE = f"""
 WITH r AS (
   SELECT * FROM jsonb_to_recordset($1::jsonb) AS x({", ".join(f"{f.name} {_from_json(f)}" for f in COLUMNS)})

@@ -24,8 +24,8 @@ import yaml
 from control.admin import Admin
 from control.launcher import Stack, free_port_base
 from control.settings import Settings
-from extproc.settings_base import PORT_OFFSETS, SPAN
-from extproc.store import redis_client
+from core.settings_base import PORT_OFFSETS, SPAN
+from core.redis_client import redis_client
 
 
 free_base = free_port_base
@@ -251,7 +251,7 @@ def client(gateway: Gateway, org: tuple[str, str, str]) -> Iterator[httpx.Client
 
 
 def assert_error(r: httpx.Response, status: int, code: str, type_: str, param: str | None = None) -> dict[str, Any]:
-    """Every member of SPEC section 7's error shape, and the request id header."""
+    """Every member of docs/interface.md section 7's error shape, and the request id header."""
     assert r.status_code == status, (r.status_code, r.text)
     assert r.headers["content-type"].startswith("application/json")
     body = r.json()

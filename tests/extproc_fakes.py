@@ -1,5 +1,5 @@
 """Unit-test doubles for the ext_proc's own interfaces (never for Redis, PostgreSQL or Envoy, which the
-end-to-end tests run for real): an in-memory store with the way-in checks of SPEC section 5, a
+end-to-end tests run for real): an in-memory store with the way-in checks of docs/interface.md section 5, a
 directory of keys and organisations, a scripted gRPC call, and hand-made ext_proc messages."""
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from google.protobuf import struct_pb2
 
 from conftest import make_catalog
-from extproc import catalog as catalog_mod
-from extproc.decisions import Admission, Identity, UsageRecord
-from extproc.errors import ApiError
+from core import catalog as catalog_mod
+from core.decisions import Admission, Identity, UsageRecord
+from core.errors import ApiError
+from core.keys import key_hash
+from core.errors import CONCURRENCY, INVALID_KEY, QUOTA, SUSPENDED
 from extproc.exchange import ATTR_AUTH, ATTR_ID, ATTR_METHOD, ATTR_PATH, Gateway
 from extproc.grpc_server import EOF
 from extproc.hold import WorstCase
-from extproc.keys import key_hash
-from extproc.errors import CONCURRENCY, INVALID_KEY, QUOTA, SUSPENDED
 from extproc.store import Miss
 
 KEY = "sk-service-" + "a" * 40
@@ -37,7 +37,7 @@ class Org:
 
 @dataclass
 class FakeStore:
-    """The ``Store`` interface in memory: ``admit`` checks, in SPEC section 5's order, the key, the
+    """The ``Store`` interface in memory: ``admit`` checks, in docs/interface.md section 5's order, the key, the
     organisation's status, then (with ``limits``) the balance, the per-key rate and the concurrency,
     and takes a slot; ``finish`` releases it and, with a record, debits and queues the record once.
     Cache entries start empty, so the first ``admit`` misses as Redis would after a restart."""

@@ -1,5 +1,5 @@
 """Envoy's stream relay (envoy/sse_relay.lua) run outside Envoy, in LuaJIT through lupa, beside the
-ext_proc's meter of the same bytes (extproc/sse.py): the pair the gateway runs on every streamed reply."""
+ext_proc's meter of the same bytes (core/sse.py): the pair the gateway runs on every streamed reply."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from lupa import luajit21
 
-from extproc.sse import StreamMeter
+from core.sse import StreamMeter
 
 SCRIPT = Path(__file__).resolve().parent.parent / "envoy" / "sse_relay.lua"
 _lua = luajit21.LuaRuntime(encoding=None)

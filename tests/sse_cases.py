@@ -1,5 +1,5 @@
 """The SSE counting rule as one table: what billing reads of a model server's event stream, written
-once and run against both readers of the same bytes, the ext_proc's meter (extproc/sse.py) and Envoy's
+once and run against both readers of the same bytes, the ext_proc's meter (core/sse.py) and Envoy's
 relay (envoy/sse_relay.lua, whose usage chunk of its own tells a client the billed estimate):
 tests/test_sse_cases.py.
 

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from conftest import Gateway, running_stack, wait_for
-from extproc.alias_policy import NOTICE_S, when_text
+from core.alias_policy import NOTICE_S, when_text
 from test_console_support import ConsoleClient, mails, signed_up
 
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from control.console.pages.changelog import entries
-from extproc.alias_policy import NOTICE_S, breaches, describe, model_changes, refusal, shrunk_limits, too_soon
-from extproc.catalog import ALWAYS, Catalog, CatalogError, Upstream, parse
+from core.alias_policy import NOTICE_S, breaches, describe, model_changes, refusal, shrunk_limits, too_soon
+from core.catalog import ALWAYS, Catalog, CatalogError, Upstream, parse
 
 NOW = 1_800_000_000  # 2027-01-15T08:00:00Z
 DAY = 86400

@@ -1,4 +1,4 @@
-"""Billing through the real stack: the cost rule, the ledger, and billing on failure (SPEC section 4)."""
+"""Billing through the real stack: the cost rule, the ledger, and billing on failure (docs/interface.md section 4)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from conftest import Gateway, assert_error, usage_caught_up, wait_for
-from extproc.cost import estimate_chat_prompt, estimate_text
+from core.cost import estimate_chat_prompt, estimate_text
 
 MSGS = [{"role": "user", "content": "Ile kosztuje bilet do Krakowa?"}]
 EST_PROMPT = estimate_chat_prompt(MSGS)
@@ -90,7 +90,7 @@ def test_stream_without_usage_from_model_server_is_estimated(gateway: Gateway, f
     assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
     row = _record(gateway, r.headers["x-request-id"])
     assert (row["estimated"], row["prompt_tokens"], row["completion_tokens"]) == (True, EST_PROMPT, 5)
-    # SPEC streaming rule 3: the client asked for usage, so the last chunk before [DONE] carries it, and
+    # The interface's streaming rule 3: the client asked for usage, so the last chunk before [DONE] carries it, and
     # it is what the request is billed (the model server reported none)
     events = [e[len("data: "):] for e in r.text.split("\n\n") if e]
     assert events[-1] == "[DONE]"
@@ -151,7 +151,7 @@ def test_client_that_gives_up_is_billed_estimated_input(gateway: Gateway, fresh:
 
 
 def test_client_that_leaves_a_stream_is_billed_estimated_input_only(gateway: Gateway, fresh: tuple[str, str, str]) -> None:
-    """SPEC: "A client disconnect at any point after the request reached the model server is billed the
+    """The interface: "A client disconnect at any point after the request reached the model server is billed the
     estimated input tokens" -- not the output relayed before it left."""
     org, _, key = fresh
     # the model server pauses half-way; the client's read timeout gives up during the pause
@@ -180,7 +180,7 @@ def test_complete_reply_without_usage_has_its_output_estimated(gateway: Gateway,
     text = r.json()["choices"][0]["message"]["content"]
     out = estimate_text(text)
     assert out > 0
-    # the client is shown the usage it is billed (SPEC section 2: a reply has ``usage``)
+    # the client is shown the usage it is billed (docs/interface.md section 2: a reply has ``usage``)
     assert r.json()["usage"] == {"prompt_tokens": EST_PROMPT, "completion_tokens": out,
                                  "total_tokens": EST_PROMPT + out}
     row = _record(gateway, r.headers["x-request-id"])
@@ -205,7 +205,7 @@ def test_embeddings_without_usage_show_and_bill_the_estimated_input(gateway: Gat
 
 
 def test_stream_broken_before_any_output_bills_nothing(gateway: Gateway, fresh: tuple[str, str, str]) -> None:
-    """SPEC: "If the model server produced no output before the failure, nothing is billed."  The client
+    """The interface: "If the model server produced no output before the failure, nothing is billed."  The client
     gets Envoy's 502 or an empty broken stream, and the balance is untouched."""
     org, _, key = fresh
     for _ in range(3):

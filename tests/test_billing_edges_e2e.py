@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from conftest import Gateway, assert_error, wait_for
-from extproc.cost import estimate_chat_prompt
+from core.cost import estimate_chat_prompt
 
 MSGS = [{"role": "user", "content": "Ile kosztuje bilet do Krakowa?"}]
 EST_PROMPT = estimate_chat_prompt(MSGS)

@@ -1,6 +1,6 @@
 """Request bodies that must never be a 500, through the real stack: lone UTF-16 surrogates
 are refused with 400 invalid_request (docs/configuration.md), NaN / Infinity / -Infinity with 400 invalid_json, and
-arbitrary JSON values and arbitrary bytes sent to both POST endpoints get no 5xx and SPEC's error shape."""
+arbitrary JSON values and arbitrary bytes sent to both POST endpoints get no 5xx and the interface's error shape."""
 from __future__ import annotations
 
 import json
@@ -47,7 +47,7 @@ def test_non_json_numbers_are_invalid_json(client: httpx.Client, path: str, mode
 
 
 def _shape(r: httpx.Response) -> None:
-    """No 5xx; an error has SPEC section 7's shape; a success is JSON with the request id header."""
+    """No 5xx; an error has docs/interface.md section 7's shape; a success is JSON with the request id header."""
     assert r.status_code < 500, (r.status_code, r.text[:300])
     assert r.headers.get("x-request-id")
     if r.status_code >= 400:

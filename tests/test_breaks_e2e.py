@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from conftest import Gateway, wait_for
-from extproc.cost import estimate_chat_prompt
+from core.cost import estimate_chat_prompt
 
 MSGS = [{"role": "user", "content": "Ile kosztuje bilet do Krakowa?"}]
 EST_PROMPT = estimate_chat_prompt(MSGS)
@@ -100,7 +100,7 @@ def test_a_broken_stream_delivers_every_event_and_is_billed_what_reached_the_cli
 
 @pytest.mark.parametrize("gap_ms", [0, 20])
 def test_a_client_that_leaves_a_flowing_stream_is_billed_the_estimated_input(gateway: Gateway, gap_ms: int) -> None:
-    """SPEC: "A client disconnect at any point after the request reached the model server is billed the
+    """The interface: "A client disconnect at any point after the request reached the model server is billed the
     estimated input tokens": told from a model server's break by Envoy's access log, whatever the gap."""
     org, _, key = gateway.new_org(10_000_000)
     rid = _leave(gateway, key, {"itl_ms": gap_ms or 1, "output_tokens": 2000}, after=4)

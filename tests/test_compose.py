@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from extproc import catalog as catalog_mod
+from core import catalog as catalog_mod
 from control.settings import ENV_VARS, Settings
 from sim.cli import _parser as sim_parser
 

@@ -14,7 +14,7 @@ from babel.messages.pofile import read_po
 
 from conftest import Gateway, wait_for
 from control.console import i18n
-from extproc.catalog import WARSAW
+from core.catalog import WARSAW
 from test_console_billing import start_topup
 from test_console_support import PASSWORD, ConsoleClient, mail_link, mails, new_email, signed_up
 

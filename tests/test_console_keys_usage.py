@@ -14,7 +14,7 @@ import httpx
 import openai
 
 from conftest import Gateway, wait_for
-from extproc.catalog import WARSAW
+from core.catalog import WARSAW
 from test_console_support import ConsoleClient, signed_up
 
 KEY = re.compile(r'id="new-key">(sk-service-[A-Za-z0-9]{40})<')

@@ -1,5 +1,5 @@
 """The console's look, checked from its stylesheet: text colours meet WCAG AA contrast (4.5:1) where
-the issue found them short (the active navigation link, the footer, the "estimated" tag, muted text)."""
+a review found them short (the active navigation link, the footer, the "estimated" tag, muted text)."""
 from __future__ import annotations
 
 import re

@@ -1,6 +1,6 @@
 """The console as an operator runs it: outside development mode a start that would send e-mail without
 TLS, build links on an http:// address or fail on its first payment stops at once with one line; and its
-logs are JSON lines (extproc/logs.py's format) where every line of a request carries the request id the
+logs are JSON lines (core/logs.py's format) where every line of a request carries the request id the
 console mints and returns as X-Request-Id."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A bounded cost per request through the real stack (docs/billing.md): each request's worst case is held
 against the organisation's balance, less its requests in flight, plus its credit limit; one that does not
 fit is 402 insufficient_quota at no cost, saying the largest max_tokens that would fit.  Without a credit
-limit, SPEC's rule alone: a positive balance admits."""
+limit, the interface's rule alone: a positive balance admits."""
 from __future__ import annotations
 
 import threading
@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from conftest import Gateway, assert_error, wait_for
-from extproc.cost import Prices, cost_micro_pln, estimate_chat_prompt
+from core.cost import Prices, cost_micro_pln, estimate_chat_prompt
 
 ADVANCED = Prices(4_000_000, 8_000_000)  # the test catalog's "advanced": 4 / 8 PLN per 1M tokens
 MSGS = [{"role": "user", "content": "x" * 32}]  # estimated 14 tokens (7 + 4 + 3); the simulator counts 8
@@ -148,7 +148,7 @@ def test_without_a_credit_limit_a_positive_balance_admits_as_spec_says(gateway: 
 def test_an_organisations_own_credit_limit_and_payment_apply_within_a_second(gateway: Gateway) -> None:
     """`gateway org limits --credit-limit` and a credit reach the cache at once: a trial organisation is held
     to its balance until money other than the trial credit arrives; then its own limit (0: the balance),
-    none (SPEC's rule), or the default (none on this stack) applies."""
+    none (the interface's rule), or the default (none on this stack) applies."""
     async def make(a: Any) -> tuple[str, str]:
         org = await a.create_org("trial", 10_000, kind="trial")
         return org, (await a.create_key(org))[1]

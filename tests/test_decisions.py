@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from extproc.decisions import UsageRecord
+from core.decisions import UsageRecord
 
 
 def _record(**over: object) -> UsageRecord:

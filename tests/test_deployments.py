@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from control import envoy_config
-from extproc.catalog import CatalogError, parse
+from core.catalog import CatalogError, parse
 from control.settings import Settings
 
 

@@ -24,7 +24,7 @@ import yaml
 
 from conftest import Gateway
 from docs_blocks import ROOT, Block, all_blocks, marked, sample_matches
-from extproc import catalog as catalog_mod
+from core import catalog as catalog_mod
 
 KINDS = ("client-snippet: ", "run: sh", "output of: ", "run by: ", "catalog: upstream_models", "catalog: whole",
          "diagram")

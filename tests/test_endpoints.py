@@ -1,4 +1,4 @@
-"""The endpoint registry (extproc/endpoints.py) drives the exchange, the stream watch, the catalog's
+"""The endpoint registry (core/endpoints.py) drives the exchange, the stream watch, the catalog's
 capabilities and Envoy's routes: a test-only endpoint, the record docs/adding-an-endpoint.md shows
 (read from the document), registered beside the two served, is forwarded and billed by the exchange,
 metered and billed by the stream watch, listed by the catalog and routed by the rendered bootstrap, which
@@ -20,13 +20,13 @@ from conftest import make_catalog
 from control.envoy_config import render_bootstrap, write_cds
 from control.settings import Settings
 from docs_blocks import ROOT, marked
-from extproc import catalog as catalog_mod
-from extproc.catalog import CatalogError
-from extproc.cost import estimate_text
-from extproc.endpoints import REGISTRY, Endpoint, Registry
+from core import catalog as catalog_mod
+from core.catalog import CatalogError
+from core.cost import estimate_text
+from core.endpoints import REGISTRY, Endpoint, Registry
+from core.stream_context import HEADER, StreamContext
 from extproc.exchange import CLUSTER_HEADER, Exchange, Gateway
 from extproc.observer import StreamWatch
-from extproc.stream_context import HEADER, StreamContext
 from extproc_fakes import KEY, gateway, sse, store, usage_chunk
 
 DOC = "docs/adding-an-endpoint.md"

@@ -95,7 +95,7 @@ def test_circuit_breakers_follow_the_connection_limit() -> None:
     """Envoy's default circuit breakers (1,024 per cluster) would refuse long streams beyond 512 (two
     ext_proc streams each) with 500s: the gateway's follow GATEWAY_MAX_CONNECTIONS."""
     from control.envoy_config import clusters
-    from extproc import catalog as catalog_mod
+    from core import catalog as catalog_mod
     from conftest import make_catalog
     doc = _render(max_connections=3000)
     [extproc] = [c for c in doc["static_resources"]["clusters"] if c["name"] == "extproc"]
@@ -108,13 +108,13 @@ def test_circuit_breakers_follow_the_connection_limit() -> None:
 
 
 def test_envoys_own_error_replies_are_rendered_from_errors_py() -> None:
-    """Every reply Envoy writes itself (local_reply_config) is SPEC section 7's error object: the body of
-    one of extproc/errors.py's errors word for word (a client sees one text for one error, whichever
+    """Every reply Envoy writes itself (local_reply_config) is docs/interface.md section 7's error object: the body of
+    one of core/errors.py's errors word for word (a client sees one text for one error, whichever
     part refused it), with Envoy's request id, and the status errors.TABLE gives its code."""
     import json
     import re
 
-    from extproc import errors
+    from core import errors
 
     ours = {e.message: e for e in vars(errors).values() if isinstance(e, errors.ApiError)}
     mappers = _hcm(_render())["local_reply_config"]["mappers"]

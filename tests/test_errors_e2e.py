@@ -1,7 +1,7 @@
-"""End-to-end tests (raw HTTP) of SPEC sections 4, 5, 7 and 8: every client-visible error row and the
+"""End-to-end tests (raw HTTP) of docs/interface.md sections 4, 5, 7 and 8: every client-visible error row and the
 request rules of chat completions, embeddings, models and other paths.
 
-Each assertion follows SPEC, not the implementation. Where SPEC leaves the ``param`` member of an error
+Each assertion follows the interface, not the implementation. Where the interface leaves the ``param`` member of an error
 open (errors reported by the model server), the test accepts ``null`` or the offending field's name.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ def err(r: httpx.Response, status: int, code: str, type_: str, param: str | None
 
 def err_any_param(r: httpx.Response, status: int, code: str, type_: str,
                   params: Iterable[str | None]) -> dict[str, Any]:
-    """Like ``err`` where SPEC does not pin ``param`` (model-server errors): null or the offending field."""
+    """Like ``err`` where the interface does not pin ``param`` (model-server errors): null or the offending field."""
     assert r.status_code == status, (r.status_code, r.text)
     param = r.json()["error"].get("param")
     assert param is None or param in set(params), ("param", param, r.text)
@@ -164,7 +164,7 @@ def test_key_revoked_after_use_401_within_1s(gateway: Gateway) -> None:
         ok(c.get("/models"))
         gateway.admin(lambda a: a.revoke_key(kid))
         t0 = time.monotonic()
-        # SPEC section 3: refused within a second of the revocation (polled until then, not slept through)
+        # docs/interface.md section 3: refused within a second of the revocation (polled until then, not slept through)
         r = wait_for(lambda: (x := chat(c, {"model": "polish-fast", "messages": MSGS})).status_code == 401 and x,
                      timeout=1.0, interval=0.02)
         err(r, 401, "invalid_api_key", "authentication_error")
@@ -450,8 +450,8 @@ ENVOY_CONTROLS = {"X-Envoy-Retry-On": "5xx,reset", "X-Envoy-Max-Retries": "3", "
 def test_a_clients_envoy_control_headers_are_dropped_at_the_door(client: httpx.Client, gateway: Gateway) -> None:
     """x-envoy-* request headers steer Envoy's router (retries, timeouts) for a client it counts as
     internal, and it counts a loopback peer so: a client's never reach the router or the model server.
-    A model server's 503 stays one attempt (SPEC section 7 retries only a connection failure or a
-    missing first byte) and SPEC's first-byte wait stays 180 s, whatever the client asks."""
+    A model server's 503 stays one attempt (docs/interface.md section 7 retries only a connection failure or a
+    missing first byte) and the interface's first-byte wait stays 180 s, whatever the client asks."""
     _, _, headers = echo(client, {}, headers=ENVOY_CONTROLS)
     low = {k.lower(): v for k, v in headers.items()}
     for name in ENVOY_CONTROLS:
@@ -533,7 +533,7 @@ def test_body_over_20_mib_400(client: httpx.Client, path: str) -> None:
 
 @pytest.mark.parametrize("path", ["/chat/completions", "/embeddings"])
 def test_body_over_20_mib_with_an_unknown_key_401_first(anon: httpx.Client, path: str) -> None:
-    """SPEC section 5: authentication before everything, the size cap too (a key of the right shape
+    """docs/interface.md section 5: authentication before everything, the size cap too (a key of the right shape
     that no organisation has: found out in Redis/PostgreSQL, not by its form)."""
     r = anon.post(path, content=_padded(path, BODY_LIMIT + 1),
                   headers={"Content-Type": "application/json", "Authorization": "Bearer sk-service-" + "A" * 40})

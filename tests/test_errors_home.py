@@ -1,4 +1,4 @@
-"""extproc/errors.py is the only home of the messages a client can see with an error: no other module
+"""core/errors.py is the only home of the messages a client can see with an error: no other module
 builds an ``ApiError``, and no message text appears in any other file of the product or its documentation
 (Envoy's replies are rendered from errors.py, tests/test_envoy_config.py)."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from extproc import errors
+from core import errors
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("extproc", "control", "envoy", "sim", "deploy", "docs")

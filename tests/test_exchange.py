@@ -10,9 +10,9 @@ from typing import Any, Awaitable, TypeVar
 
 import pytest
 
-from extproc.cost import estimate_chat_prompt
+from core.cost import estimate_chat_prompt
+from core.stream_context import HEADER as STREAM_HEADER, StreamContext
 from extproc.exchange import CLUSTER_HEADER, Answer, Exchange
-from extproc.stream_context import HEADER as STREAM_HEADER, StreamContext
 from extproc_fakes import (CHAT_BODY, KEY, OTHER_KEY, chat_reply, chunk, gateway, logged_free, sse, store,
                            usage_chunk)
 
@@ -131,7 +131,7 @@ async def _refused(ex: Exchange, body: bytes = CHAT_BODY) -> Answer:
 
 
 def test_refusals_are_logged_at_no_cost() -> None:
-    """Every refused chat/embeddings request of a known key goes to the usage log: the status and SPEC
+    """Every refused chat/embeddings request of a known key goes to the usage log: the status and the interface
     code the client got, no tokens, cost 0, no slot, no balance touched."""
     cases = [(10_000_000, "active", b'{"model": "polish-pro", "messages": [', 400, "invalid_json"),
              (10_000_000, "active", b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}', 404,
@@ -167,7 +167,7 @@ def test_body_over_the_limit() -> None:
     gw = gateway(max_body_bytes=len(CHAT_BODY) - 1)
     error_of(run(_forwarded(Exchange(gw))), 400, "invalid_request")
     assert store(gw).held() == 0
-    # the key is checked first (SPEC section 5), without taking a slot
+    # the key is checked first (docs/interface.md section 5), without taking a slot
     assert store(gw).admits == [("rid-1", False)]
     ex = Exchange(gw)
     a = run(ex.request_body(CHAT_BODY, {
@@ -176,7 +176,7 @@ def test_body_over_the_limit() -> None:
     error_of(a, 401, "invalid_api_key")
 
 
-# ---- the order of the checks (SPEC section 5) ------------------------------------------------------
+# ---- the order of the checks (docs/interface.md section 5) ------------------------------------------------------
 def test_authentication_comes_before_everything() -> None:
     gw = gateway(balance=0)
     ex = Exchange(gw)
@@ -253,13 +253,13 @@ def test_reply_without_usage_is_estimated() -> None:
         doc["choices"][0]["message"]["content"] = "x" * 46  # 46 characters: 10 tokens at 4.6 a token
         answer = await ex.response_body(json.dumps(doc).encode(), True)
         await ex.close()
-        # the client gets the usage it is billed (SPEC section 2: a reply has one), the rest as it came
+        # the client gets the usage it is billed (docs/interface.md section 2: a reply has one), the rest as it came
         assert answer.body is not None and answer.set_headers["content-length"] == str(len(answer.body))
         got = json.loads(answer.body)
         assert got.pop("usage") == {"prompt_tokens": EST, "completion_tokens": 10, "total_tokens": EST + 10}
         assert got == {**doc, "model": "polish-pro"}
     run(go())
-    [rec] = store(gw).records  # a complete reply: its input and its output are estimated (SPEC section 4)
+    [rec] = store(gw).records  # a complete reply: its input and its output are estimated (docs/interface.md section 4)
     assert (rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (EST, 10, True)
 
 
@@ -320,7 +320,7 @@ def _error_reply(gw: Any, status: int, details: str, body: bytes) -> Answer:
 
 def test_envoys_own_error_reply_passes_unchanged_and_bills_nothing() -> None:
     """Envoy's local replies (no capacity, upstream timeout or reset; envoy/envoy.yaml) already have
-    SPEC's shape and the request id: they go to the client as they are."""
+    the interface's shape and the request id: they go to the client as they are."""
     gw = gateway()
     local = (b'{"error":{"message":"The model server timed out; retry with backoff.","type":"upstream_error",'
              b'"code":"upstream_timeout","param":null,"request_id":"rid-1"}}')
@@ -331,7 +331,7 @@ def test_envoys_own_error_reply_passes_unchanged_and_bills_nothing() -> None:
 
 def test_a_model_servers_reply_shaped_like_envoys_own_is_still_the_model_servers() -> None:
     """Which reply is Envoy's own is Envoy's word (the response.code_details attribute), not the body's:
-    a model server that answers SPEC's JSON with the request id is mapped like any model-server error."""
+    a model server that answers the interface's JSON with the request id is mapped like any model-server error."""
     gw = gateway()
     lookalike = (b'{"error":{"message":"No capacity.","type":"server_error","code":"no_capacity","param":null,'
                  b'"request_id":"rid-1"}}')
@@ -417,7 +417,7 @@ def test_a_cache_miss_is_filled_from_the_directory_once() -> None:
 def test_the_admission_holds_the_worst_case_at_the_prices_in_force() -> None:
     """The store is asked to hold the estimated input + n x the max_tokens forwarded (clamped to the
     ceiling), at the prices in force when the request started; embeddings: their input."""
-    from extproc.cost import Prices, cost_micro_pln
+    from core.cost import Prices, cost_micro_pln
     gw = gateway()
     body = json.dumps({"model": "polish-pro", "n": 3, "max_tokens": 999_999,
                        "messages": [{"role": "user", "content": "Dzień dobry"}]}).encode()

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from conftest import MIXED_BODIES as BODIES, Gateway, wait_for
-from extproc.errors import TABLE
+from core.errors import TABLE
 
 
 
@@ -40,7 +40,7 @@ def _load(gateway: Gateway, key: str, fault: Callable[[], None], before: int = 1
                         r.read()
                         status = r.status_code
                         if status != 200:
-                            err = r.json()["error"]  # every refusal has SPEC's JSON shape
+                            err = r.json()["error"]  # every refusal has the interface's JSON shape
                             assert TABLE[err["code"]][0] == status and err["request_id"] == rid
                 except httpx.HTTPError:
                     status = 0

@@ -1,5 +1,5 @@
 """A hung dependency (SIGSTOP, then SIGCONT) under concurrent load, on a stack of its own: every answer a
-client gets is 200 or SPEC's 500 internal_error with its request id, sent before Envoy's ext_proc
+client gets is 200 or the interface's 500 internal_error with its request id, sent before Envoy's ext_proc
 message timeout (5 s); afterwards, per request id, what the clients got, what the simulator served, the
 usage records, the balance and the concurrency slots in Redis agree: nothing unserved is billed, nothing
 served is lost, no slot or journal entry is left behind."""
@@ -182,7 +182,7 @@ def test_a_redis_hang_under_load_bills_nothing_unserved_and_leaks_no_slot(stack:
     counts = _reconcile(stack, org, before, got)
     assert counts["failed"] >= 6, counts  # the hang was felt: every thread got its error
     # the ext_proc's log tells it in a few lines, not one per failed request: Redis down (and back), and
-    # each kind of admission failure once, the rest counted in one line 10 s later (extproc/logs.py;
+    # each kind of admission failure once, the rest counted in one line 10 s later (core/logs.py;
     # a line like one another test of this module wrote less than 10 s before is only counted)
     with open(stack.stack.logs / "extproc.log", "rb") as f:
         f.seek(log_at)
@@ -244,7 +244,7 @@ def test_a_postgresql_hang_under_load_bills_nothing_unserved_and_leaks_no_slot(s
 
 def test_envoys_own_message_timeout_is_a_spec_error(stack: Gateway) -> None:
     """The fallback: should the ext_proc itself stall past Envoy's message timeout, the client still gets
-    SPEC's 500 internal_error with its request id, not Envoy's empty 504; and the request the ext_proc
+    the interface's 500 internal_error with its request id, not Envoy's empty 504; and the request the ext_proc
     admits when it resumes, whose answer Envoy no longer reads, is released and never billed."""
     org, _, key = stack.new_org(1_000_000)
     extproc = stack.stack.procs["extproc"].popen.pid  # type: ignore[union-attr]
@@ -300,7 +300,7 @@ def test_the_budget_runs_from_the_body_not_the_headers(stack: Gateway) -> None:
 def test_an_over_cap_body_with_redis_or_postgresql_hung_is_a_spec_error_within_the_budget(stack: Gateway) -> None:
     """A body over the size cap is refused only once the key is known good (authentication first): for a
     key this process has not seen yet, with Redis stopped or PostgreSQL stopped that check cannot finish,
-    and the client gets SPEC's 500 internal_error with its request id within the ext_proc's budget, not
+    and the client gets the interface's 500 internal_error with its request id within the ext_proc's budget, not
     Envoy's message timeout, never the 400 before the key was checked; once the server resumes, the same
     body gets its 400 again.  Nothing reaches the model server, nothing is billed."""
     org, _, key = stack.new_org(1_000_000)
@@ -383,7 +383,7 @@ def test_a_paused_ext_proc_is_not_reaped_and_bills_what_its_clients_got(stack: G
 
 def test_a_paused_ext_proc_admits_nothing_envoy_already_answered(stack: Gateway) -> None:
     """The ext_proc paused past Envoy's message timeout under load: Envoy answers the waiting clients
-    (SPEC's 500 internal_error) and resets their calls; the resumed process reads those resets before it
+    (the interface's 500 internal_error) and resets their calls; the resumed process reads those resets before it
     starts the calls (extproc/grpc_server.py) and admits none of them, so no live client is refused for
     slots held by requests already answered, and each such request is logged as its client saw it and
     billed nothing.  Paused 16 s, each of the 6 clients has 3 requests answered by Envoy meanwhile and a

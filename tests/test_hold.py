@@ -1,12 +1,13 @@
 """extproc/hold.py alone: a request's worst-case cost, the largest max_tokens an available balance allows
-(exact against SPEC's billing rule) and the 402 that says so; the credit limit as the admission script
+(exact against the interface's billing rule) and the 402 that says so; the credit limit as the admission script
 decides it."""
 from __future__ import annotations
 
 import pytest
 
-from extproc.cost import Prices, cost_micro_pln
-from extproc.hold import MAX_HOLD, WorstCase, credit_limit
+from core.cost import Prices, cost_micro_pln
+from core.cost import credit_limit
+from extproc.hold import MAX_HOLD, WorstCase
 
 ADVANCED = Prices(4_000_000, 8_000_000)  # micro-PLN per 1M tokens (the demo catalog's "advanced")
 
@@ -54,7 +55,7 @@ def test_the_refusal_says_what_would_fit_and_nothing_of_the_request() -> None:
 def test_the_credit_limit_in_force() -> None:
     assert credit_limit(False, "none", 5) == 0  # the trial credit only: never below zero
     assert credit_limit(False, "7", None) == 0
-    assert credit_limit(True, "default", None) is None  # paid, no limit anywhere: SPEC's rule alone
+    assert credit_limit(True, "default", None) is None  # paid, no limit anywhere: the interface's rule alone
     assert credit_limit(True, "default", 2_000_000) == 2_000_000
     assert credit_limit(True, "500", 2_000_000) == 500  # its own wins
     assert credit_limit(True, "none", 2_000_000) is None

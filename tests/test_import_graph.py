@@ -6,7 +6,12 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("extproc", "control", "sim", "bench")
+PACKAGES = ("core", "extproc", "control", "sim", "bench")
+# Which packages each may import: the request path and the control plane share core/ and never reach into
+# each other; the simulator is a model server, as vLLM is, and knows nothing of the gateway (the control
+# plane starts it for demos: `gateway sim`).
+LAYERS = {"core": {"core"}, "extproc": {"core", "extproc"}, "control": {"core", "control", "sim"},
+          "sim": {"sim"}}
 
 
 def modules() -> dict[str, Path]:
@@ -82,3 +87,17 @@ def test_no_import_cycles() -> None:
     graph = {name: imports(name, path, known) for name, path in known.items()}
     assert "control.procs" in graph["control.launcher"]  # the walk sees imports
     assert cycles(graph) == []
+
+
+def crossings(known: dict[str, Path]) -> list[str]:
+    return sorted(f"{name} -> {target}" for name, path in known.items() if name.split(".")[0] in LAYERS
+                  for target in imports(name, path, known) if target.split(".")[0] not in LAYERS[name.split(".")[0]])
+
+
+def test_the_layer_check_sees_a_crossing(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("from extproc import exchange\n")
+    assert crossings(modules() | {"core.a": tmp_path / "a.py"}) == ["core.a -> extproc.exchange"]
+
+
+def test_layers() -> None:
+    assert crossings(modules()) == []

@@ -79,7 +79,7 @@ def test_the_installed_packages_are_imported_not_the_checkout(installed: Install
     files = out.stdout.split()
     assert len(files) == 3 and all(f.startswith(str(installed.venv / "lib")) for f in files), files
     data = subprocess.run([str(installed.python), "-c",
-                           "from control import envoy_config as e; from extproc.settings_base import SharedSettings as s;"
+                           "from control import envoy_config as e; from core.settings_base import SharedSettings as s;"
                            " from control.console.pages.api_docs import OPENAPI as o;"
                            " print(e.TEMPLATE.is_file(), e.SSE_RELAY.is_file(), o.is_file(), s().catalog)"],
                           cwd=installed.elsewhere, env=env_of(installed), capture_output=True, text=True, check=True)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from extproc import catalog as catalog_mod
+from core import catalog as catalog_mod
 from control.settings import ENV_VARS, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -371,7 +371,7 @@ def test_certificates_for_the_urls_are_mounted_read_only(objects: dict[tuple[str
     too) finds them, on a read-only root filesystem."""
     from urllib.parse import parse_qs, urlsplit
 
-    from extproc.urls import parse_redis
+    from core.urls import parse_redis
     secret = get(objects, "Secret", "gateway-secrets")["stringData"]
     db_query = parse_qs(urlsplit(secret["DATABASE_URL"]).query)
     assert db_query["sslmode"] == ["verify-full"]

@@ -1,4 +1,4 @@
-"""Keys, organisations and limits through the real stack (SPEC sections 3, 5, 7, 8)."""
+"""Keys, organisations and limits through the real stack (docs/interface.md sections 3, 5, 7, 8)."""
 from __future__ import annotations
 
 import threading

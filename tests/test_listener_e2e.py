@@ -1,6 +1,6 @@
 """End-to-end tests of the public listener against the bytes a client may really send (raw sockets,
 exact bytes, HTTP/1.1 and HTTP/2 written by hand): every request passes authentication whatever its
-framing (SPEC section 5), and what Envoy answers itself has SPEC section 7's shape."""
+framing (docs/interface.md section 5), and what Envoy answers itself has docs/interface.md section 7's shape."""
 from __future__ import annotations
 
 import contextlib
@@ -33,7 +33,7 @@ class Reply:
     body: bytes
 
     def error(self, status: int, code: str, type_: str) -> dict[str, Any]:
-        """SPEC section 7: every member, and the request id of the header."""
+        """docs/interface.md section 7: every member, and the request id of the header."""
         assert self.status == status, (self.status, self.body[:300])
         assert self.headers["content-type"].startswith("application/json"), self.headers
         doc = json.loads(self.body)
@@ -147,7 +147,7 @@ def test_zero_length_without_key_401(gateway: Gateway, path: str, length: str) -
 @pytest.mark.parametrize("length", ZERO_LENGTHS)
 def test_zero_length_with_key_400_invalid_json(gateway: Gateway, org: tuple[str, str, str], path: str,
                                                length: str) -> None:
-    """An empty body is malformed JSON (SPEC section 7)."""
+    """An empty body is malformed JSON (docs/interface.md section 7)."""
     r = exchange(gateway, post(path, length, key=org[2]))
     assert r is not None
     r.error(400, "invalid_json", "invalid_request_error")
@@ -156,7 +156,7 @@ def test_zero_length_with_key_400_invalid_json(gateway: Gateway, org: tuple[str,
 @pytest.mark.parametrize("length", ["+0", "-0", "0x0", "1e0", "0,0", "+5", "0x05", "٠"])
 def test_unparseable_length_400_invalid_request(gateway: Gateway, org: tuple[str, str, str], length: str) -> None:
     """A length that is not a number (RFC 9112 section 6.3: unrecoverable framing, 400 and close) is
-    refused by Envoy's codec before it is a request, so before any key is read: SPEC's JSON with a
+    refused by Envoy's codec before it is a request, so before any key is read: the interface's JSON with a
     request id, then the connection is closed.  (The reply used to be lost: held for the ext_proc's
     response phase and dropped when Envoy closed the connection, envoyproxy/envoy#29440.)"""
     for key in (None, org[2]):
@@ -186,7 +186,7 @@ def test_malformed_request_400_invalid_request(gateway: Gateway, raw: bytes) -> 
 @pytest.mark.parametrize("path", [CHAT, EMB])
 def test_malformed_chunk_framing_400_invalid_request(gateway: Gateway, org: tuple[str, str, str], path: str,
                                                      chunks: bytes) -> None:
-    """A body whose chunk framing Envoy's codec cannot read, after the request was routed: SPEC's 400
+    """A body whose chunk framing Envoy's codec cannot read, after the request was routed: the interface's 400
     with the request's id, then the connection is closed.  (The reply used to be lost: held for the
     ext_proc's reply phase and dropped when Envoy closed the connection at once, envoyproxy/envoy#29440;
     the client got nothing after 1 s.)"""
@@ -208,7 +208,7 @@ def test_malformed_chunk_framing_400_invalid_request(gateway: Gateway, org: tupl
                          ids=["fragment_in_path", "no_host", "host_not_an_authority"])
 def test_requests_envoy_refuses_before_routing_get_spec_errors(gateway: Gateway, org: tuple[str, str, str],
                                                                raw: bytes) -> None:
-    """Refused by Envoy itself before a route or the ext_proc saw them: SPEC's JSON error and a request id
+    """Refused by Envoy itself before a route or the ext_proc saw them: the interface's JSON error and a request id
     all the same (Envoy's own reply was an empty or plain-text 400)."""
     r = exchange(gateway, raw.replace(b"\r\n\r\n", f"\r\nAuthorization: Bearer {org[2]}\r\n\r\n".encode(), 1))
     assert r is not None, "closed without a reply"
@@ -218,7 +218,7 @@ def test_requests_envoy_refuses_before_routing_get_spec_errors(gateway: Gateway,
 @pytest.mark.parametrize("line", ["FOO /v1/chat/completions", "get /v1/models", "QUERY /v1/models", "OPTIONS *"])
 def test_methods_and_targets_not_offered_404_unsupported_endpoint(gateway: Gateway, org: tuple[str, str, str],
                                                                   line: str) -> None:
-    """Any method token is a method (HTTP/1.1 as over HTTP/2): one not offered is SPEC's 404
+    """Any method token is a method (HTTP/1.1 as over HTTP/2): one not offered is the interface's 404
     unsupported_endpoint, as is a request for no path at all; Envoy refused a QUERY without a Content-Type
     and OPTIONS * itself, with an empty reply."""
     r = exchange(gateway, f"{line} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {org[2]}\r\n\r\n".encode())
@@ -359,7 +359,7 @@ def test_deep_nesting_400_invalid_json(gateway: Gateway, org: tuple[str, str, st
 @pytest.mark.parametrize("key", [None, UNKNOWN_KEY])
 @pytest.mark.parametrize("path", [CHAT, EMB])
 def test_deep_nesting_without_valid_key_401_first(gateway: Gateway, path: str, key: str | None) -> None:
-    """Authentication comes first (SPEC section 5): a deep body without a valid key is 401, not 400."""
+    """Authentication comes first (docs/interface.md section 5): a deep body without a valid key is 401, not 400."""
     for raw in (b"[" * 100_000, _deep(path, 129)):
         r = exchange(gateway, post(path, str(len(raw)), raw, key=key))
         assert r is not None
@@ -429,7 +429,7 @@ def _reply_of(raw: bytes) -> Reply:
 
 def test_slowloris_connections_closed_within_headers_timeout(limited: Gateway) -> None:
     """50 connections that start a request and never finish its headers (some keep trickling bytes)
-    are each answered SPEC's JSON 400 and closed once the headers timeout has passed; a normal request
+    are each answered the interface's JSON 400 and closed once the headers timeout has passed; a normal request
     is served meanwhile.  Without the timeout they stayed open indefinitely."""
     key = limited.new_org(100_000_000)[2]
     partial = [b"POST /v1/chat/comp",

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import wait_for
-from extproc import logs
+from core import logs
 
 FIELDS = dict(request_id="0f8fad5b-d9cb-469f-a165-70867728950e", alias='ąę "x"\\\n', endpoint="chat", status=200,
               prompt_tokens=12, completion_tokens=0, estimated=True, cost_micro_pln=1234, duration_ms=57,

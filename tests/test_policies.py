@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from extproc.decisions import Identity
-from extproc.errors import ApiError
+from core.decisions import Identity
+from core.errors import ApiError
+from core.rules import Prepared
+from core.settings import GatewaySettings
 from extproc.exchange import Answer, Exchange, Gateway
 from extproc.policies import NONE, Policies, RequestPolicy, load
-from extproc.rules import Prepared
-from extproc.settings import GatewaySettings
 from extproc_fakes import CHAT_BODY, KEY, gateway, store
 
 LONG = ApiError("invalid_request", "Prompts from this key are limited.")

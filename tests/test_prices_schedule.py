@@ -10,7 +10,7 @@ import httpx
 import yaml
 
 from conftest import Gateway
-from extproc import catalog
+from core import catalog
 from test_console_support import signed_up
 
 UTC = dt.timezone.utc

@@ -36,9 +36,9 @@ import httpx
 import pytest
 
 from conftest import Gateway, process, running_stack, wait_for
-from extproc.resp import RespClient, RespSetupError
-from extproc.store import redis_client
-from extproc.urls import mask
+from core.resp import RespClient, RespSetupError
+from core.redis_client import redis_client
+from core.urls import mask
 
 REDIS_SERVER = Path("/usr/bin/redis-server")
 PG_BIN = Path("/usr/lib/postgresql/15/bin")

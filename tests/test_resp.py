@@ -1,4 +1,4 @@
-"""The request path's Redis client (extproc/resp.py): its sans-I/O RESP parser and encoder, and the
+"""The request path's Redis client (core/resp.py): its sans-I/O RESP parser and encoder, and the
 client against peers that misbehave: a Redis that stops answering must not hang a request
 (ConnectionError after the timeout, the connection dropped), and a reply that comes late must never
 be taken as the answer to a later command."""
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from extproc.resp import RespClient, RespError, RespParser, encode
+from core.resp import RespClient, RespError, RespParser, encode
 
 
 def test_encode() -> None:

@@ -1,4 +1,4 @@
-"""Upstream routing and resilience through Envoy (SPEC sections 1, 4, 7, 8), on a stack of its own with
+"""Upstream routing and resilience through Envoy (docs/interface.md sections 1, 4, 7, 8), on a stack of its own with
 small time budgets: first byte 1.5 s (retried once on another deployment), idle 0.6 s (kept by the
 ext_proc from the moment the reply starts), total 4 s."""
 from __future__ import annotations
@@ -115,7 +115,7 @@ def test_idle_gap_in_non_streaming_reply(gw: Gateway, key: str) -> None:
     assert 0.6 <= elapsed < 1.5, elapsed  # the idle budget, from the start of the reply
     rid = r.headers["x-request-id"]
     assert len(_served_by(gw, rid)) == 1  # not retried
-    # SPEC billing on failure: a non-streaming reply that broke after it started: estimated input tokens
+    # The interface billing on failure: a non-streaming reply that broke after it started: estimated input tokens
     row = wait_for(lambda: gw.sql("SELECT status, prompt_tokens, completion_tokens, estimated, cost_micro_pln "
                                   "FROM usage_records WHERE request_id = $1", rid))
     assert row[0]["status"] == 502 and row[0]["estimated"] is True and row[0]["completion_tokens"] == 0

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from extproc.catalog import parse
-from extproc.errors import ApiError
-from extproc.rules import MAX_JSON_DEPTH, prepare_chat, prepare_embeddings
+from core.catalog import parse
+from core.errors import ApiError
+from core.rules import MAX_JSON_DEPTH, prepare_chat, prepare_embeddings
 
 CAT = parse({
     "aliases": {
@@ -147,7 +147,7 @@ def test_stream_usage_always_requested_upstream_shown_only_when_asked() -> None:
 
 
 def test_null_stream_options_on_a_stream_means_include_usage() -> None:
-    """SPEC section 4 rule 4: a null stream_options on a streaming request is replaced by include_usage
+    """docs/interface.md section 4 rule 4: a null stream_options on a streaming request is replaced by include_usage
     true, so the client asked for the usage chunk (absent stream_options: it did not)."""
     p = chat({"model": "polish-pro", "messages": MSG, "stream": True, "stream_options": None})
     assert not isinstance(p, ApiError)
@@ -190,7 +190,7 @@ def test_embeddings_wrong_alias_and_format() -> None:
 def test_a_number_beyond_a_doubles_range_is_refused_not_forwarded_as_infinity(  # type: ignore[no-untyped-def]
         prepare, head: bytes, number: bytes) -> None:
     """Valid JSON that Python reads as infinity: re-written it would be ``Infinity``, which is not JSON
-    (no model server could read the body); it is refused as SPEC's invalid_request instead."""
+    (no model server could read the body); it is refused as the interface's invalid_request instead."""
     r = prepare(head + number + b"}", CAT, pick)
     assert isinstance(r, ApiError)
     assert (r.status, r.code, r.type, r.param) == (400, "invalid_request", "invalid_request_error", None)
@@ -208,7 +208,7 @@ def test_large_but_finite_numbers_are_forwarded_as_json() -> None:
 
 
 def test_an_integer_over_pythons_digit_limit_is_out_of_range_not_malformed() -> None:
-    """4,300 digits parse; more is valid JSON that Python refuses to convert (its guard, kept): SPEC's
+    """4,300 digits parse; more is valid JSON that Python refuses to convert (its guard, kept): the interface's
     "parameter out of range", invalid_request, not invalid_json."""
     head = b'{"model":"polish-pro","messages":[{"role":"user","content":"x"}],"seed":'
     assert not isinstance(prepare_chat(head + b"9" * 4300 + b"}", CAT, pick), ApiError)
@@ -223,7 +223,7 @@ def test_an_integer_over_pythons_digit_limit_is_out_of_range_not_malformed() -> 
                                              ([True], False), ([[True]], False), ([["a"]], False), ([[]], False),
                                              ([1.5], False)])
 def test_only_token_ids_are_called_pre_tokenized(inp: object, pretokenized: bool) -> None:
-    """SPEC: arrays of integers (pre-tokenized input) are rejected; other wrong arrays get the general
+    """The interface: arrays of integers (pre-tokenized input) are rejected; other wrong arrays get the general
     message (a boolean is no token id)."""
     e = prepare_embeddings(json.dumps({"model": "embed", "input": inp}).encode(), CAT, pick)
     assert isinstance(e, ApiError) and (e.status, e.code, e.param) == (400, "invalid_request", "input")
@@ -242,7 +242,7 @@ def test_the_choices_a_request_can_get_are_its_n_as_a_model_server_reads_it(n: o
     p = chat(doc)
     assert not isinstance(p, ApiError)
     assert (p.choices, p.max_tokens) == (choices, 100)
-    assert json.loads(p.body).get("n") == n  # forwarded unchanged (SPEC)
+    assert json.loads(p.body).get("n") == n  # forwarded unchanged (the interface)
 
 
 def test_the_forwarded_max_tokens_is_kept_for_the_hold() -> None:

@@ -1,7 +1,7 @@
 """extproc/server.py alone: hand-made ext_proc ProcessingRequest messages into the stream loop (a
 scripted call, tests/extproc_fakes.py), ProcessingResponse messages out.  Every phase, the idle timer
 (armed only once the reply started), the idle gap, a stream reset by Envoy, Envoy's own error replies
-passed through, a failing phase turned into SPEC's 500."""
+passed through, a failing phase turned into the interface's 500."""
 from __future__ import annotations
 
 import asyncio
@@ -13,10 +13,10 @@ import pytest
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as pm
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
-from extproc.cost import estimate_chat_prompt
+from core.cost import estimate_chat_prompt
+from core.stream_context import HEADER as STREAM_HEADER, StreamContext
 from extproc import exchange
 from extproc.exchange import CLUSTER_HEADER, Gateway
-from extproc.stream_context import HEADER as STREAM_HEADER, StreamContext
 from extproc.grpc_server import EOF, UNAVAILABLE, Status
 from extproc.server import LEFT_GRACE_S, ROLE_HEADER, WATCH_ROLE, Processor
 from extproc_fakes import (CHAT_BODY, OTHER_KEY, STALL, FakeCall, chat_reply, chunk, gateway, logged_free,
@@ -238,7 +238,7 @@ def test_a_stream_broken_before_any_output_bills_nothing() -> None:
 
 
 def test_a_stream_the_client_left_bills_the_estimated_input() -> None:
-    """SPEC: a client disconnect at any point after the request reached the model server is billed the
+    """The interface: a client disconnect at any point after the request reached the model server is billed the
     estimated input tokens (Envoy's access log says the client left: ``access_log``)."""
     gw = gateway()
     watched(gw, response_body(sse(chunk("a"), chunk("b"), done=False), end_of_stream=False), EOF, left=True)
@@ -280,7 +280,7 @@ def test_a_reply_that_ends_on_its_headers_ends_the_stream() -> None:
     call = process(gw, request_body(CHAT_BODY), response_headers(204, end_of_stream=True), response_body(b"x"))
     assert [m.WhichOneof("response") for m in call.written] == ["request_body", "response_headers"]
     assert len(call.script) == 1  # the loop did not wait for more
-    [rec] = store(gw).records  # the request reached the model server: estimated input (SPEC section 4)
+    [rec] = store(gw).records  # the request reached the model server: estimated input (docs/interface.md section 4)
     assert (rec.prompt_tokens, rec.estimated) == (EST, True)
 
 
@@ -315,7 +315,7 @@ def test_upstream_error_becomes_spec_502_and_bills_nothing() -> None:
 
 def test_envoys_local_reply_passes_through_unchanged() -> None:
     """Envoy's own error replies (no capacity, upstream timeout or reset, body too large) come back
-    through the response phases already in SPEC's shape: continued as they are, nothing billed."""
+    through the response phases already in the interface's shape: continued as they are, nothing billed."""
     gw = gateway()
     local = json.dumps({"error": {"message": "No capacity for this model right now; retry with backoff.",
                                   "type": "server_error", "code": "no_capacity", "param": None,
@@ -351,7 +351,7 @@ def test_stream_reset_by_envoy_mid_request_releases_and_bills_estimated_input() 
 
 def test_a_request_envoy_reset_before_it_was_admitted_is_logged_as_its_500_and_never_admitted() -> None:
     """A process that resumed from a pause reads the request and, before it, Envoy's reset of its call
-    (Envoy's message timeout answered the client: SPEC's 500 internal_error): authenticated only, logged
+    (Envoy's message timeout answered the client: the interface's 500 internal_error): authenticated only, logged
     as that 500 at no cost, never admitted (no slot, nothing of the per-minute budget)."""
     gw = gateway()
     call = FakeCall(request_body(CHAT_BODY), EOF)

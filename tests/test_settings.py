@@ -15,9 +15,9 @@ import pytest
 
 from control.console.settings import ConsoleSettings
 from control.settings import ENV_VARS, Settings
-from extproc.settings import GatewaySettings
-from extproc.settings_base import SettingsError, SharedSettings
-from extproc.usage_writer_settings import WriterSettings
+from core.settings import GatewaySettings
+from core.settings_base import SettingsError, SharedSettings
+from core.usage_writer_settings import WriterSettings
 
 CONFIGURATION = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 # read outside the settings classes: the log level, by extproc.process before any settings are read
@@ -137,7 +137,7 @@ def test_good_values_are_read_as_their_type(monkeypatch: pytest.MonkeyPatch) -> 
 
 def test_every_setting_says_its_form() -> None:
     """Each variable's refusal can say what it takes: no setting is of a type the validator does not know."""
-    from extproc.settings_base import form
+    from core.settings_base import form
     forms = {f.metadata["env"]: form(f) for f in fields(Settings)}
     assert len(forms) == len(ENV_VARS)
     assert all(f.startswith(("one of ", "an integer ", "a number ", "a text")) for f in forms.values()), forms
@@ -169,10 +169,10 @@ def test_the_ext_proc_does_not_start_with_an_invalid_credit_limit(tmp_path: Path
 
 
 def test_a_stacks_default_ports_come_from_the_one_table() -> None:
-    """extproc.settings_base.PORT_OFFSETS gives every default port; no other file of the product writes an
+    """core.settings_base.PORT_OFFSETS gives every default port; no other file of the product writes an
     offset from GATEWAY_PORT as a number."""
     from control.ports import planned
-    from extproc.settings_base import PORT_OFFSETS
+    from core.settings_base import PORT_OFFSETS
     s = Settings(gateway_port=20000, dev=True)
     got = {u.what: u.port for u in planned(s, None)}
     assert got == {"Envoy's listener": 20000, "Envoy's admin": 20011, "the console": 20001,
@@ -189,7 +189,7 @@ def test_a_stacks_default_ports_come_from_the_one_table() -> None:
 
 
 def test_the_configuration_page_gives_the_tables_default_ports() -> None:
-    from extproc.settings_base import PORT_OFFSETS
+    from core.settings_base import PORT_OFFSETS
     text = CONFIGURATION.read_text(encoding="utf-8")
     table = text.split("## Environment variables\n", 1)[1].split("\n## ", 1)[0]
     rows = {line.split("|")[1].strip().replace("`", ""): line.split("|")[2].strip() for line in table.splitlines()

@@ -207,12 +207,12 @@ def test_usage_read_whatever_the_chunk_holds(shape: str, n: int) -> None:
                 assert text == "Dzień dobry!", (shape, text)
                 assert [ch["finish_reason"] for c in chunks for ch in c["choices"]
                         if ch["index"] == i and ch.get("finish_reason")] == ["stop"]
-                # SPEC streaming rule 2: the chunk that closes a choice has an empty delta (TGI's says
+                # The interface's streaming rule 2: the chunk that closes a choice has an empty delta (TGI's says
                 # role and empty content)
                 assert [ch["delta"] for c in chunks for ch in c["choices"]
                         if ch["index"] == i and ch.get("finish_reason")] == [{}], (shape, chunks)
             carrying = [c for c in chunks if c.get("usage")]
-            if show_usage:  # SPEC streaming rule 3: the last chunk before [DONE], with empty choices
+            if show_usage:  # The interface's streaming rule 3: the last chunk before [DONE], with empty choices
                 assert len(carrying) == 1 and carrying[0] is chunks[-1], (shape, chunks[-2:])
                 assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == USAGE
                 assert chunks[-1]["id"] == "c1" and chunks[-1]["object"] == "chat.completion.chunk"
@@ -229,7 +229,7 @@ def test_usage_read_whatever_the_chunk_holds(shape: str, n: int) -> None:
     ({"tool_calls": [{"index": 0}]}, {"tool_calls": [{"index": 0}]})])
 def test_a_finish_chunk_that_says_nothing_new_has_an_empty_delta(delta: dict, closed: dict) -> None:
     """The finish chunk that carries the usage (TGI's, llama.cpp's): a delta with nothing new in it (a
-    role, empty content) becomes the empty delta of SPEC streaming rule 2; one with content stays."""
+    role, empty content) becomes the empty delta of the interface's streaming rule 2; one with content stays."""
     base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "up-pro"}
     data = (_event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                          "finish_reason": None}]})
@@ -295,7 +295,7 @@ def test_shapes_framings_and_cuts_property(shape: str, framing: tuple[bytes, boo
     assert [c for c in chunks if c.get("usage")] == (chunks[-1:] if show_usage else [])  # type: ignore[union-attr]
 
 
-# ---- SPEC streaming rules 1 and 3 whatever the model server writes ------------------------------------
+# ---- The interface's streaming rules 1 and 3 whatever the model server writes ------------------------------------
 
 def _without_usage(data: bytes) -> bytes:
     return b"".join(e + b"\n\n" for e in data.split(b"\n\n") if e and b'"usage"' not in e)
@@ -303,7 +303,7 @@ def _without_usage(data: bytes) -> bytes:
 
 @pytest.mark.parametrize("eol,comments,multiline", FRAMINGS)
 def test_every_event_leaves_as_one_data_line(eol: bytes, comments: bool, multiline: bool) -> None:
-    """SPEC streaming rule 1: each event is "data: " + JSON + a blank line, whatever the framing the
+    """The interface's streaming rule 1: each event is "data: " + JSON + a blank line, whatever the framing the
     model server used (line endings, comments, keep-alives, data over several lines), at any cut."""
     data = _frame(_stream(), eol, comments=comments, multiline=multiline)
     for step in (1, 3, 17, len(data)):
@@ -319,7 +319,7 @@ def test_every_event_leaves_as_one_data_line(eol: bytes, comments: bool, multili
 @pytest.mark.parametrize("n", [1, 3])
 def test_asked_usage_the_model_server_did_not_report_is_the_billed_estimate(
         eol: bytes, comments: bool, multiline: bool, n: int) -> None:
-    """SPEC streaming rule 3 for a model server that reports no usage: the client that asked gets, as the
+    """The interface's streaming rule 3 for a model server that reports no usage: the client that asked gets, as the
     last chunk before [DONE], the usage the request is billed (observer.outcome: the estimated input,
     one output token per event with content, as the ext_proc's meter counts them on the same bytes)."""
     base = {"id": "c9", "object": "chat.completion.chunk", "created": 77, "model": "up-pro"}
@@ -351,7 +351,7 @@ def test_reported_usage_is_never_doubled_by_an_estimate() -> None:
 
 
 def test_a_stream_cut_before_done_gets_no_usage_of_ours() -> None:
-    """Without [DONE] the stream is incomplete (SPEC rule 4): nothing is added to it."""
+    """Without [DONE] the stream is incomplete (the interface rule 4): nothing is added to it."""
     data = _without_usage(_stream()).replace(b"data: [DONE]\n\n", b"")
     out = _events(_relay_all(StreamRelay("up-pro", "polish-pro", True, 5), data, 3))
     assert all("usage" not in e for e in out)  # type: ignore[operator]
@@ -359,7 +359,7 @@ def test_a_stream_cut_before_done_gets_no_usage_of_ours() -> None:
 
 @pytest.mark.parametrize("show_usage", [True, False])
 def test_a_null_usage_on_every_chunk_is_taken_out(show_usage: bool) -> None:
-    """Some servers (SGLang) write "usage": null on every chunk; SPEC shows usage only on the final chunk
+    """Some servers (SGLang) write "usage": null on every chunk; the interface shows usage only on the final chunk
     and only when asked."""
     data = _stream().replace(b',"model":"up-pro","choices":[{', b',"model":"up-pro","usage":null,"choices":[{')
     data = data.replace(b'"finish_reason":"stop"}]}', b'"finish_reason":"stop"}],"usage": null}')

@@ -1,5 +1,5 @@
 """The SSE counting rule's one table (tests/sse_cases.py) run against both readers of a streamed reply:
-the ext_proc's meter (extproc/sse.py), which bills it, and Envoy's relay (envoy/sse_relay.lua, in
+the ext_proc's meter (core/sse.py), which bills it, and Envoy's relay (envoy/sse_relay.lua, in
 LuaJIT), whose usage chunk of its own tells a client that asked for usage what the request is billed.
 Each case is fed whole, a byte at a time and in pieces of 7 bytes."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from extproc.sse import StreamMeter
+from core.sse import StreamMeter
 from tests.lua_relay import Relay
 from tests.sse_cases import CASES, Case
 

@@ -11,11 +11,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from conftest import Gateway, wait_for
-from extproc.cost import Prices
-from extproc.decisions import UsageRecord
+from core.cost import Prices
+from core.decisions import UsageRecord
+from core.keys import key_hash
+from core.resp import RespClient
 from extproc.hold import WorstCase
-from extproc.keys import key_hash
-from extproc.resp import RespClient
 from extproc.store import Late, Store
 
 CHAT = {"model": "polish-fast", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}

@@ -1,4 +1,4 @@
-"""The streamed reply's context (extproc/stream_context.py): one type, its wire names written once, and
+"""The streamed reply's context (core/stream_context.py): one type, its wire names written once, and
 Envoy's relay (envoy/sse_relay.lua) reading exactly those: the relay's own entry point is run here in
 LuaJIT (through lupa, tests/lua_relay.py) on a header the Python type wrote."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import re
 from typing import Any, Callable, cast
 
-from extproc.stream_context import HEADER, RELAY_READS, WIRE, StreamContext
+from core.stream_context import HEADER, RELAY_READS, WIRE, StreamContext
 from extproc_fakes import chunk, sse, usage_chunk
 from lua_relay import SCRIPT, _lua
 

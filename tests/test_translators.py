@@ -3,10 +3,10 @@ import json
 
 import pytest
 
-from extproc.catalog import CatalogError, parse
-from extproc.cost import Prices, cost_micro_pln, estimate_chat_prompt
-from extproc.keys import bearer_key, key_hash, new_key
-from extproc.responses import read_usage, rewrite_body, upstream_error
+from core.catalog import CatalogError, parse
+from core.cost import Prices, cost_micro_pln, estimate_chat_prompt
+from core.keys import bearer_key, key_hash, new_key
+from core.responses import read_usage, rewrite_body, upstream_error
 
 
 def test_rewrite_body_puts_alias_back_and_reads_usage() -> None:
@@ -124,7 +124,7 @@ def test_keys() -> None:
 
 
 def test_bad_catalog_file_names_file_line_and_field(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from extproc.catalog import load
+    from core.catalog import load
     good = tmp_path / "ok.yaml"
     good.write_text("aliases:\n  a:\n    capabilities: [chat]\n    context_length: 10\n    max_output_tokens: 5\n"
                     "    prices:\n      - {input_micro_pln_per_1m: 1}\n    upstreams: []\nupstream_models: {}\n")
@@ -143,7 +143,7 @@ def test_bad_catalog_file_names_file_line_and_field(tmp_path) -> None:  # type: 
 
 
 def test_auth_cache_expires_within_its_ttl() -> None:
-    from extproc.decisions import Admission, Identity
+    from core.decisions import Admission, Identity
     from extproc.exchange import AuthCache
     now = [100.0]
     cache = AuthCache(ttl=0.5, size=2, clock=lambda: now[0])
@@ -175,7 +175,7 @@ _PRICED = ("aliases:\n  a:\n    capabilities: [chat]\n    context_length: 10\n  
 ])
 def test_a_price_that_is_not_a_non_negative_integer_is_refused(tmp_path, i: str, o: str, line: int,  # type: ignore[no-untyped-def]
                                                                field: str, shown: str) -> None:
-    from extproc.catalog import load
+    from core.catalog import load
     f = tmp_path / "prices.yaml"
     f.write_text(_PRICED.format(i=i, o=o))
     with pytest.raises(CatalogError) as e:
@@ -185,7 +185,7 @@ def test_a_price_that_is_not_a_non_negative_integer_is_refused(tmp_path, i: str,
 
 
 def test_a_catalog_of_the_wrong_shape_is_refused_by_name(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from extproc.catalog import load
+    from core.catalog import load
     f = tmp_path / "shape.yaml"
     for text, message in [
         ("aliases: [a, b]\n", "line 1: aliases: must be a mapping"),

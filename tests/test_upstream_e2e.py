@@ -138,7 +138,7 @@ def test_stream_framings(gateway: Gateway, client: httpx.Client, knobs: dict[str
             "stream_options": {"include_usage": include_usage}, "sim": {"output_tokens": 6, **knobs}}
     r = client.post("/chat/completions", json=body)
     assert r.status_code == 200, r.text
-    # SPEC streaming rule 1, whatever the model server's framing: each event one "data: " line + a blank line
+    # The interface's streaming rule 1, whatever the model server's framing: each event one "data: " line + a blank line
     assert r.text.endswith("\n\n") and "\r" not in r.text
     assert all(e.startswith("data: ") and "\n" not in e for e in r.text[:-2].split("\n\n")), r.text[:300]
     events = _sse(r.text)
@@ -162,7 +162,7 @@ def test_stream_framings(gateway: Gateway, client: httpx.Client, knobs: dict[str
 @pytest.mark.parametrize("include_usage", [True, False])
 def test_a_null_usage_on_every_chunk_never_reaches_the_client(gateway: Gateway, client: httpx.Client,
                                                                include_usage: bool) -> None:
-    """SGLang writes "usage": null on every chunk; SPEC shows usage only on the final chunk, only when
+    """SGLang writes "usage": null on every chunk; the interface shows usage only on the final chunk, only when
     asked (the SDK reads null as no usage, a raw client sees the member)."""
     r = client.post("/chat/completions", json={
         "model": "polish-pro", "messages": MSGS, "stream": True, "stream_options": {"include_usage": include_usage},
@@ -201,7 +201,7 @@ def test_usage_chunk_shapes_with_the_sdk(gateway: Gateway, org: tuple[str, str, 
             texts[ch.index] += ch.delta.content or ""
             if ch.finish_reason:
                 finishes.append((ch.index, ch.finish_reason))
-                # SPEC streaming rule 2: an empty delta closes the choice (TGI's says role and "")
+                # The interface's streaming rule 2: an empty delta closes the choice (TGI's says role and "")
                 assert ch.delta.content is None and ch.delta.role is None, (shape, ch)
     assert all(len(t) > 0 for t in texts) and sorted(finishes) == [(0, "stop"), (1, "stop")]
     carrying = [c for c in chunks if c.usage is not None]
@@ -219,7 +219,7 @@ def test_usage_chunk_shapes_with_the_sdk(gateway: Gateway, org: tuple[str, str, 
 # ---- null stream_options ------------------------------------------------------------
 
 def test_null_stream_options_gets_the_usage_chunk(gateway: Gateway, client: httpx.Client) -> None:
-    """SPEC section 4 rule 4 replaces a null stream_options by include_usage true: the client gets the
+    """docs/interface.md section 4 rule 4 replaces a null stream_options by include_usage true: the client gets the
     usage chunk, last before [DONE], and the request is billed that usage."""
     r = client.post("/chat/completions", json={"model": "polish-pro", "messages": MSGS, "stream": True,
                                                "stream_options": None, "sim": {"output_tokens": 5}})

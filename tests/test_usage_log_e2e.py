@@ -1,5 +1,5 @@
 """The usage log lists every authenticated chat and embeddings request: refusals and
-failures too, each with the status and SPEC error code the client got, at no cost, within 2 s; the
+failures too, each with the status and error code the client got, at no cost, within 2 s; the
 balance and the ledger are untouched by them.  Checked in PostgreSQL, on the console's usage page
 (status filter, request-id search, date checks), in its CSV and through ``gateway usage``."""
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _post(gw: Gateway, key: str, body: Any, path: str = "/chat/completions", **k
 
 
 def _logged(gw: Gateway, rids: list[str]) -> dict[str, dict[str, Any]]:
-    """The rows of these requests, waited for up to 2 s (SPEC: within seconds; the issue: 2 s)."""
+    """The rows of these requests, waited for up to 2 s (the interface: within seconds; here: 2 s)."""
     rows = wait_for(lambda: (lambda got: got if len(got) == len(rids) else None)(
         gw.sql("SELECT *, (extract(epoch FROM ended_at - started_at) * 1000)::int AS latency_ms"
                " FROM usage_records WHERE request_id = ANY($1)", rids)), timeout=2.0, interval=0.02,

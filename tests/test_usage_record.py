@@ -1,4 +1,4 @@
-"""One definition of the usage record (extproc/decisions.py): its JSON keeps the bytes records already
+"""One definition of the usage record (core/decisions.py): its JSON keeps the bytes records already
 queued in Redis or spooled on disk have, and the usage writer's SQL, ``gateway usage``'s columns and the
 console's CSV columns derived from its fields agree with control/schema.py's ``usage_records`` table in a
 real PostgreSQL (the stack's)."""
@@ -14,7 +14,7 @@ import asyncpg
 
 from control.admin import USAGE_COLUMNS
 from control.console.pages.usage import CSV_COLUMNS, RECORD_TYPES, WORKED_OUT
-from extproc.decisions import UsageRecord
+from core.decisions import UsageRecord
 from extproc.usage_writer import WRITE
 from conftest import Gateway
 

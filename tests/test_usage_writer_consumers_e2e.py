@@ -14,9 +14,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from conftest import Gateway, wait_for
+from core.resp import RespClient
 from extproc import usage_writer
-from extproc.resp import RespClient
-from extproc.store import Store, redis_client
+from core.redis_client import redis_client
+from extproc.store import Store
 from extproc.usage_writer import GROUP, USAGE_STREAM, UsageWriter, prune
 
 

@@ -1,4 +1,4 @@
-"""Texts on which the token estimator (extproc/cost.py) is calibrated and measured: Polish and English,
+"""Texts on which the token estimator (core/cost.py) is calibrated and measured: Polish and English,
 as clients send them: greetings, questions, instructions, long paragraphs, lists, numbers and a little
 code.  Written for this suite."""
 from __future__ import annotations

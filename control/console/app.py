@@ -10,7 +10,7 @@ import asyncpg
 from aiohttp import web
 
 from control.admin import Admin
-from extproc.store import redis_client
+from core.redis_client import redis_client
 
 from . import i18n, logs, low_balance, model_changes
 from .listener import BODY_MAX, GUARD, Guard, guard_mw, serve

@@ -25,7 +25,7 @@ from babel.messages.pofile import read_po
 from babel.numbers import format_currency
 from babel.support import Translations
 
-from extproc.catalog import WARSAW
+from core.catalog import WARSAW
 
 LANGS = ("pl", "en")
 DEFAULT = "pl"

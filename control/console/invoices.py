@@ -16,7 +16,7 @@ from typing import Any
 
 import asyncpg
 
-from extproc.catalog import WARSAW
+from core.catalog import WARSAW
 
 from .settings import ConsoleSettings
 

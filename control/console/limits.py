@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
-from extproc.redis_keys import CONSOLE_LIMITS
+from core.redis_keys import CONSOLE_LIMITS
 
 PREFIX = CONSOLE_LIMITS
 

@@ -1,4 +1,4 @@
-"""The console's logs: JSON lines on standard output (extproc/logs.py's format), each line of a request
+"""The console's logs: JSON lines on standard output (core/logs.py's format), each line of a request
 (its access line and whatever the handlers log) with the request's id.
 
 The console is not behind Envoy (its own port, its own Service): it mints a request id for every request
@@ -15,7 +15,7 @@ from typing import Awaitable, Callable
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from extproc.logs import JsonFormatter
+from core.logs import JsonFormatter
 
 REQUEST_ID = contextvars.ContextVar("console_request_id", default="")
 HEADER = "X-Request-Id"

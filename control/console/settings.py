@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from extproc.settings_base import SharedSettings, env, port
+from core.settings_base import SharedSettings, env, port
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from control.admin import Admin
-from extproc import catalog
+from core import catalog
 
 from . import i18n
 from .background import Background

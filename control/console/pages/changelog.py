@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from extproc import catalog
-from extproc.alias_policy import describe, timeline
+from core import catalog
+from core.alias_policy import describe, timeline
 
 from ..i18n import _
 from ..web import load_catalog, render

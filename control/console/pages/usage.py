@@ -13,9 +13,9 @@ from urllib.parse import urlencode
 from aiohttp import web
 
 from control.admin import status_condition
-from extproc.catalog import WARSAW
-from extproc.cost import micro_to_pln
-from extproc.decisions import UsageRecord
+from core.catalog import WARSAW
+from core.cost import micro_to_pln
+from core.decisions import UsageRecord
 
 from ..i18n import DATE_HINT, _, day, day_short, money_exact, ngettext, parse_day
 from ..web import console, load_catalog, need_viewer, render
@@ -185,7 +185,7 @@ def cell(text: str) -> str:
     return "'" + text if text.startswith(FORMULA_START) else text
 
 
-# The CSV's columns in order: a usage record's field (extproc/decisions.py), written as its column's type
+# The CSV's columns in order: a usage record's field (core/decisions.py), written as its column's type
 # is, or one worked out from the row (``WORKED_OUT``)
 CSV_COLUMNS = ("started_at", "request_id", "key_id", "key_name", "alias", "endpoint", "status", "error_code",
                "latency_ms", "prompt_tokens", "completion_tokens", "cost_pln", "cost_micro_pln", "estimated")

@@ -1,6 +1,6 @@
 """Service URLs: REDIS_URL read the way redis-py reads it, and passwords masked for messages.
 
-``parse_redis`` gives the request path's own client (extproc/resp.py) exactly what redis-py's
+``parse_redis`` gives the request path's own client (core/resp.py) exactly what redis-py's
 ``from_url`` gives the rest of the processes, so that every process honours the same URL:
 
     redis://[[user]:password@]host[:port][/db][?query]      plain TCP

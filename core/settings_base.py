@@ -1,7 +1,7 @@
 """What every process reads (the listener's address and port, the state directory, the catalog, the stores,
 development mode, ...) and the one reader of settings from the environment.  Each process's settings extend
-``SharedSettings`` in the package that owns the process: the ext_proc's in ``extproc.settings``, the usage
-writer's in ``extproc.usage_writer_settings``, the console's in ``control.console.settings``; the launcher composes
+``SharedSettings`` in the package that owns the process: the ext_proc's in ``core.settings``, the usage
+writer's in ``core.usage_writer_settings``, the console's in ``control.console.settings``; the launcher composes
 them in ``control.settings``.  Each field names its environment variable (``env``)."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Sans-I/O meter of a model server's server-sent event stream: what billing needs of it.
 
 Envoy relays the stream to the client itself (envoy/sse_relay.lua: whole events, the alias put in, the
-usage chunk where SPEC wants it); the ext_proc sees a copy of the same chunks, as they pass, and only
+usage chunk where the interface wants it); the ext_proc sees a copy of the same chunks, as they pass, and only
 counts: the events that carry a content piece (the output estimate of a stream without usage) and the
 usage the model server reported (the last report wins).  Fed raw byte chunks cut anywhere; only an event
 that carries a usage object is ever JSON-parsed.

@@ -1,4 +1,4 @@
-"""API key format, generation and hashing (SPEC section 5). Pure."""
+"""API key format, generation and hashing (docs/interface.md section 5). Pure."""
 from __future__ import annotations
 
 import hashlib

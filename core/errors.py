@@ -1,4 +1,4 @@
-"""SPEC section 7 as data: every client-visible error code, its HTTP status and type, and every message the
+"""docs/interface.md section 7 as data: every client-visible error code, its HTTP status and type, and every message the
 gateway gives with one, whichever part answers (the ext_proc, or Envoy's own replies: control/envoy_config.py
 renders envoy/envoy.yaml's ``local_reply_config`` bodies from the constants here).  This is the only place a
 message is written; tests/test_errors_home.py fails if one appears anywhere else.
@@ -31,7 +31,7 @@ TABLE: dict[str, tuple[int, str]] = {
 
 @dataclass(frozen=True, slots=True)
 class ApiError:
-    """A rejection with SPEC's code; ``message`` never quotes request or reply text."""
+    """A rejection with the interface's code; ``message`` never quotes request or reply text."""
 
     code: str
     message: str
@@ -90,7 +90,7 @@ def over_balance(cost_pln: str, available_pln: str, fits: int | None, choices: i
                     "Ask for fewer tokens, or top up to continue.")
 
 
-# ---- the request body (extproc/rules.py) ----
+# ---- the request body (core/rules.py) ----
 INVALID_JSON = ApiError("invalid_json", "The request body is not valid JSON.")
 NOT_AN_OBJECT = _invalid("The request body must be a JSON object.")
 # a number such as 1e400 is valid JSON, but parses to infinity, which JSON cannot write
@@ -128,7 +128,7 @@ def not_a_positive_integer(name: str) -> ApiError:
     return _invalid(f"'{name}' must be an integer >= 1.", name)
 
 
-# ---- the model server's reply (extproc/responses.py) and the gateway ----
+# ---- the model server's reply (core/responses.py) and the gateway ----
 def context_length_exceeded(input_param: str) -> ApiError:
     return ApiError("context_length_exceeded", "The input is longer than the model's context length.", input_param)
 

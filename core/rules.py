@@ -1,4 +1,4 @@
-"""Request rules of SPEC section 4 for chat completions and embeddings.
+"""Request rules of docs/interface.md section 4 for chat completions and embeddings.
 
 Pure: bytes in, a ``Prepared`` request (the body to forward upstream and what billing needs)
 or an ``ApiError`` out.  The body is parsed once and serialised once.
@@ -128,7 +128,7 @@ def _max_tokens(doc: dict[str, Any], alias: Alias) -> int | ApiError:
 
 
 def choices(n: Any) -> int:
-    """How many choices a chat request's ``n`` (forwarded unchanged, SPEC) can make the model server
+    """How many choices a chat request's ``n`` (forwarded unchanged, the interface) can make the model server
     return, as it reads ``n``: an integer, or a number or a string of digits with an integral value
     (vLLM's lax parsing takes 2.0 and "2" as 2).  Anything else - absent, null, a boolean, less than 1,
     not a number - counts as 1: the model server refuses an invalid ``n`` before it generates."""
@@ -166,7 +166,7 @@ def prepare_chat(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | Non
     wants_usage = False
     if stream:
         opts = doc.get("stream_options")
-        if opts is None:  # SPEC rule 4: a null one is replaced by include_usage true (absent: not asked)
+        if opts is None:  # The interface rule 4: a null one is replaced by include_usage true (absent: not asked)
             opts = {"include_usage": True} if "stream_options" in doc else {}
         elif not isinstance(opts, dict):
             return errors.STREAM_OPTIONS_NOT_AN_OBJECT

@@ -57,7 +57,7 @@ class UsageRecord:
     started_at: float = _column("timestamptz")
     ttfb_ms: int | None = _column("integer")
     ended_at: float = _column("timestamptz")
-    error_code: str = _column("text", default="")  # SPEC's error code of what the client got ("" when none); refusals cost 0
+    error_code: str = _column("text", default="")  # The interface's error code of what the client got ("" when none); refusals cost 0
 
     def to_json(self) -> str:
         """``json.dumps`` of the fields, compact (tests/test_decisions.py holds the two to the same bytes),

@@ -3,7 +3,7 @@
 - ``rewrite_body``: a successful JSON reply with the alias put back in ``model`` and its usage read:
   the usage object alone is decoded as JSON (no full parse of a possibly large embeddings reply);
   ``with_estimated_usage``: one that reports none given the estimate it is billed.
-- ``upstream_error``: a model-server error reply mapped to SPEC section 7, with a message of our own:
+- ``upstream_error``: a model-server error reply mapped to docs/interface.md section 7, with a message of our own:
   nothing of the model server's text (which may quote the prompt) reaches the client.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ _EMB_COMPLETION = re.compile(rb',\s*"completion_tokens":\s*\d+|"completion_token
 def rewrite_body(body: bytes, upstream_model: str, alias: str, *, embeddings: bool = False
                  ) -> tuple[bytes, tuple[int, int] | None]:
     """(body with ``model`` = alias, (prompt, completion) usage or None when not reported).
-    Embeddings usage carries no ``completion_tokens`` (SPEC section 2): it is taken out."""
+    Embeddings usage carries no ``completion_tokens`` (docs/interface.md section 2): it is taken out."""
     new = model_pattern(upstream_model).sub(b'"model":' + json.dumps(alias).encode(), body, count=1)
     at, end, usage = _usage_member(new)
     if embeddings and usage is not None:
@@ -43,7 +43,7 @@ def rewrite_body(body: bytes, upstream_model: str, alias: str, *, embeddings: bo
 
 
 def with_estimated_usage(body: bytes, prompt_tokens: int, *, embeddings: bool = False) -> tuple[bytes, int]:
-    """A successful reply that reports no usage, given the usage it is billed (SPEC section 2: a reply
+    """A successful reply that reports no usage, given the usage it is billed (docs/interface.md section 2: a reply
     has ``usage``): the estimated input, and for chat the estimate of its output.  (body, completion
     tokens).  The one JSON parse of such a reply; one that is not a JSON object is passed on as it is."""
     try:
@@ -110,7 +110,7 @@ _CONTEXT_WORDS = ("context length", "context_length", "maximum context", "maximu
 
 
 def upstream_error(status: int, body: bytes, input_param: str = "messages") -> ApiError:
-    """Map a model server's error status and body to SPEC section 7; ``input_param`` names the
+    """Map a model server's error status and body to docs/interface.md section 7; ``input_param`` names the
     request field that carries the input (``messages`` for chat, ``input`` for embeddings)."""
     message, param = _upstream_message_and_param(body)
     low = message.lower()

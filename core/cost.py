@@ -1,4 +1,4 @@
-"""The billing rule (SPEC section 4, cost computation) and the token estimator. Pure, integers only."""
+"""The billing rule (docs/interface.md section 4, cost computation) and the token estimator. Pure, integers only."""
 from __future__ import annotations
 
 import re
@@ -53,7 +53,7 @@ def cost_micro_pln(prompt_tokens: int, completion_tokens: int, prices: Prices) -
     return _ceil_div(prompt_tokens * prices.input, 1_000_000) + _ceil_div(completion_tokens * prices.output, 1_000_000)
 
 
-# The token estimator, for what a model server did not report (SPEC section 4: such a request is billed
+# The token estimator, for what a model server did not report (docs/interface.md section 4: such a request is billed
 # estimated tokens and marked estimated).  Calibrated against four real tokenizers (GPT-4's cl100k_base,
 # GPT-4o's o200k_base, Llama 3's and Qwen 3's) and the simulator's on Polish and English text
 # (tests/test_estimator.py measures it; README, "Billing", states the error): English and other
@@ -132,3 +132,14 @@ def usage_json_tokens(usage: Any) -> tuple[int, int] | None:
     if type(p) is not int or type(c) is not int or p < 0 or c < 0:
         return None
     return p, c
+
+
+def credit_limit(paid: bool, own: str, default: int | None) -> int | None:
+    """How far below zero an organisation's balance may go (micro-PLN; None: no limit, the interface's rule alone),
+    as the admission script decides it: 0 while its only money is the trial credit (``paid`` false), else
+    its own limit ``own`` (micro-PLN, or "none"), else (``own`` "default") GATEWAY_CREDIT_LIMIT_PLN's."""
+    if not paid:
+        return 0
+    if own == "none":
+        return None
+    return default if own == "default" else int(own)

@@ -4,7 +4,7 @@ redis-py's asyncio client spends ~150 µs of Python per command; this one writes
 awaits its reply on one shared connection (replies come back in order, so concurrent requests
 pipeline naturally).  Sans-I/O parser (``RespParser``) + a thin asyncio protocol.  A lost or hung
 connection fails the calls waiting on it and is replaced on the next call.  It takes the URLs redis-py
-takes (extproc/urls.py): password or ACL user, database number, TLS (rediss://), unix sockets; AUTH
+takes (core/urls.py): password or ACL user, database number, TLS (rediss://), unix sockets; AUTH
 and SELECT are sent on every new connection.
 """
 from __future__ import annotations
@@ -164,7 +164,7 @@ class RespClient:
 
     @classmethod
     def from_url(cls, url: str, name: str = "") -> "RespClient":
-        """Any URL redis-py's ``from_url`` takes (see extproc/urls.py): redis://, rediss://, unix://,
+        """Any URL redis-py's ``from_url`` takes (see core/urls.py): redis://, rediss://, unix://,
         user name and password, database number, TLS parameters."""
         t = parse_redis(url)
         return cls(t.host, t.port, db=t.db, username=t.username, password=t.password, unix_path=t.unix_path,
