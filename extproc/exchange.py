@@ -604,7 +604,7 @@ class Exchange:
 
     def timed_out(self) -> None:
         """Envoy reset the call while this process was paused with the reply's headers in hand (a JSON
-        reply's are held with its body): its message timeout answered the client with SPEC's 500
+        reply's are held with its body): its message timeout answered the client with the interface's 500
         internal_error in their place, so none of the reply reached the client.  Logged as that 500, billed
         nothing, whatever the model server had sent."""
         p = self.prepared

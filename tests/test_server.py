@@ -370,8 +370,8 @@ def test_a_request_envoy_reset_before_it_was_admitted_is_logged_as_its_500_and_n
 def test_a_reply_whose_headers_envoy_answered_while_the_process_was_paused_is_its_500_billed_nothing(
         paused_at: str) -> None:
     """The process paused holding a reply's headers (a JSON reply's are held with its body) past Envoy's
-    message timeout: Envoy answered the client SPEC's 500 internal_error in the reply's place and reset the
-    call.  The resumed process reads the reply's message, then (once settled) that reset: it answers
+    message timeout: Envoy answered the client the interface's 500 internal_error in the reply's place and
+    reset the call.  The resumed process reads the reply's message, then (once settled) that reset: it answers
     nothing more, logs that 500 and bills nothing, whatever the model server sent.  Its reset may also come
     only after the process answered the headers late (the call ends then, expired)."""
     gw = gateway()
