@@ -127,11 +127,12 @@ def _fault(gw: Gateway, component: str, how: str) -> Callable[[], None]:
 
 
 def _reaped(row: dict[str, object], s: Seen) -> bool:
-    """The reaper's record of a request whose ext_proc died in flight, and a client view it may stand for:
-    the estimated input, no output, status 500 without a code (docs/billing.md: the gateway cannot know
-    whether the client got Envoy's 500 or a 200 that broke off), never for a reply that came whole."""
+    """The reaper's record of a request whose ext_proc died in flight: the estimated input, no output,
+    status 500 without a code (docs/billing.md).  The gateway cannot know what the client got: Envoy's 500,
+    a 200 that broke off, or even a whole 200 (the process answered Envoy, then died before its finish
+    reached Redis), so the record stands for any of them, billing no more than the input."""
     return ((row["status"], row["error_code"], row["estimated"], row["completion_tokens"]) == (500, None, True, 0)
-            and not s.whole and (s.status == 200 or (s.status, s.code) == (500, "internal_error")))
+            and (s.status == 200 or (s.status, s.code) == (500, "internal_error")))
 
 
 def _reconcile(gw: Gateway, org: str, before: int, seen: list[Seen], reaped: bool = False) -> dict[str, int]:
