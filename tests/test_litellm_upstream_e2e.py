@@ -72,7 +72,7 @@ class Lite:
 def lite() -> Iterator[Lite]:
     binary = litellm_env.ensure()
     if binary is None:
-        pytest.skip(f"{litellm_env.the interface} could not be installed into bench/.venv-litellm "
+        pytest.skip(f"{litellm_env.SPEC} could not be installed into bench/.venv-litellm "
                     f"(see {litellm_env.LOG}); run `make litellm-env`")
     tmp = Path(tempfile.mkdtemp(prefix="gw-litellm-"))
     models = [("up-lite-chat", REPLY), ("up-lite-open", REPLY), ("up-lite-embed", VECTOR)]
