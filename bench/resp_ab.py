@@ -1,5 +1,5 @@
 """The request path's Redis client against redis-py's: the CPU of the ext_proc's own process per admission
-and per finish, with its own client (extproc/resp.py) and with redis-py's asyncio client on hiredis, both
+and per finish, with its own client (core/resp.py) and with redis-py's asyncio client on hiredis, both
 driving the same scripts through ``Store.admit`` and ``Store.finish`` (as bench/redis_ceiling.py does)
 against the same throwaway redis-server, configured as the launcher runs the embedded one.  redis-py is
 opened as the ext_proc opens its own redis-py client (``extproc.store.redis_client``, a blocking pool of
@@ -162,7 +162,7 @@ def headline(ab: dict[str, Any] | None) -> dict[str, Any]:
             for s in ("", "_spread")}
 
 
-LABELS = {"own": "own client (`extproc/resp.py`)", "redis_py": "redis-py + hiredis, the ext_proc's pool",
+LABELS = {"own": "own client (`core/resp.py`)", "redis_py": "redis-py + hiredis, the ext_proc's pool",
           "redis_py_pool64": "redis-py + hiredis, a pool as large as the callers"}
 
 
