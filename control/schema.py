@@ -230,6 +230,14 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX model_changes_unmailed ON model_changes (id) WHERE mailed_at IS NULL;
     """,
+    # 11: a third role, billing (top-ups, invoices and usage; no keys: control/console/roles.py), for
+    # memberships and invitations; existing owners and members keep theirs
+    """
+    ALTER TABLE memberships DROP CONSTRAINT memberships_role_check;
+    ALTER TABLE memberships ADD CONSTRAINT memberships_role_check CHECK (role IN ('owner', 'member', 'billing'));
+    ALTER TABLE invites DROP CONSTRAINT invites_role_check;
+    ALTER TABLE invites ADD CONSTRAINT invites_role_check CHECK (role IN ('owner', 'member', 'billing'));
+    """,
 ]
 
 

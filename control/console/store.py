@@ -12,6 +12,7 @@ from typing import Any, AsyncIterator
 import asyncpg
 
 from .i18n import _
+from .roles import Capability, may
 from .security import token_hash
 
 SESSION_DAYS = 7
@@ -33,6 +34,9 @@ class Viewer:
     @property
     def owner(self) -> bool:
         return self.role == "owner"
+
+    def may(self, capability: Capability) -> bool:
+        return may(self.role, capability)
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,10 @@ async def owner_emails(pool: asyncpg.Pool, org_id: str) -> list[tuple[str, str]]
     rows = await pool.fetch("SELECT u.email, u.lang FROM memberships m JOIN users u ON u.id = m.user_id"
                             " WHERE m.org_id = $1 AND m.role = 'owner' ORDER BY u.email", org_id)
     return [(r["email"], r["lang"]) for r in rows]
+
+
+async def _owners(conn: Any, org_id: str) -> int:
+    return int(await conn.fetchval("SELECT count(*) FROM memberships WHERE org_id = $1 AND role = 'owner'", org_id))
 
 
 class Store:
@@ -187,6 +195,18 @@ class Store:
             "SELECT u.id, u.email, m.role, m.created_at FROM memberships m JOIN users u ON u.id = m.user_id"
             " WHERE m.org_id = $1 ORDER BY m.created_at", org_id))
 
+    async def set_role(self, org_id: str, user_id: str, role: str) -> str | None:
+        """The member's new role, or why not (``not_found``, ``last_owner``: an organisation keeps an owner)."""
+        async with self.pool.acquire() as c, c.transaction():
+            await c.execute("SELECT 1 FROM orgs WHERE id = $1 FOR UPDATE", org_id)  # one change at a time
+            was = await c.fetchval("SELECT role FROM memberships WHERE org_id = $1 AND user_id = $2", org_id, user_id)
+            if was is None:
+                return "not_found"
+            if was == "owner" and role != "owner" and await _owners(c, org_id) <= 1:
+                return "last_owner"
+            await c.execute("UPDATE memberships SET role = $3 WHERE org_id = $1 AND user_id = $2", org_id, user_id, role)
+        return None
+
     async def remove_member(self, org_id: str, user_id: str, revoke_keys: bool) -> Removal:
         """The membership and its sessions end; with ``revoke_keys`` the keys the member created in the
         organisation are revoked in the same transaction (the caller then drops them from the gateway's
@@ -197,11 +217,8 @@ class Store:
                                     org_id, user_id)
             if role is None:
                 return Removal("not_found")
-            if role == "owner":
-                owners = await c.fetchval("SELECT count(*) FROM memberships WHERE org_id = $1 AND role = 'owner'",
-                                          org_id)
-                if owners <= 1:
-                    return Removal("last_owner")
+            if role == "owner" and await _owners(c, org_id) <= 1:
+                return Removal("last_owner")
             await c.execute("DELETE FROM memberships WHERE org_id = $1 AND user_id = $2", org_id, user_id)
             await c.execute("DELETE FROM console_sessions WHERE org_id = $1 AND user_id = $2", org_id, user_id)
             revoked = [] if not revoke_keys else [r["id"] for r in await c.fetch(

@@ -21,6 +21,7 @@ from .background import Background
 from .i18n import N_
 from .mail import Mailer
 from .payments import Provider
+from .roles import REFUSALS, Capability
 from .security import csrf_token
 from .settings import ConsoleSettings
 from .store import Store, Viewer
@@ -47,6 +48,7 @@ MESSAGES = {
     "key_form_used": N_("That form was already sent and its key created (a key is shown only once); "
                         "nothing new was created. Create another key below if you need one."),
     "invited": N_("The invitation is sent."),
+    "role_changed": N_("The role is changed; it applies from the member's next page."),
     "member_removed": N_("The member is removed; the keys they created still work."),
     "member_removed_keys_revoked": N_("The member is removed and the keys they created are revoked."),
     "invite_revoked": N_("The invitation is withdrawn."),
@@ -58,7 +60,7 @@ MESSAGES = {
 }
 
 # The words the database holds (roles, ledger entries, payment states) as the pages show them.
-TERMS = {"owner": N_("owner"), "member": N_("member"), "topup": N_("top-up"), "trial": N_("trial credit"),
+TERMS = {"owner": N_("owner"), "member": N_("member"), "billing": N_("billing"), "topup": N_("top-up"), "trial": N_("trial credit"),
          "correction": N_("correction"), "usage": N_("usage"), "pending": N_("pending"), "paid": N_("paid"),
          "failed": N_("failed"), "cancelled": N_("cancelled")}
 
@@ -125,10 +127,11 @@ def need_viewer(request: web.Request) -> Viewer:
     return v
 
 
-def need_owner(request: web.Request) -> Viewer:
+def need(request: web.Request, capability: Capability) -> Viewer:
+    """The signed-in viewer whose role has ``capability`` (``roles.GRANTS``), else the 403 page."""
     v = need_viewer(request)
-    if not v.owner:
-        raise_page(request, 403, i18n._("Only the organisation's owners can see this page."))
+    if not v.may(capability):
+        raise_page(request, 403, i18n._(REFUSALS[capability]))
     return v
 
 
