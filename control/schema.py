@@ -238,6 +238,23 @@ MIGRATIONS: list[str] = [
     ALTER TABLE invites DROP CONSTRAINT invites_role_check;
     ALTER TABLE invites ADD CONSTRAINT invites_role_check CHECK (role IN ('owner', 'member', 'billing'));
     """,
+    # 12: two-factor sign-in (control/console/totp.py): each account's TOTP secret once confirmed (the one
+    # being enrolled apart), the last 30-second step whose code it took (never the same code twice), its
+    # one-time recovery codes as hashes; an organisation whose owners require it of everyone
+    """
+    ALTER TABLE users ADD COLUMN totp_secret text;
+    ALTER TABLE users ADD COLUMN totp_pending text;
+    ALTER TABLE users ADD COLUMN totp_last_step bigint NOT NULL DEFAULT 0;
+    ALTER TABLE users ADD COLUMN totp_enabled_at timestamptz;
+    ALTER TABLE users ADD CONSTRAINT users_totp_both CHECK ((totp_secret IS NULL) = (totp_enabled_at IS NULL));
+    CREATE TABLE recovery_codes (
+      user_id text NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+      code_hash text NOT NULL,
+      used_at timestamptz,
+      PRIMARY KEY (user_id, code_hash)
+    );
+    ALTER TABLE orgs ADD COLUMN require_2fa boolean NOT NULL DEFAULT false;
+    """,
 ]
 
 

@@ -134,7 +134,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 def make_app(settings: ConsoleSettings) -> web.Application:
-    from .pages import api_docs, auth, billing, changelog, dev, keys, language, members, usage
+    from .pages import api_docs, auth, billing, changelog, dev, keys, language, members, security, usage
     app = web.Application(middlewares=[logs.request_id_mw, guard_mw, lang_mw, session_mw, errors_mw, inputs_mw,
                                        csrf_mw], client_max_size=BODY_MAX)
     app[GUARD] = Guard(settings)
@@ -159,7 +159,7 @@ def make_app(settings: ConsoleSettings) -> web.Application:
     app.on_response_prepare.append(logs.on_prepare)
     app.router.add_get("/healthz", healthz)
     app.router.add_static("/static", HERE / "static")
-    for mod in (auth, keys, usage, billing, members, dev, api_docs, changelog, language):
+    for mod in (auth, security, keys, usage, billing, members, dev, api_docs, changelog, language):
         app.add_routes(mod.routes)
     return app
 

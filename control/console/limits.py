@@ -26,6 +26,7 @@ class Limit:
 
 LOGIN_EMAIL = Limit("login:email", 5, 15 * 60)     # failed log-ins per address ...
 LOGIN_IP = Limit("login:ip", 30, 15 * 60)          # ... and per client address, in 15 minutes
+CODE_USER = Limit("2fa:user", 5, 15 * 60)          # failed second-step codes per account (and LOGIN_IP's)
 RESET_EMAIL = Limit("reset:email", 3, 3600)        # reset mails per address per hour
 RESET_IP = Limit("reset:ip", 30, 3600)
 SIGNUP_EMAIL = Limit("signup:email", 3, 3600)      # sign-up mails per address per hour

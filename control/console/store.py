@@ -30,6 +30,7 @@ class Viewer:
     org_name: str
     role: str
     session_token: str
+    must_enrol: bool = False  # the organisation requires two-factor sign-in, which this account has not set up
 
     @property
     def owner(self) -> bool:
@@ -192,7 +193,8 @@ class Store:
 
     async def members(self, org_id: str) -> list[asyncpg.Record]:
         return list(await self.pool.fetch(
-            "SELECT u.id, u.email, m.role, m.created_at FROM memberships m JOIN users u ON u.id = m.user_id"
+            "SELECT u.id, u.email, m.role, m.created_at, u.totp_secret IS NOT NULL AS two_factor"
+            " FROM memberships m JOIN users u ON u.id = m.user_id"
             " WHERE m.org_id = $1 ORDER BY m.created_at", org_id))
 
     async def set_role(self, org_id: str, user_id: str, role: str) -> str | None:
@@ -234,11 +236,13 @@ class Store:
 
     async def viewer(self, token: str) -> Viewer | None:
         r = await self.pool.fetchrow(
-            "SELECT s.user_id, u.email, s.org_id, o.name AS org_name, m.role FROM console_sessions s"
+            "SELECT s.user_id, u.email, s.org_id, o.name AS org_name, m.role,"
+            " o.require_2fa AND u.totp_secret IS NULL AS must_enrol FROM console_sessions s"
             " JOIN users u ON u.id = s.user_id JOIN orgs o ON o.id = s.org_id"
             " JOIN memberships m ON m.user_id = s.user_id AND m.org_id = s.org_id"
             " WHERE s.token_hash = $1 AND s.expires_at > now()", token_hash(token))
-        return None if r is None else Viewer(r["user_id"], r["email"], r["org_id"], r["org_name"], r["role"], token)
+        return None if r is None else Viewer(r["user_id"], r["email"], r["org_id"], r["org_name"], r["role"], token,
+                                           r["must_enrol"])
 
     async def switch_org(self, token: str, user_id: str, org_id: str) -> bool:
         r = await self.pool.execute(

@@ -22,12 +22,13 @@ from .i18n import N_
 from .mail import Mailer
 from .payments import Provider
 from .roles import REFUSALS, Capability
-from .security import csrf_token
+from .security import csrf_token, sub_key
 from .settings import ConsoleSettings
 from .store import Store, Viewer
 
 HERE = Path(__file__).resolve().parent
 SESSION_COOKIE = "gw_session"
+PENDING_COOKIE = "gw_2fa"  # a password proved right, the second step to come (``totp.Pending``)
 ANON_COOKIE = "gw_anon"
 
 MESSAGES = {
@@ -48,6 +49,10 @@ MESSAGES = {
     "key_form_used": N_("That form was already sent and its key created (a key is shown only once); "
                         "nothing new was created. Create another key below if you need one."),
     "invited": N_("The invitation is sent."),
+    "2fa_required": N_("Your organisation requires two-factor sign-in: set it up to go on."),
+    "2fa_off": N_("Two-factor sign-in is off."),
+    "2fa_org_on": N_("Everyone in the organisation now signs in with a second factor."),
+    "2fa_org_off": N_("The organisation no longer requires a second factor."),
     "role_changed": N_("The role is changed; it applies from the member's next page."),
     "member_removed": N_("The member is removed; the keys they created still work."),
     "member_removed_keys_revoked": N_("The member is removed and the keys they created are revoked."),
@@ -94,6 +99,11 @@ def console(request: web.Request) -> Console:
     return request.app[CONSOLE]
 
 
+def pending_key(c: Console) -> bytes:
+    """What signs the pending second step's cookie."""
+    return sub_key(c.secret, "2fa-pending")
+
+
 def templates() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")), autoescape=True,
                              undefined=jinja2.StrictUndefined, extensions=["jinja2.ext.i18n"])
@@ -119,11 +129,19 @@ def viewer(request: web.Request) -> Viewer | None:
     return request.get("viewer")
 
 
-def need_viewer(request: web.Request) -> Viewer:
+SECURITY_PAGE = "/account/security"
+
+
+def need_viewer(request: web.Request, *, enrolling: bool = False) -> Viewer:
+    """The signed-in viewer, else off to log in.  One whose organisation requires two-factor sign-in
+    that they have not set up is sent to set it up (``enrolling``: the pages that do that, and those
+    that leave)."""
     v = viewer(request)
     if v is None:
         nxt = request.path_qs if request.method == "GET" else "/"
         raise web.HTTPSeeOther("/login?next=" + quote(nxt, safe="/"))
+    if v.must_enrol and not enrolling:
+        raise web.HTTPSeeOther(SECURITY_PAGE + "?msg=2fa_required")
     return v
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from .. import limits, mail
+from .. import limits, mail, second_factor
 from ..i18n import _, lang
 from ..roles import ROLES, is_role
 from ..security import hashed, new_token, password_problem
@@ -19,7 +19,8 @@ async def _page(request: web.Request, status: int = 200, error: str | None = Non
     v = need(request, "members")
     c = console(request)
     return render(request, "members.html", status=status, error=error, members=await c.store.members(v.org_id),
-                  invites=await c.store.pending_invites(v.org_id), roles=ROLES)
+                  invites=await c.store.pending_invites(v.org_id), roles=ROLES,
+                  require_2fa=await second_factor.required(c.pool, v.org_id))
 
 
 @routes.get("/members")
