@@ -138,7 +138,7 @@ def test_an_owner_requires_it_of_everyone(gateway: Gateway) -> None:
     assert r.status_code == 400 and "it stays on" in r.text
     assert gateway.sql("SELECT totp_secret IS NOT NULL AS on FROM users WHERE email = $1", email) == [{"on": True}]
     page = owner.get("/members").text
-    assert page.count("<td>on</td>") == 2 and 'name="require" value="1" checked' in page
+    assert page.count('data-label="Two-factor">on</td>') == 2 and 'name="require" value="1" checked' in page
     # lifted: nobody is sent anywhere
     owner.post("/members/2fa", {})
     assert gateway.sql("SELECT require_2fa FROM orgs WHERE id = $1", org) == [{"require_2fa": False}]

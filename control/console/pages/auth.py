@@ -60,7 +60,7 @@ async def overview(request: web.Request) -> web.Response:
     trial = await c.pool.fetchval("SELECT amount_micro_pln FROM ledger WHERE org_id = $1 AND kind = 'trial'"
                                   " ORDER BY created_at LIMIT 1", v.org_id)
     return render(request, "overview.html", balance=bal["balance_micro_pln"], recent=recent, nkeys=nkeys,
-                  trial=trial, gateway=f"http://{c.settings.gateway_host}:{c.settings.gateway_port}/v1")
+                  trial=trial, gateway=c.settings.gateway_base_url + "/v1")
 
 
 @routes.get("/signup")
