@@ -255,3 +255,41 @@ def test_readme_vercel_ai_snippet(gateway: Gateway) -> None:
     assert int(out[-2]) > 0 and out[-1] == "1024", out
     assert _records(gateway, org, 3) == [("polish-pro", "chat", 200), ("polish-fast", "chat", 200),
                                          ("embed", "embeddings", 200)]
+
+
+_VERCEL_COST = """
+import { openai } from "@ai-sdk/openai";
+import { embed, generateText, streamText } from "ai";
+
+const text = await generateText({ model: openai.chat("polish-pro"), prompt: "Dzień dobry!",
+                                  include: { responseBody: true } });
+const out = [[text.response.headers["x-request-id"], text.response.body.usage]];
+const stream = streamText({ model: openai.chat("polish-fast"), prompt: "Opowiedz bajkę", includeRawChunks: true });
+let usage = null;
+for await (const part of stream.fullStream) if (part.type === "raw" && part.rawValue?.usage) usage = part.rawValue.usage;
+out.push([(await stream.response).headers["x-request-id"], usage]);
+const vector = await embed({ model: openai.embedding("embed"), value: "Ala ma kota" });
+out.push([vector.response.headers["x-request-id"], vector.response.body.usage]);
+console.log(JSON.stringify(out));
+"""
+
+
+def test_vercel_ai_reads_the_cost(gateway: Gateway) -> None:
+    """The Vercel AI SDK's usage keeps only the token counts; the reply's own usage, with its
+    cost_micro_pln, is in ``response.body`` (generateText with ``include: {responseBody: true}``, embed)
+    and in the stream's raw chunks (``includeRawChunks``): each says what the usage record and the ledger hold for its request id."""
+    where = _node_clients()
+    script = where / "cost.mjs"
+    script.write_text(_VERCEL_COST)
+    org, _, key = gateway.new_org(10_000_000)
+    got = json.loads(_run(["node", str(script)], {"OPENAI_BASE_URL": gateway.v1, "OPENAI_API_KEY": key}))
+    assert len(got) == 3
+    from conftest import wait_for
+    for request_id, usage in got:
+        [rec] = wait_for(lambda: gateway.sql("SELECT * FROM usage_records WHERE request_id = $1", request_id),
+                         timeout=10, interval=0.05)
+        ledger = gateway.sql("SELECT amount_micro_pln FROM ledger WHERE ref = $1", "usage:" + request_id)
+        assert type(usage["cost_micro_pln"]) is int and usage["cost_micro_pln"] > 0, usage
+        assert usage["cost_micro_pln"] == rec["cost_micro_pln"] == -ledger[0]["amount_micro_pln"], (usage, rec)
+        assert rec["org_id"] == org and "estimated" not in usage and not rec["estimated"]
+    assert [u["prompt_tokens"] > 0 for _, u in got] == [True] * 3
