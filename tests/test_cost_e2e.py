@@ -2,7 +2,8 @@
 chunk carry ``cost_micro_pln``, the integer the usage record and the ledger hold for that request id, and
 ``estimated: true`` where the tokens are the gateway's estimate (docs/billing.md).  Through the whole
 stack (Envoy and its relay, the ext_proc, Redis, the usage writer, PostgreSQL), read raw and by the
-official openai SDK and langchain; the Vercel AI SDK's reading is in tests/test_clients_e2e.py."""
+official openai SDK; docs/clients.md's snippets (the openai SDK, langchain, the Vercel AI SDK) are run by
+tests/test_clients_e2e.py."""
 from __future__ import annotations
 
 import json
@@ -121,13 +122,3 @@ def test_the_openai_sdk_reads_the_cost(gateway: Gateway, key: str) -> None:
     assert emb.usage.model_extra is not None and "cost_micro_pln" in emb.usage.model_extra
     shown_is_billed(gateway, emb._request_id or "", emb.usage.model_dump(), False)
 
-
-def test_langchain_reads_the_cost(gateway: Gateway) -> None:
-    from langchain_openai import ChatOpenAI
-
-    org, _, key = gateway.new_org(10_000_000)
-    llm = ChatOpenAI(model="polish-pro", base_url=gateway.v1, api_key=key, max_retries=0)  # type: ignore[arg-type]
-    usage = llm.invoke("Cześć").response_metadata["token_usage"]
-    [row] = wait_for(lambda: gateway.sql("SELECT request_id FROM usage_records WHERE org_id = $1", org),
-                     timeout=10, interval=0.05)
-    shown_is_billed(gateway, row["request_id"], usage, False)
