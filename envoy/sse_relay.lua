@@ -21,8 +21,9 @@
 --
 -- The ext_proc names the stream in the response header x-gateway-stream (core/stream_context.py, whose
 -- WIRE names its members: "a" the alias and "u" the upstream model as JSON strings, "w" 1 when the client
--- asked for usage, "p" the estimated input tokens, "i" and "x" the input and output prices); it is removed here.  The file is also loaded by the unit tests (tests/test_sse.py, through
--- tests/lua_relay.py) in LuaJIT through lupa, outside Envoy.
+-- asked for usage, "p" the estimated input tokens, "i" and "x" the input and output prices, for the cost
+-- in the usage shown); it is removed here.  The file is also loaded by the unit tests (tests/test_sse.py,
+-- through tests/lua_relay.py) in LuaJIT through lupa, outside Envoy.
 
 local find, sub, gsub, byte = string.find, string.sub, string.gsub, string.byte
 
@@ -151,9 +152,9 @@ local function cost_micro_pln(prompt, completion, input_price, output_price)
   return string.format("%.0f", term(prompt, input_price) + term(completion, output_price))
 end
 
--- A usage object (JSON text) with what the request is billed as its last members (docs/interface.md,
--- "Usage"): a model server's own cost_micro_pln or estimated is taken out first.
-local function priced(u, cost, estimated)
+-- A usage object (JSON text) the model server reported, with what the request is billed as its last
+-- member (docs/interface.md, "Usage"): a model server's own cost_micro_pln or estimated is taken out first.
+local function priced(u, cost)
   if find(u, '"cost_micro_pln"', 1, true) or find(u, '"estimated"', 1, true) then
     local kept = {}
     for _, x in ipairs(items(u, 1, true)) do
@@ -161,7 +162,7 @@ local function priced(u, cost, estimated)
     end
     u = "{" .. table.concat(kept, ",") .. "}"
   end
-  return sub(u, 1, -2) .. ',"cost_micro_pln":' .. cost .. (estimated and ',"estimated":true}' or "}")
+  return sub(u, 1, -2) .. ',"cost_micro_pln":' .. cost .. "}"
 end
 
 local function says_nothing(choice)
@@ -524,7 +525,7 @@ function Relay:usage_event(event)
 end
 
 function Relay:priced(usage, prompt, completion)
-  return priced(usage, cost_micro_pln(prompt, completion, self.input_price, self.output_price), false)
+  return priced(usage, cost_micro_pln(prompt, completion, self.input_price, self.output_price))
 end
 
 -- a member of the x-gateway-stream header's JSON object, as its JSON text
