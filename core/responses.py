@@ -30,11 +30,13 @@ COST, ESTIMATED = "cost_micro_pln", "estimated"
 @dataclass(frozen=True, slots=True)
 class Reply:
     """A successful reply for the client, cut around its usage object: ``head``, the usage, ``tail``.
-    ``usage`` is that object decoded (None: the reply reports none, and ``head`` is all of it)."""
+    ``usage`` is that object decoded (None: the reply reports none, and ``head`` is all of it), ``text``
+    its bytes as the model server wrote them (empty: written from ``usage``)."""
 
     head: bytes
     usage: dict[str, Any] | None = None
     tail: bytes = b""
+    text: bytes = b""
 
     @property
     def tokens(self) -> tuple[int, int] | None:
@@ -46,12 +48,13 @@ class Reply:
         record's integer), and ``estimated: true`` where the tokens are the gateway's estimate."""
         if self.usage is None:
             return self.head
-        usage = {k: v for k, v in self.usage.items() if k not in (COST, ESTIMATED)}
-        if cost_micro_pln is not None:
-            usage[COST] = cost_micro_pln
-            if estimated:
-                usage[ESTIMATED] = True
-        return self.head + json.dumps(usage, ensure_ascii=False, separators=(",", ":")).encode() + self.tail
+        text = self.text
+        if not text or COST in self.usage or ESTIMATED in self.usage:  # (a model server's own: not passed on)
+            usage = {k: v for k, v in self.usage.items() if k not in (COST, ESTIMATED)}
+            text = json.dumps(usage, ensure_ascii=False, separators=(",", ":")).encode()
+        members = b"" if cost_micro_pln is None else b',"%s":%d%s' % (
+            COST.encode(), cost_micro_pln, b',"estimated":true' if estimated else b"")
+        return self.head + text[:-1] + members + b"}" + self.tail
 
 
 @functools.lru_cache(maxsize=256)  # one per upstream model
@@ -66,9 +69,11 @@ def rewrite_body(body: bytes, upstream_model: str, alias: str, *, embeddings: bo
     at, end, usage = _usage_member(new)
     if usage is None:
         return Reply(new)
-    if embeddings:
-        usage.pop("completion_tokens", None)
-    return Reply(new[:at], usage, new[end:])
+    text = new[at:end]
+    if embeddings and "completion_tokens" in usage:
+        del usage["completion_tokens"]
+        text = b""
+    return Reply(new[:at], usage, new[end:], text)
 
 
 def with_estimated_usage(body: bytes, prompt_tokens: int, *, embeddings: bool = False) -> tuple[Reply, int]:

@@ -73,6 +73,14 @@ def test_the_usage_carries_the_cost_once_and_estimated_only_where_it_is() -> Non
     assert json.loads(reply.body(7, estimated=True))["usage"]["estimated"] is True
 
 
+def test_the_model_servers_usage_bytes_are_kept_and_the_cost_follows_them() -> None:
+    body = b'{"model": "up-pro", "usage": {"prompt_tokens": 2, "completion_tokens": 1, "queue_time": 1.50 }, "x": 1}'
+    reply = rewrite_body(body, "up-pro", "polish-pro")
+    assert reply.body() == body.replace(b'"model": "up-pro"', b'"model":"polish-pro"')
+    assert reply.body(4) == (b'{"model":"polish-pro", "usage": {"prompt_tokens": 2, "completion_tokens": 1, '
+                             b'"queue_time": 1.50 ,"cost_micro_pln":4}, "x": 1}')
+
+
 @pytest.mark.parametrize("doc,embeddings", [
     ({"id": "x", "model": "polish-pro", "choices": [{"index": 0, "message": {"content": "Ala ma kota"}}]}, False),
     ({"id": "x", "usage": None, "choices": [{"index": 0, "message": {"content": "Ala ma kota"}}]}, False),
