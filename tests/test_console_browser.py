@@ -285,7 +285,8 @@ def test_every_table_keeps_time_status_and_cost_in_view_on_a_phone(gateway: Gate
         box, card = row.locator("td.num").last.bounding_box(), row.bounding_box()
         assert box is not None and card is not None and 0 <= box["x"] and box["x"] + box["width"] <= 390
         assert card["x"] <= box["x"] and box["x"] + box["width"] <= card["x"] + card["width"]
-        shot(page, f"40-usage-cards-390-{lang}")
+        if lang == "en":
+            shot(page, "40-usage-cards-390")
         ctx.close()
 
 

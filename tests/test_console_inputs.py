@@ -54,7 +54,6 @@ FORMS: list[tuple[str, str, tuple[str, ...]]] = [
     ("POST", "/members/2fa", ("require",)),
     ("POST", "/login/2fa", ("code",)),
     ("POST", "/account/security/enable", ("code",)),
-    ("POST", "/account/security/recovery", ("code",)),
     ("POST", "/account/security/disable", ("code",)),
     ("POST", "/org/switch", ("org",)),
     ("POST", "/lang", ("lang", "next")),
