@@ -18,7 +18,6 @@ from core.directory import CLIMIT_SQL, PAID_SQL
 from core.cost import credit_limit
 from core.keys import key_hash, new_key
 from core.key_limits import NONE, Change, expiry_day, expiry_moment, month
-from core.directory import KEY_SPEND_SQL
 from core.key_limits import month_start, next_month_start
 
 # Keep the cached balance in step with a ledger entry only where the balance is cached; money other than
@@ -165,10 +164,14 @@ class Admin:
             for k in key_ids:
                 p.hget(rk.key_spend(k, month(now)), "spent")
             cached = await p.execute()
-        spend = {}
-        for k, c in zip(key_ids, cached):
-            spend[k] = int(c) if c is not None else int(
-                await self.pool.fetchval(KEY_SPEND_SQL, org_id, k, month_start(now), next_month_start(now)))
+        spend = {k: int(c) for k, c in zip(key_ids, cached) if c is not None}
+        missing = [k for k in key_ids if k not in spend]
+        if missing:
+            rows = await self.pool.fetch(
+                "SELECT key_id, SUM(cost_micro_pln)::bigint AS s FROM usage_records WHERE org_id = $1"
+                " AND key_id = ANY($2::text[]) AND started_at >= $3 AND started_at < $4 GROUP BY key_id",
+                org_id, missing, month_start(now), next_month_start(now))
+            spend.update({k: 0 for k in missing} | {r["key_id"]: int(r["s"]) for r in rows})
         return spend
 
     async def credit(self, org_id: str, micro: int, *, ref: str | None = None, kind: str = "topup") -> bool:

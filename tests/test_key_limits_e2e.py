@@ -209,16 +209,36 @@ def test_cli_create_and_limits_with_the_same_flags(gateway: Gateway) -> None:
     assert text.returncode == 0, text.stderr
     assert "monthly limit 3.000000 PLN" in text.stdout and "models        none" in text.stdout
     assert "expires       2099-12-31" in text.stdout and "spent         0.0000" in text.stdout
-    lifted = j(gateway, "key", "limits", kid, "--monthly-limit", "none", "--expires", "none")
+    lifted = j(gateway, "key", "limits", kid, "--monthly-limit", "none", "--expires", "none", "--rpm", "5")
     assert isinstance(lifted, dict)
-    assert (lifted["monthly_limit_micro_pln"], lifted["models"], lifted["expires"]) == (None, None, None)
+    assert (lifted["monthly_limit_micro_pln"], lifted["models"], lifted["expires"], lifted["rpm"]) == (None, None, None, 5)
     assert lifted["spent_this_month_micro_pln"] > 0  # the request above
     listed = j(gateway, "key", "list", org)
     assert isinstance(listed, list) and listed[0]["monthly_limit_micro_pln"] is None
+    bad = gw_cli(gateway, "key", "limits", kid)
+    assert bad.returncode == 2 and "give at least one of --rpm" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
 
-    for args, says in ((["--monthly-limit", "0"], "more than 0 PLN"), (["--monthly-limit", "x"], "not an amount"),
-                       (["--models", " , "], "at least one model alias"), (["--expires", "31.12.2099"], "YYYY-MM-DD"),
-                       ([], "at least one of")):
-        bad = gw_cli(gateway, "key", "limits", kid, *args)
-        assert bad.returncode == 2 and says in bad.stderr and "Traceback" not in bad.stderr, (args, bad.stderr)
-    assert json.loads(gw_cli(gateway, "--json", "key", "limits", kid, "--rpm", "5").stdout)["rpm"] == 5
+
+def test_what_the_flags_and_the_console_take() -> None:
+    """The values `gateway key create` / `key limits` take, and the words a wrong one gets (the CLI prints
+    them and exits 2, as above)."""
+    assert key_limits.parse("12.5", "a, b,a", "2099-12-31") == Change(12_500_000, ("a", "b"), dt.date(2099, 12, 31))
+    assert key_limits.parse("NONE", "none", "none") == Change("none", "none", "none")
+    assert key_limits.parse(None, None, None).empty
+    for args, says in ((("0", None, None), "more than 0 PLN"), (("x", None, None), "not an amount"),
+                       ((None, " , ", None), "at least one model alias"), ((None, "a b", None), "a model alias is"),
+                       ((None, None, "31.12.2099"), "YYYY-MM-DD")):
+        try:
+            key_limits.parse(*args)
+        except ValueError as e:
+            assert says in str(e), (args, e)
+        else:
+            raise AssertionError(f"{args} taken")
+
+
+def test_a_journal_entry_naming_its_keys_month_reads_as_any_other() -> None:
+    """The reaper reads the journal entries of a key with a cap ("hold/YYYY-MM") as it reads the others."""
+    from extproc.store import _journal_entry
+    for hold in ("400/2026-11", "400", "0/2026-11"):
+        assert _journal_entry(f"key_1|org_1|{hold}|owner|{{\"a\":1}}") == ("key_1", "org_1", "owner", '{"a":1}')
+    assert _journal_entry('key_1|org_1|owner|{"a":1}') == ("key_1", "org_1", "owner", '{"a":1}')  # before holds
