@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
+import pytest
 import redis.asyncio as aioredis
 
 from conftest import Gateway, assert_error, wait_for
@@ -23,7 +24,6 @@ from core.resp import RespClient
 from core.cost import Prices
 from extproc.hold import WorstCase
 from extproc.store import Miss, Store
-from test_cli_e2e import gw_cli, j
 
 TINY = {"model": "polish-fast", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
 
@@ -189,11 +189,30 @@ def test_the_month_is_warsaws_and_a_new_month_starts_from_its_own_spend(gateway:
     assert counters == [{b"spent": b"700"}, {b"spent": b"300", b"hold": b"0"}]  # the hold given back
 
 
-def test_cli_create_and_limits_with_the_same_flags(gateway: Gateway) -> None:
-    org = j(gateway, "org", "create", "clilimits", "--balance", "1")["id"]  # type: ignore[index]
-    made = j(gateway, "key", "create", org, "--monthly-limit", "12.5", "--models", "polish-fast,embed",
-             "--expires", "2099-12-31")
-    assert isinstance(made, dict) and made["key"].startswith("sk-service-")
+def test_cli_create_and_limits_with_the_same_flags(gateway: Gateway, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from control import cli
+    s = gateway.stack.s
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    for k, v in {"GATEWAY_PORT": str(s.gateway_port), "GATEWAY_STATE_DIR": str(s.state), "GATEWAY_CATALOG": s.catalog,
+                 "GATEWAY_METRICS_PORT": str(s.metrics_http_port)}.items():
+        monkeypatch.setenv(k, v)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        """The `gateway` command's entry point, in this process (a traceback would fail the test)."""
+        code = cli.main(list(args))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    def j(*args: str) -> Any:
+        code, out, err = run("--json", *args)
+        assert code == 0, err
+        return json.loads(out)
+
+    org = gateway.new_org()[0]
+    made = j("key", "create", org, "--monthly-limit", "12.5", "--models", "polish-fast,embed", "--expires", "2099-12-31")
+    assert made["key"].startswith("sk-service-")
     assert {k: made[k] for k in ("monthly_limit_micro_pln", "monthly_limit_pln", "models", "expires",
                                  "spent_this_month_micro_pln")} == {
         "monthly_limit_micro_pln": 12_500_000, "monthly_limit_pln": "12.500000", "models": ["polish-fast", "embed"],
@@ -205,18 +224,18 @@ def test_cli_create_and_limits_with_the_same_flags(gateway: Gateway) -> None:
     assert row["monthly_limit_micro_pln"] == 12_500_000 and row["models"] == ["polish-fast", "embed"]
     assert _post(gateway, made["key"]).status_code == 200
 
-    text = gw_cli(gateway, "key", "limits", kid, "--models", "none", "--monthly-limit", "3")
-    assert text.returncode == 0, text.stderr
-    assert "monthly limit 3.000000 PLN" in text.stdout and "models        none" in text.stdout
-    assert "expires       2099-12-31" in text.stdout and "spent         0.0000" in text.stdout
-    lifted = j(gateway, "key", "limits", kid, "--monthly-limit", "none", "--expires", "none", "--rpm", "5")
-    assert isinstance(lifted, dict)
+    code, text, err = run("key", "limits", kid, "--models", "none", "--monthly-limit", "3")
+    assert code == 0, err
+    assert "monthly limit 3.000000 PLN" in text and "models        none" in text
+    assert "expires       2099-12-31" in text and "spent         0.0000" in text
+    lifted = j("key", "limits", kid, "--monthly-limit", "none", "--expires", "none", "--rpm", "5")
     assert (lifted["monthly_limit_micro_pln"], lifted["models"], lifted["expires"], lifted["rpm"]) == (None, None, None, 5)
     assert lifted["spent_this_month_micro_pln"] > 0  # the request above
-    listed = j(gateway, "key", "list", org)
-    assert isinstance(listed, list) and listed[0]["monthly_limit_micro_pln"] is None
-    bad = gw_cli(gateway, "key", "limits", kid)
-    assert bad.returncode == 2 and "give at least one of --rpm" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    assert j("key", "list", org)[0]["monthly_limit_micro_pln"] is None
+    for args, says in ((["--monthly-limit", "0"], "more than 0 PLN"), (["--expires", "31.12.2099"], "YYYY-MM-DD"),
+                       ([], "give at least one of --rpm")):
+        code, out, err = run("key", "limits", kid, *args)
+        assert code == 2 and says in err and len(err.strip().splitlines()) == 1, (args, err)
 
 
 def test_what_the_flags_and_the_console_take() -> None:
