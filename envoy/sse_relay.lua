@@ -216,7 +216,7 @@ local function count_content(block)
     pos = q
   end
   if compact == spaced then return compact end
-  return (space or find(block, '"usage": ', 1, true)) and spaced or compact
+  return (space or find_quoted(block, 'usage": ', 1)) and spaced or compact
 end
 
 -- Whether every event of an LF-framed block is one "data: " line and a blank line (what vLLM writes).
@@ -245,8 +245,8 @@ end
 
 -- A "usage": null member (sent on every chunk by some servers) taken out: the interface shows usage only on the
 -- final chunk, and only when it was asked for.
-local function drop_null_usage(block)
-  if not (find(block, '"usage":null', 1, true) or find(block, '"usage": null', 1, true)) then return block end
+local function drop_null_usage(block, from)
+  if not (find_quoted(block, 'usage":null', from) or find_quoted(block, 'usage": null', from)) then return block end
   block = gsub(block, ',%s*"usage"%s*:%s*null', "")
   return (gsub(block, '"usage"%s*:%s*null%s*,%s*', ""))
 end
@@ -264,27 +264,39 @@ function Relay.new(upstream_model, alias, show_usage, prompt_estimate)
     prompt = tonumber(prompt_estimate or "0") or 0,
     -- the chunks fed (empty ones aside), and those the common case took (``feed``)
     chunks = 0, common = 0,
-    compact = 'model":' .. upstream_model, renamed = '"model":' .. alias,
+    tail = {byte(':' .. upstream_model, 1, -1)}, renamed = '"model":' .. alias,
     model = '"model"%s*:%s*' .. escape_pattern(upstream_model),
     alias = gsub('"model":' .. alias, "%%", "%%%%"),
   }, Relay)
 end
 
--- The alias in place of the upstream model: plain searches for compact JSON (vLLM's; a pattern tried at
--- every byte costs several times more), the pattern only where a "model" member has spaces around its colon.
+-- whether the bytes after s[j] are ``bytes`` (a list of bytes): compared one by one, without a string made
+local function follows(s, j, bytes)
+  for k = 1, #bytes do
+    if byte(s, j + k) ~= bytes[k] then return false end
+  end
+  return true
+end
+
+-- The alias in place of the upstream model, in one pass over the block's "model" members: a plain search
+-- each (a pattern tried at every byte costs several times more), vLLM's compact JSON renamed as it goes;
+-- a "model" member with a space around its colon sends the whole block to the pattern.
 function Relay:rename(block)
-  if find(block, '"model" ', 1, true) or find(block, '"model": ', 1, true) then
-    return (gsub(block, self.model, self.alias))
-  end
-  local out, pos, compact = {}, 1, self.compact
+  local out, pos, from, tail, renamed = nil, 1, 1, self.tail, self.renamed
   while true do
-    local i, j = find_quoted(block, compact, pos)
+    local i, j = find_quoted(block, 'model"', from)
     if i == nil then break end
-    out[#out + 1] = sub(block, pos, i - 1)
-    out[#out + 1] = self.renamed
-    pos = j + 1
+    local c = byte(block, j + 1)
+    if c == 32 or (c == 58 and byte(block, j + 2) == 32) then return (gsub(block, self.model, self.alias)) end
+    from = j + 1
+    if c == 58 and follows(block, j, tail) then
+      out = out or {}
+      out[#out + 1] = sub(block, pos, i - 1)
+      out[#out + 1] = renamed
+      pos, from = j + #tail + 1, j + #tail + 1
+    end
   end
-  if pos == 1 then return block end
+  if out == nil then return block end
   out[#out + 1] = sub(block, pos)
   return table.concat(out)
 end
@@ -363,9 +375,11 @@ end
 -- A block of whole events, each one "data: " line (``raw``: as the model server framed them): the usage
 -- where the interface wants it, the alias put in.
 function Relay:relay(block, raw)
-  if find_quoted(block, 'usage"', 1) then
-    block = drop_null_usage(block)
-    local at = find_usage(block, 1)
+  local u = find_quoted(block, 'usage"', 1)
+  if u ~= nil then
+    local dropped = drop_null_usage(block, u)
+    if dropped ~= block then block, u = dropped, 1 end
+    local at = find_usage(block, u)
     if at ~= nil or self.held ~= nil then block = self:take_usage(block, at) end
   elseif self.held ~= nil then
     block = self:take_usage(block, nil)
@@ -504,7 +518,7 @@ function envoy_on_response(handle)
   local relay = Relay.new(upstream, alias, ctx_field(ctx, "w") == "1", ctx_field(ctx, "p"))
   for chunk in handle:bodyChunks() do
     local n = chunk:length()
-    chunk:setBytes(relay:feed(n > 0 and chunk:getBytes(0, n) or ""))
+    if n > 0 then chunk:setBytes(relay:feed(chunk:getBytes(0, n))) end
   end
   -- the stream ended: how many chunks the common case took, for Envoy's access log (relay_chunks,
   -- relay_common)
