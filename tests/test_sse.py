@@ -75,6 +75,23 @@ def test_spaced_json_from_another_server_is_handled_too() -> None:
     assert relay.usage == (11, 2) and relay.content_events == 2
 
 
+@pytest.mark.parametrize("spaced", [b'"model": "up-pro"', b'"model" :"up-pro"', b'"model" : "up-pro"'])
+def test_a_spaced_model_member_after_compact_ones_renames_them_all(spaced: bytes) -> None:
+    """The relay renames compact "model" members as it passes them; one with a space around its colon
+    later in the same chunk sends the whole chunk to the pattern, the compact ones before it included.
+    A "model" naming another model and the name inside a content string stay as they came."""
+    compact = _event({"model": "up-pro", "choices": [{"delta": {"content": 'x "model":"up-pro"'}}]})
+    other = _event({"model": "up-pro-2", "choices": []})
+    chunk = compact + other + b'data: {' + spaced + b',"choices":[]}\n\n' + compact
+    out = StreamRelay("up-pro", "polish-pro", show_usage=False).feed(chunk)
+    models = [e["model"] for e in _events(out)]  # type: ignore[index]
+    assert models == ["polish-pro", "up-pro-2", "polish-pro", "polish-pro"]
+    assert _events(out)[0]["choices"][0]["delta"]["content"] == 'x "model":"up-pro"'  # type: ignore[index]
+    compact_only = StreamRelay("up-pro", "polish-pro", show_usage=False).feed(compact + other + compact)
+    assert compact_only == compact.replace(b'"model":"up-pro"', b'"model":"polish-pro"', 1) + other + \
+        compact.replace(b'"model":"up-pro"', b'"model":"polish-pro"', 1)
+
+
 # ---- framing: any SSE line ending, comments, multi-line data, any cut ------------
 
 def sse_data(out: bytes) -> list[str]:
