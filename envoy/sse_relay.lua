@@ -251,6 +251,21 @@ local function drop_null_usage(block, from)
   return (gsub(block, '"usage"%s*:%s*null%s*,%s*', ""))
 end
 
+-- the bytes of s, as a list (a loop: LuaJIT does not compile a table built of byte's many results)
+local function bytes(s)
+  local out = {}
+  for k = 1, #s do out[k] = byte(s, k) end
+  return out
+end
+
+-- whether the bytes after s[j] are ``bytes`` (a list of bytes): compared one by one, without a string made
+local function follows(s, j, bytes)
+  for k = 1, #bytes do
+    if byte(s, j + k) ~= bytes[k] then return false end
+  end
+  return true
+end
+
 local Relay = {}
 Relay.__index = Relay
 
@@ -264,18 +279,10 @@ function Relay.new(upstream_model, alias, show_usage, prompt_estimate)
     prompt = tonumber(prompt_estimate or "0") or 0,
     -- the chunks fed (empty ones aside), and those the common case took (``feed``)
     chunks = 0, common = 0,
-    tail = {byte(':' .. upstream_model, 1, -1)}, renamed = '"model":' .. alias,
+    tail = bytes(':' .. upstream_model), renamed = '"model":' .. alias,
     model = '"model"%s*:%s*' .. escape_pattern(upstream_model),
     alias = gsub('"model":' .. alias, "%%", "%%%%"),
   }, Relay)
-end
-
--- whether the bytes after s[j] are ``bytes`` (a list of bytes): compared one by one, without a string made
-local function follows(s, j, bytes)
-  for k = 1, #bytes do
-    if byte(s, j + k) ~= bytes[k] then return false end
-  end
-  return true
 end
 
 -- The alias in place of the upstream model, in one pass over the block's "model" members: a plain search
