@@ -461,7 +461,16 @@ function Relay:take_usage(block, at)
   return table.concat(out)
 end
 
+-- vLLM's own usage chunk as a whole event (ids without escapes, choices [], a usage of three whole
+-- numbers): what ``usage_event`` makes of it, told by one anchored pattern instead of its JSON scanner
+local VLLM_USAGE = '^data: {"id":"[^"\\]*","object":"chat%.completion%.chunk","created":%d+,"model":"[^"\\]*",'
+  .. '"choices":%[%],"usage":{"prompt_tokens":%d+,"[a-z_]+":%d+,"[a-z_]+":%d+}}\n\n$'
+
 function Relay:usage_event(event)
+  if find(event, VLLM_USAGE) then  -- the final report (any earlier one is stale)
+    self.held, self.reported = nil, true
+    return self.show and event or ""
+  end
   local data = event_data(event)
   local m = data and items(data, 1, true)
   if m == nil then return event end

@@ -57,6 +57,32 @@ def test_usage_chunk_removed_when_not_asked() -> None:
     assert len(events) == 5 and relay.usage == (11, 2)
 
 
+@pytest.mark.parametrize("usage_event", [
+    # vLLM's own usage chunk, which the relay tells by one pattern ...
+    b'{"id":"c1","object":"chat.completion.chunk","created":1,"model":"up-pro","choices":[],'
+    b'"usage":{"prompt_tokens":11,"completion_tokens":2,"total_tokens":13}}',
+    b'{"id":"c1","object":"chat.completion.chunk","created":1,"model":"up-pro","choices":[],'
+    b'"usage":{"prompt_tokens":11,"total_tokens":13,"completion_tokens":2}}',
+    # ... and near ones its JSON scanner reads
+    b'{"id":"c\\"1","object":"chat.completion.chunk","created":1,"model":"up-pro","choices":[],'
+    b'"usage":{"prompt_tokens":11,"completion_tokens":2,"total_tokens":13}}',
+    b'{"id":"c1","object":"chat.completion.chunk","created":1,"model":"up-pro","choices":[],'
+    b'"usage":{"prompt_tokens":11,"prompt_tokens_details":null,"completion_tokens":2,"total_tokens":13}}',
+    b'{"id":"c1","object":"chat.completion.chunk","created":1,"model":"up-pro","choices":[],'
+    b'"usage":{"prompt_tokens":11,"completion_tokens":2,"total_tokens":13},"system_fingerprint":"x"}',
+])
+@pytest.mark.parametrize("show_usage", [True, False])
+def test_the_usage_chunk_of_vllm_and_near_shapes_is_shown_or_taken_out_alike(usage_event: bytes,
+                                                                           show_usage: bool) -> None:
+    content = _event({"id": "c1", "model": "up-pro", "choices": [{"index": 0, "delta": {"content": "x"}}]})
+    usage = b"data: " + usage_event + b"\n\n"
+    relay = StreamRelay("up-pro", "polish-pro", show_usage=show_usage, prompt_estimate=5)
+    out = relay.feed(content + usage + b"data: [DONE]\n\n")
+    renamed = [e.replace(b'"model":"up-pro"', b'"model":"polish-pro"') for e in (content, usage)]
+    assert out == renamed[0] + (renamed[1] if show_usage else b"") + b"data: [DONE]\n\n"
+    assert relay.usage == (11, 2)
+
+
 def test_broken_stream_has_no_usage_and_counts_content() -> None:
     data = _stream()
     cut = data.index(b"finish_reason\":\"stop")
