@@ -10,7 +10,9 @@
 -- one output token per event with content: extproc/observer.py) comes as the last chunk before [DONE].
 -- The ext_proc reads the same bytes for billing (core/sse.py), without holding them; what both count
 -- is one table of cases (tests/sse_cases.py) run against each.  It works on bytes; only an event that
--- carries a usage object is taken apart, by a small JSON scanner (Envoy's Lua has no JSON library).
+-- carries a usage object is taken apart, by a small JSON scanner (Envoy's Lua has no JSON library), and
+-- vLLM's own usage chunk is told by one pattern.  Its plain searches begin on a letter, not a quote
+-- (``find_quoted``): LuaJIT's plain search stops at each byte equal to the needle's first.
 -- The common case, whole events in vLLM's shape, goes straight on (``Relay:feed``), and Envoy's access
 -- log counts the chunks it took (relay_chunks, relay_common).
 --
