@@ -500,14 +500,19 @@ function Relay:take_usage(block, at)
 end
 
 -- vLLM's own usage chunk as a whole event (ids without escapes, choices [], a usage of three whole
--- numbers): what ``usage_event`` makes of it, told by one anchored pattern instead of its JSON scanner
+-- numbers, its place captured): what ``usage_event`` makes of it, told by one anchored pattern instead
+-- of its JSON scanner
 local VLLM_USAGE = '^data: {"id":"[^"\\]*","object":"chat%.completion%.chunk","created":%d+,"model":"[^"\\]*",'
-  .. '"choices":%[%],"usage":{"prompt_tokens":%d+,"[a-z_]+":%d+,"[a-z_]+":%d+}}\n\n$'
+  .. '"choices":%[%],"usage":(){"prompt_tokens":%d+,"[a-z_]+":%d+,"[a-z_]+":%d+}()}\n\n$'
 
 function Relay:usage_event(event)
-  if find(event, VLLM_USAGE) then  -- the final report (any earlier one is stale)
+  local vllm, _, ua, ub = find(event, VLLM_USAGE)
+  if vllm ~= nil then  -- the final report (any earlier one is stale), shown (when asked) priced
     self.held, self.reported = nil, true
-    return self.show and event or ""
+    if not self.show then return "" end
+    local usage = sub(event, ua, ub - 1)
+    local prompt, completion = usage_tokens(usage)
+    return sub(event, 1, ua - 1) .. self:priced(usage, prompt, completion) .. sub(event, ub)
   end
   local data = event_data(event)
   local m = data and items(data, 1, true)

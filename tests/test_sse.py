@@ -79,7 +79,9 @@ def test_the_usage_chunk_of_vllm_and_near_shapes_is_shown_or_taken_out_alike(usa
     usage = b"data: " + usage_event + b"\n\n"
     relay = StreamRelay("up-pro", "polish-pro", show_usage=show_usage, prompt_estimate=5)
     out = relay.feed(content + usage + b"data: [DONE]\n\n")
-    renamed = [e.replace(b'"model":"up-pro"', b'"model":"polish-pro"') for e in (content, usage)]
+    end = usage.index(b"}", usage.index(b'"usage":{'))  # shown with what the request is billed last
+    priced = usage[:end] + b',"cost_micro_pln":%d' % cost_micro_pln(11, 2, PRICES) + usage[end:]
+    renamed = [e.replace(b'"model":"up-pro"', b'"model":"polish-pro"') for e in (content, priced)]
     assert out == renamed[0] + (renamed[1] if show_usage else b"") + b"data: [DONE]\n\n"
     assert relay.usage == (11, 2)
 
