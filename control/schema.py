@@ -230,7 +230,16 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX model_changes_unmailed ON model_changes (id) WHERE mailed_at IS NULL;
     """,
-    # 11: a third role, billing (top-ups, invoices and usage; no keys: control/console/roles.py), for
+    # 11: a key's own limits (docs/limits.md, "Key limits"): a monthly spending cap (micro-PLN, a calendar
+    # month in Europe/Warsaw), the aliases it may use (NULL: all), the moment it stops working (NULL:
+    # never), and the month whose near-the-cap e-mail went out to the owners (once a month)
+    """
+    ALTER TABLE api_keys ADD COLUMN monthly_limit_micro_pln bigint CHECK (monthly_limit_micro_pln > 0);
+    ALTER TABLE api_keys ADD COLUMN models text[] CHECK (cardinality(models) > 0);
+    ALTER TABLE api_keys ADD COLUMN expires_at timestamptz;
+    ALTER TABLE api_keys ADD COLUMN limit_mailed_month text;
+    """,
+    # 12: a third role, billing (top-ups, invoices and usage; no keys: control/console/roles.py), for
     # memberships and invitations; existing owners and members keep theirs
     """
     ALTER TABLE memberships DROP CONSTRAINT memberships_role_check;
@@ -238,7 +247,7 @@ MIGRATIONS: list[str] = [
     ALTER TABLE invites DROP CONSTRAINT invites_role_check;
     ALTER TABLE invites ADD CONSTRAINT invites_role_check CHECK (role IN ('owner', 'member', 'billing'));
     """,
-    # 12: two-factor sign-in (control/console/totp.py): each account's TOTP secret once confirmed (the one
+    # 13: two-factor sign-in (control/console/totp.py): each account's TOTP secret once confirmed (the one
     # being enrolled apart), the last 30-second step whose code it took (never the same code twice), its
     # one-time recovery codes as hashes; an organisation whose owners require it of everyone
     """

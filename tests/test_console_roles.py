@@ -47,6 +47,8 @@ ACCESS: dict[tuple[str, str], str] = {
     ("GET", "/keys"): "keys",
     ("POST", "/keys"): "keys",
     ("POST", "/keys/{key_id}/revoke"): "keys",
+    ("GET", "/keys/{key_id}/limits"): "key_limits",
+    ("POST", "/keys/{key_id}/limits"): "key_limits",
     ("GET", "/usage"): "usage",
     ("GET", "/usage/live"): "usage",
     ("GET", "/usage.csv"): "usage",

@@ -6,12 +6,12 @@ from typing import Literal
 from .i18n import N_
 
 Role = Literal["owner", "member", "billing"]
-Capability = Literal["keys", "usage", "billing", "members"]
+Capability = Literal["keys", "key_limits", "usage", "billing", "members"]
 
 ROLES: tuple[Role, ...] = ("owner", "member", "billing")
 
 GRANTS: dict[str, frozenset[Capability]] = {
-    "owner": frozenset({"keys", "usage", "billing", "members"}),
+    "owner": frozenset({"keys", "key_limits", "usage", "billing", "members"}),
     "member": frozenset({"keys", "usage"}),
     "billing": frozenset({"billing", "usage"}),
 }
@@ -19,6 +19,7 @@ GRANTS: dict[str, frozenset[Capability]] = {
 # what a 403 page says to a role without the capability
 REFUSALS: dict[Capability, str] = {
     "keys": N_("Keys are for the organisation's owners and members; ask an owner."),
+    "key_limits": N_("Only the organisation's owners set a key's limits."),
     "usage": N_("Only the organisation's people can see its usage."),
     "billing": N_("Billing is for the organisation's owners and its billing role; ask an owner."),
     "members": N_("Only the organisation's owners can see this page."),
