@@ -1,0 +1,35 @@
+"""The operator's KSeF settings (docs/configuration.md, "KSeF"): which environment, and the KSeF token that
+authenticates the seller (its NIP: ``GATEWAY_SELLER_NIP``).  No environment: invoices are still made as
+FA(3) documents, kept and offered for download, but not sent (the console says so when it starts)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ksef_client.config import KsefEnvironment, KsefQrEnvironment
+
+from core.settings_base import env
+
+ENVIRONMENTS = {"test": (KsefEnvironment.TEST, KsefQrEnvironment.TEST),
+                "demo": (KsefEnvironment.DEMO, KsefQrEnvironment.DEMO),
+                "production": (KsefEnvironment.PROD, KsefQrEnvironment.PROD)}
+
+
+@dataclass(frozen=True)
+class KsefSettings:
+    ksef_env: str = env("GATEWAY_KSEF_ENV", "", choices=("", "test", "demo", "production"))  # KSeF environment invoices are sent to; empty = not sent
+    ksef_token: str = env("GATEWAY_KSEF_TOKEN", "")           # the KSeF token (generated in KSeF for the seller's NIP, right to issue invoices)
+    ksef_url: str = env("GATEWAY_KSEF_URL", "")               # override of the environment's API address (a proxy)
+    ksef_retry_s: float = env("GATEWAY_KSEF_RETRY_S", 60.0)   # first wait before sending again after KSeF could not be reached; doubles, at most an hour
+
+    @property
+    def ksef_on(self) -> bool:
+        return bool(self.ksef_env)
+
+    @property
+    def ksef_api_url(self) -> str:
+        return self.ksef_url or ENVIRONMENTS[self.ksef_env][0].value
+
+    @property
+    def ksef_qr_url(self) -> str:
+        """Where the verification QR code points: the environment's (never the override's)."""
+        return ENVIRONMENTS[self.ksef_env or "production"][1].value
