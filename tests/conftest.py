@@ -239,6 +239,8 @@ def gateway() -> Iterator[Gateway]:
     with running_stack("gw-test-", default_rpm=100000, default_concurrency=1000, seller_name=SELLER[0],
                        seller_nip=SELLER[1], seller_address=SELLER[2]) as gw:
         yield gw
+        from fa3_schema import made_documents
+        made_documents(gw)  # every invoice the suite issued became a valid FA(3) document
 
 
 @pytest.fixture(scope="session")

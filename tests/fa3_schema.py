@@ -44,3 +44,23 @@ def assert_fa3(xml: bytes) -> etree._Element:
     root = etree.fromstring(xml)
     assert root.tag == "{http://crd.gov.pl/wzor/2025/06/25/13775/}Faktura"
     return root
+
+
+def made_documents(gw: Any, numbers: list[str] | None = None, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """The FA(3) documents of invoices ``numbers`` (None: every invoice the stack issued) once the
+    console's loop has made them all, each checked against the official schema."""
+    from conftest import wait_for
+    where, args = ("WHERE number = ANY($1)", [numbers]) if numbers is not None else ("", [])
+
+    def made() -> list[dict[str, Any]] | None:
+        rows = gw.sql(f"SELECT number, state, xml, problem FROM ksef_documents {where} ORDER BY number", *args)
+        return None if any(r["state"] == "new" for r in rows) else rows
+    rows: list[dict[str, Any]] = wait_for(made, timeout=timeout, interval=0.2) if numbers != [] else []
+    if numbers is not None:
+        assert sorted(r["number"] for r in rows) == sorted(numbers), "an issued invoice has no FA(3) document"
+    issued = {r["number"] for r in gw.sql("SELECT number FROM invoices")}
+    assert issued <= {r["number"] for r in gw.sql("SELECT number FROM ksef_documents")}
+    for r in rows:
+        assert r["xml"] is not None, (r["number"], r["problem"])
+        assert fa3_errors(r["xml"]) == [], r["number"]
+    return rows
