@@ -170,10 +170,10 @@ class KsefStandIn:
             self._challenges[challenge] = ms
             return 200, {"challenge": challenge, "timestamp": _now(), "timestampMs": ms, "clientIp": "127.0.0.1"}
         if (method, path) == ("POST", "/v2/auth/ksef-token"):
-            ms = self._challenges.pop(body["challenge"], None)
+            ms = self._challenges.pop(body["challenge"], -1)
             ctx = body["contextIdentifier"]
             plain = self._token_key.decrypt(base64.b64decode(body["encryptedToken"]), OAEP).decode()
-            if ms is None or plain != f"{self.token}|{ms}" or ctx != {"type": "Nip", "value": self.nip}:
+            if ms < 0 or plain != f"{self.token}|{ms}" or ctx != {"type": "Nip", "value": self.nip}:
                 return self._error(400, 21301, "Brak autoryzacji.")
             token, ref = secrets.token_urlsafe(24), _ref("AU")
             self._auth[token] = ref

@@ -107,3 +107,20 @@ def test_what_the_schema_refuses_is_never_made() -> None:
     with pytest.raises((ValueError, FA3XmlValidationError)):
         fa3.invoice_xml(invoice_of(row(number=""), SELLER))
     assert ISSUED.astimezone(WARSAW).date() == dt.date(2026, 11, 29)
+
+
+def test_ksef_configured_needs_a_token_and_the_seller() -> None:
+    from control.console.launch import refusal
+    from control.console.settings import ConsoleSettings
+    seller = {"seller_name": "Bramka Modeli sp. z o.o.", "seller_nip": "521-301-72-28",
+              "seller_address": "ul. Marszałkowska 1, 00-624 Warszawa"}
+    s = ConsoleSettings(dev=True, ksef_env="demo", **seller)
+    assert refusal(s) == "GATEWAY_KSEF_ENV=demo needs GATEWAY_KSEF_TOKEN (a KSeF token of the seller's NIP)"
+    s = ConsoleSettings(dev=True, ksef_env="demo", ksef_token="t", **{**seller, "seller_nip": "5213017229"})
+    assert refusal(s) == ("GATEWAY_KSEF_ENV=demo needs the seller: GATEWAY_SELLER_NAME, GATEWAY_SELLER_NIP"
+                          " (a valid NIP) and GATEWAY_SELLER_ADDRESS")
+    assert refusal(ConsoleSettings(dev=True, ksef_env="demo", ksef_token="t", **seller)) is None
+    assert refusal(ConsoleSettings(dev=True)) is None  # not configured: as before (the console says so when it starts)
+    on = ConsoleSettings(ksef_env="production")
+    assert (on.ksef_api_url, on.ksef_qr_url) == ("https://api.ksef.mf.gov.pl", "https://qr.ksef.mf.gov.pl")
+    assert ConsoleSettings(ksef_env="test", ksef_url="http://proxy:1").ksef_qr_url == "https://qr-test.ksef.mf.gov.pl"

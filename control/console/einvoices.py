@@ -12,7 +12,7 @@ from .web import Console
 
 def seller(s: ConsoleSettings) -> fa3.Party | None:
     """The seller of FA(3) documents; None when its name, NIP (checksum) or address is missing."""
-    if not (s.seller_name and s.seller_address and nip_valid(s.seller_nip)):
+    if not (s.seller_name and s.seller_address and nip_valid(s.seller_nip)):  # as launch.refusal checks
         return None
     return fa3.Party(s.seller_name, normal_nip(s.seller_nip), s.seller_address)
 

@@ -21,6 +21,15 @@ class KsefSettings:
     ksef_url: str = env("GATEWAY_KSEF_URL", "")               # override of the environment's API address (a proxy)
     ksef_retry_s: float = env("GATEWAY_KSEF_RETRY_S", 60.0)   # first wait before sending again after KSeF could not be reached; doubles, at most an hour
 
+    def ksef_refusal(self, seller_ok: bool) -> str | None:
+        """Why KSeF as configured cannot be used (one line for the start's refusal), or None."""
+        if self.ksef_on and not self.ksef_token:
+            return f"GATEWAY_KSEF_ENV={self.ksef_env} needs GATEWAY_KSEF_TOKEN (a KSeF token of the seller's NIP)"
+        if self.ksef_on and not seller_ok:
+            return (f"GATEWAY_KSEF_ENV={self.ksef_env} needs the seller: GATEWAY_SELLER_NAME, GATEWAY_SELLER_NIP"
+                    " (a valid NIP) and GATEWAY_SELLER_ADDRESS")
+        return None
+
     @property
     def ksef_on(self) -> bool:
         return bool(self.ksef_env)
