@@ -7,6 +7,7 @@ specs/ksef-openapi.snapshot.json, API v2) defines their requests and answers:
   GET  /v2/security/public-key-certificates          PublicKeyCertificate[] (KsefTokenEncryption, SymmetricKeyEncryption)
   POST /v2/auth/challenge                            AuthenticationChallengeResponse
   POST /v2/auth/ksef-token                           202 AuthenticationInitResponse (the token RSA-OAEP/SHA-256 "token|timestampMs")
+  POST /v2/auth/xades-signature                      202 AuthenticationInitResponse (AuthTokenRequest, XAdES-signed; xmlsec verifies it)
   GET  /v2/auth/{referenceNumber}                    AuthenticationOperationStatusResponse (bearer: the authentication token)
   POST /v2/auth/token/redeem                         AuthenticationTokensResponse
   POST /v2/sessions/online                           201 OpenOnlineSessionResponse (formCode FA (3) 1-0E FA; the AES key RSA-OAEP)
@@ -14,7 +15,7 @@ specs/ksef-openapi.snapshot.json, API v2) defines their requests and answers:
   POST /v2/sessions/online/{referenceNumber}/close   204
   GET  /v2/sessions/{referenceNumber}/invoices/{invoiceReferenceNumber}  SessionInvoiceStatusResponse
 
-It checks what KSeF checks that a test can see: the token and the context NIP, the bearer token of each
+It checks what KSeF checks that a test can see: the token or the signature and the context NIP, the bearer token of each
 call, the hashes and sizes, the decrypted document against the official FA(3) schema (status 450 when
 refused), a number sent twice (440 with the first KSeF number); ``reject`` makes it refuse the next
 document (450), as KSeF does a document whose content it does not accept.  KSeF numbers are
@@ -90,6 +91,7 @@ class KsefStandIn:
     token: str
     nip: str
     port: int = 0
+    cert_pem: str | None = None  # the seller's certificate, for POST /v2/auth/xades-signature
     reject: bool = False
     received: list[Received] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
@@ -138,7 +140,8 @@ class KsefStandIn:
     # ---- HTTP ----------------------------------------------------------------------------------
     def _serve(self, h: BaseHTTPRequestHandler, method: str) -> None:
         length = int(h.headers.get("Content-Length") or 0)
-        body = json.loads(h.rfile.read(length)) if length else None
+        raw = h.rfile.read(length) if length else b""
+        body = raw if "xml" in (h.headers.get("Content-Type") or "") else json.loads(raw) if raw else None
         path = h.path.split("?")[0]
         bearer = (h.headers.get("Authorization") or "").removeprefix("Bearer ")
         with self._lock:
@@ -178,6 +181,8 @@ class KsefStandIn:
             token, ref = secrets.token_urlsafe(24), _ref("AU")
             self._auth[token] = ref
             return 202, {"referenceNumber": ref, "authenticationToken": {"token": token, "validUntil": _now()}}
+        if (method, path) == ("POST", "/v2/auth/xades-signature"):
+            return self._signed(body)
         if method == "GET" and (m := re.fullmatch(r"/v2/auth/([\w-]+)", path)) and m[1] not in ("sessions",):
             if self._auth.get(bearer) != m[1]:
                 return self._error(401, 0, "Unauthorized")
@@ -215,6 +220,27 @@ class KsefStandIn:
                          "invoicingDate": _now(), "invoicingMode": "Offline" if got.offline else "Online",
                          **({"ksefNumber": got.ksef_number} if got.ksef_number else {})}
         return 404, {"title": "Not Found", "status": 404, "detail": f"{method} {path} is not one of the stand-in's"}
+
+    def _signed(self, xml: bytes) -> tuple[int, Any]:
+        """AuthTokenRequest signed (XAdES, enveloped) with the certificate the stand-in trusts."""
+        import xmlsec
+        root = etree.fromstring(xml)
+        ns = {"a": "http://ksef.mf.gov.pl/auth/token/2.1"}
+        ms = self._challenges.pop(root.findtext("a:Challenge", namespaces=ns) or "", -1)
+        if self.cert_pem is None or ms < 0 or root.findtext("a:ContextIdentifier/a:Nip", namespaces=ns) != self.nip:
+            return self._error(400, 21301, "Brak autoryzacji.")
+        ctx = xmlsec.SignatureContext()
+        ctx.key = xmlsec.Key.from_memory(self.cert_pem.encode(), xmlsec.constants.KeyDataFormatCertPem)
+        for node in root.iter():
+            if node.get("Id"):
+                ctx.register_id(node, "Id")
+        try:
+            ctx.verify(xmlsec.tree.find_node(root, xmlsec.constants.NodeSignature))
+        except xmlsec.Error:
+            return self._error(400, 21117, "Nieprawidłowy podpis.")
+        token, ref = secrets.token_urlsafe(24), _ref("AU")
+        self._auth[token] = ref
+        return 202, {"referenceNumber": ref, "authenticationToken": {"token": token, "validUntil": _now()}}
 
     def _take(self, session: str, body: dict[str, Any]) -> tuple[int, Any]:
         key, iv, open_ = self._sessions.get(session, (b"", b"", False))

@@ -7,6 +7,7 @@ against the official schema."""
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import contextlib
 import dataclasses
 import hashlib
@@ -15,11 +16,16 @@ import json
 import os
 import re
 from unittest import mock
+from pathlib import Path
 from typing import Any, Iterator
 
 import httpx
 import pypdf
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
 from ksef_client.utils.ksef_number import validate_ksef_number
 
 from conftest import SELLER, Gateway, free_base, wait_for
@@ -43,8 +49,8 @@ class Ksef:
         """The stack's console (re)started with KSeF configured (and ``changes``)."""
         st = self.gw.stack
         st.stop_proc("console")
-        s = dataclasses.replace(st.s, ksef_env="test", ksef_token=TOKEN, ksef_url=self.standin.url,
-                                ksef_retry_s=0.3, **changes)
+        s = dataclasses.replace(st.s, **{"ksef_env": "test", "ksef_token": TOKEN, "ksef_url": self.standin.url,
+                                         "ksef_retry_s": 0.3, **changes})
         st.start_proc(console_proc(st.child_env(), s))
 
 
@@ -109,6 +115,7 @@ def cli(gw: Gateway, *args: str) -> Any:
 
 def test_an_invoice_is_sent_and_gets_its_ksef_number(ksef: Ksef) -> None:
     gw = ksef.gw
+    first_call = len(ksef.standin.calls)
     c, org, inv = paid_invoice(gw)
     doc = document(gw, inv["number"], "sent")
     number = doc["ksef_number"]
@@ -140,7 +147,7 @@ def test_an_invoice_is_sent_and_gets_its_ksef_number(ksef: Ksef) -> None:
     assert (row["number"], row["state"], row["ksef_number"], row["offline"]) == (inv["number"], "sent", number, False)
     assert cli(gw, "invoices", "ksef", org).strip() == f"{inv['number']}  sent      {number}"
     # what went to KSeF: exactly the stand-in's endpoints, the SDK's way through KSeF API v2
-    assert {re.sub(r"\d{8}-[A-Z]{2}-[0-9A-F-]+", "{ref}", call) for call in ksef.standin.calls} == {
+    assert {re.sub(r"\d{8}-[A-Z]{2}-[0-9A-F-]+", "{ref}", call) for call in ksef.standin.calls[first_call:]} == {
         "GET /v2/security/public-key-certificates", "POST /v2/auth/challenge", "POST /v2/auth/ksef-token",
         "GET /v2/auth/{ref}", "POST /v2/auth/token/redeem", "POST /v2/sessions/online",
         "POST /v2/sessions/online/{ref}/invoices", "POST /v2/sessions/online/{ref}/close",
@@ -178,6 +185,34 @@ def test_unreachable_then_offline_then_sent_after_a_restart(ksef: Ksef) -> None:
     text = pdf_text(c, inv)
     assert f"Numer KSeF: {doc['ksef_number']}" in text and "OFFLINE" not in text
     assert cli(gw, "invoices", "ksef", org).strip() == f"{inv['number']}  sent      {doc['ksef_number']}  (issued offline)"
+
+
+def test_the_seller_may_authenticate_with_its_certificate(ksef: Ksef, tmp_path: Path) -> None:
+    """GATEWAY_KSEF_CERT/KEY instead of the token: the challenge signed (XAdES) with the seller's key."""
+    gw, standin = ksef.gw, ksef.standin
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, SELLER[0]),
+                      x509.NameAttribute(NameOID.SERIAL_NUMBER, f"VATPL-{SELLER[1]}")])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(days=1))
+            .not_valid_after(now + dt.timedelta(days=30)).sign(key, hashes.SHA256()))
+    (tmp_path / "ksef.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "ksef.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                          serialization.NoEncryption()))
+    standin.cert_pem = cert.public_bytes(serialization.Encoding.PEM).decode()
+    try:
+        ksef.console(ksef_token="", ksef_cert=str(tmp_path / "ksef.crt"), ksef_key=str(tmp_path / "ksef.key"))
+        first_call = len(standin.calls)
+        _, org, inv = paid_invoice(gw, "20,00")
+        doc = document(gw, inv["number"], "sent")
+        assert validate_ksef_number(doc["ksef_number"]).is_valid and doc["offline"] is False
+        calls = standin.calls[first_call:]
+        assert "POST /v2/auth/xades-signature" in calls and "POST /v2/auth/ksef-token" not in calls
+        assert cli(gw, "invoices", "ksef", org).strip() == f"{inv['number']}  sent      {doc['ksef_number']}"
+    finally:
+        standin.cert_pem = None
+        ksef.console()  # the token again, for the other tests
 
 
 def test_an_invoice_ksef_refuses_is_recorded_as_rejected(ksef: Ksef) -> None:

@@ -115,7 +115,14 @@ def test_ksef_configured_needs_a_token_and_the_seller() -> None:
     seller = {"seller_name": "Bramka Modeli sp. z o.o.", "seller_nip": "521-301-72-28",
               "seller_address": "ul. Marszałkowska 1, 00-624 Warszawa"}
     s = ConsoleSettings(dev=True, ksef_env="demo", **seller)
-    assert refusal(s) == "GATEWAY_KSEF_ENV=demo needs GATEWAY_KSEF_TOKEN (a KSeF token of the seller's NIP)"
+    one = ("GATEWAY_KSEF_ENV=demo needs GATEWAY_KSEF_TOKEN (a KSeF token of the seller's NIP) or GATEWAY_KSEF_CERT"
+           " and GATEWAY_KSEF_KEY (its certificate and private key), one of the two")
+    assert refusal(s) == one
+    assert refusal(ConsoleSettings(dev=True, ksef_env="demo", ksef_token="t", ksef_cert=__file__, ksef_key=__file__, **seller)) == one
+    assert refusal(ConsoleSettings(dev=True, ksef_env="demo", ksef_cert=__file__, **seller)) == one
+    assert refusal(ConsoleSettings(dev=True, ksef_env="demo", ksef_cert=__file__, ksef_key="/nonexistent/k.pem",
+                                   **seller)) == "GATEWAY_KSEF_KEY: cannot read /nonexistent/k.pem"
+    assert refusal(ConsoleSettings(dev=True, ksef_env="demo", ksef_cert=__file__, ksef_key=__file__, **seller)) is None
     s = ConsoleSettings(dev=True, ksef_env="demo", ksef_token="t", **{**seller, "seller_nip": "5213017229"})
     assert refusal(s) == ("GATEWAY_KSEF_ENV=demo needs the seller: GATEWAY_SELLER_NAME, GATEWAY_SELLER_NIP"
                           " (a valid NIP) and GATEWAY_SELLER_ADDRESS")

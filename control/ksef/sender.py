@@ -1,5 +1,6 @@
 """FA(3) documents to KSeF API v2 through ksef-client (the SDK): authenticate the seller with its KSeF
-token (challenge, the token encrypted with KSeF's public key, the operation's status, the access token),
+token (challenge, the token encrypted with KSeF's public key) or its certificate (the challenge signed,
+XAdES), then the operation's status and the access token;
 open an online session for form FA (3), send each document encrypted with the session's key, ask for
 each one's status until KSeF gives its KSeF number or refuses it, close the session.
 
@@ -13,6 +14,7 @@ import base64
 import hashlib
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 from ksef_client import AsyncKsefClient, KsefClientOptions
@@ -84,9 +86,16 @@ async def send(s: KsefSettings, seller_nip: str, docs: list[Due]) -> dict[str, O
 async def _round(client: AsyncKsefClient, s: KsefSettings, nip: str, docs: list[Due]) -> dict[str, Outcome]:
     token_cert = await client.security.get_public_key_certificate_pem(m.PublicKeyCertificateUsage.KSEFTOKENENCRYPTION)
     key_cert = await client.security.get_public_key_certificate_pem(m.PublicKeyCertificateUsage.SYMMETRICKEYENCRYPTION)
-    auth = await AsyncAuthCoordinator(client.auth).authenticate_with_ksef_token(
-        token=s.ksef_token, public_certificate=token_cert, context_identifier_type="nip",
-        context_identifier_value=nip, poll_interval_seconds=POLL_S, max_attempts=20)
+    coordinator = AsyncAuthCoordinator(client.auth)
+    if s.ksef_cert:  # the seller's certificate: the challenge signed (XAdES) with its key
+        auth = await coordinator.authenticate_with_xades(
+            context_identifier_type="nip", context_identifier_value=nip, subject_identifier_type="certificateSubject",
+            certificate_pem=Path(s.ksef_cert).read_text(), private_key_pem=Path(s.ksef_key).read_text(),
+            poll_interval_seconds=POLL_S, max_attempts=20)
+    else:  # the KSeF token, encrypted with KSeF's public key
+        auth = await coordinator.authenticate_with_ksef_token(
+            token=s.ksef_token, public_certificate=token_cert, context_identifier_type="nip",
+            context_identifier_value=nip, poll_interval_seconds=POLL_S, max_attempts=20)
     access = auth.access_token
     session = await AsyncOnlineSessionWorkflow(client.sessions).open_session(
         form_code=m.FormCode(system_code=fa3.FORM[0], schema_version=fa3.FORM[1], value=fa3.FORM[2]),
