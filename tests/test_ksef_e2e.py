@@ -2,7 +2,8 @@
 real ksef-client SDK against tests/ksef_standin.py, the project's only stand-in: KSeF cannot be reached
 from here).  A paid top-up's invoice is sent and gets its KSeF number (Billing, the PDF's QR code, the
 CLI); with KSeF unreachable it is in the offline mode (OFFLINE QR code, the queue in the CLI) and is sent
-after the console restarts; one KSeF refuses is recorded as rejected.  Every FA(3) document is checked
+after the console restarts (authenticating with the seller's certificate then, not the token); one KSeF
+refuses is recorded as rejected.  Every FA(3) document is checked
 against the official schema."""
 from __future__ import annotations
 
@@ -147,14 +148,34 @@ def test_an_invoice_is_sent_and_gets_its_ksef_number(ksef: Ksef) -> None:
     assert (row["number"], row["state"], row["ksef_number"], row["offline"]) == (inv["number"], "sent", number, False)
     assert cli(gw, "invoices", "ksef", org).strip() == f"{inv['number']}  sent      {number}"
     # what went to KSeF: exactly the stand-in's endpoints, the SDK's way through KSeF API v2
+    auth = "POST /v2/auth/xades-signature" if ksef.standin.cert_pem else "POST /v2/auth/ksef-token"
     assert {re.sub(r"\d{8}-[A-Z]{2}-[0-9A-F-]+", "{ref}", call) for call in ksef.standin.calls[first_call:]} == {
-        "GET /v2/security/public-key-certificates", "POST /v2/auth/challenge", "POST /v2/auth/ksef-token",
+        "GET /v2/security/public-key-certificates", "POST /v2/auth/challenge", auth,
         "GET /v2/auth/{ref}", "POST /v2/auth/token/redeem", "POST /v2/sessions/online",
         "POST /v2/sessions/online/{ref}/invoices", "POST /v2/sessions/online/{ref}/close",
         "GET /v2/sessions/{ref}/invoices/{ref}"}
 
 
-def test_unreachable_then_offline_then_sent_after_a_restart(ksef: Ksef) -> None:
+def seller_certificate(standin: KsefStandIn, where: Path) -> dict[str, str]:
+    """A certificate of the seller (its NIP in the subject) and its key as PEM files in ``where``, trusted by
+    the stand-in: the settings that authenticate with it instead of the token."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, SELLER[0]),
+                      x509.NameAttribute(NameOID.SERIAL_NUMBER, f"VATPL-{SELLER[1]}")])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(days=1))
+            .not_valid_after(now + dt.timedelta(days=30)).sign(key, hashes.SHA256()))
+    standin.cert_pem = cert.public_bytes(serialization.Encoding.PEM).decode()
+    (where / "ksef.crt").write_text(standin.cert_pem)
+    (where / "ksef.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                       serialization.NoEncryption()))
+    return {"ksef_token": "", "ksef_cert": str(where / "ksef.crt"), "ksef_key": str(where / "ksef.key")}
+
+
+def test_unreachable_then_offline_then_sent_after_a_restart(ksef: Ksef, tmp_path: Path) -> None:
+    """... and the console comes back authenticating with the seller's certificate (GATEWAY_KSEF_CERT/KEY,
+    the challenge signed XAdES) instead of the token."""
     gw, standin = ksef.gw, ksef.standin
     standin.stop()  # KSeF cannot be reached
     try:
@@ -174,45 +195,20 @@ def test_unreachable_then_offline_then_sent_after_a_restart(ksef: Ksef) -> None:
         gw.stack.stop_proc("console")  # the console goes down with the invoice still queued
         standin.start()  # KSeF is back on the same address
         assert document(gw, inv["number"], "queued")["ksef_number"] is None
+        first_call = len(standin.calls)
     finally:
         if standin._server is None:
             standin.start()
-        ksef.console()  # ...and the console comes back: the queue is PostgreSQL's
+        ksef.console(**seller_certificate(standin, tmp_path))  # ...and the console comes back: the queue is PostgreSQL's
     doc = document(gw, inv["number"], "sent")
+    calls = standin.calls[first_call:]
+    assert "POST /v2/auth/xades-signature" in calls and "POST /v2/auth/ksef-token" not in calls
     [got] = [r for r in standin.received if r.number == inv["number"]]
     assert got.offline is True and got.xml == doc["xml"] and doc["ksef_number"] == got.ksef_number
     assert doc["offline"] is True and doc["problem"] is None
     text = pdf_text(c, inv)
     assert f"Numer KSeF: {doc['ksef_number']}" in text and "OFFLINE" not in text
     assert cli(gw, "invoices", "ksef", org).strip() == f"{inv['number']}  sent      {doc['ksef_number']}  (issued offline)"
-
-
-def test_the_seller_may_authenticate_with_its_certificate(ksef: Ksef, tmp_path: Path) -> None:
-    """GATEWAY_KSEF_CERT/KEY instead of the token: the challenge signed (XAdES) with the seller's key."""
-    gw, standin = ksef.gw, ksef.standin
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, SELLER[0]),
-                      x509.NameAttribute(NameOID.SERIAL_NUMBER, f"VATPL-{SELLER[1]}")])
-    now = dt.datetime.now(dt.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(days=1))
-            .not_valid_after(now + dt.timedelta(days=30)).sign(key, hashes.SHA256()))
-    (tmp_path / "ksef.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (tmp_path / "ksef.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                          serialization.NoEncryption()))
-    standin.cert_pem = cert.public_bytes(serialization.Encoding.PEM).decode()
-    try:
-        ksef.console(ksef_token="", ksef_cert=str(tmp_path / "ksef.crt"), ksef_key=str(tmp_path / "ksef.key"))
-        first_call = len(standin.calls)
-        _, org, inv = paid_invoice(gw, "20,00")
-        doc = document(gw, inv["number"], "sent")
-        assert validate_ksef_number(doc["ksef_number"]).is_valid and doc["offline"] is False
-        calls = standin.calls[first_call:]
-        assert "POST /v2/auth/xades-signature" in calls and "POST /v2/auth/ksef-token" not in calls
-        assert cli(gw, "invoices", "ksef", org).strip() == f"{inv['number']}  sent      {doc['ksef_number']}"
-    finally:
-        standin.cert_pem = None
-        ksef.console()  # the token again, for the other tests
 
 
 def test_an_invoice_ksef_refuses_is_recorded_as_rejected(ksef: Ksef) -> None:
