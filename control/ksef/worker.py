@@ -61,7 +61,7 @@ class Worker:
             self.wake.clear()
             try:
                 await self.round()
-            except (OSError, asyncpg.PostgresError) as e:  # a database outage: try again next time
+            except Exception as e:  # noqa: BLE001 - a database outage, an answer the SDK could not read: next time
                 log.warning("KSeF round failed: %s", type(e).__name__)
             try:
                 await asyncio.wait_for(self.wake.wait(), pause)
