@@ -239,7 +239,31 @@ MIGRATIONS: list[str] = [
     ALTER TABLE api_keys ADD COLUMN expires_at timestamptz;
     ALTER TABLE api_keys ADD COLUMN limit_mailed_month text;
     """,
-    # 12: a third role, billing (top-ups, invoices and usage; no keys: control/console/roles.py), for
+    # 12: each invoice as an FA(3) structured invoice and its way to KSeF, a queue that survives restarts
+    # (control/ksef/store.py): recorded when the invoice is issued, made and sent by the console's loop
+    """
+    CREATE TABLE ksef_documents (
+      number text PRIMARY KEY,
+      org_id text NOT NULL REFERENCES orgs(id),
+      state text NOT NULL DEFAULT 'new' CHECK (state IN ('new', 'kept', 'queued', 'sent', 'rejected')),
+      xml bytea,
+      issued_on date,
+      seller_nip text,
+      offline boolean NOT NULL DEFAULT false,
+      attempts integer NOT NULL DEFAULT 0,
+      next_at timestamptz,
+      ksef_ref text,
+      ksef_number text UNIQUE,
+      problem text,
+      created_at timestamptz NOT NULL DEFAULT now(),
+      sent_at timestamptz,
+      CHECK (state IN ('new', 'rejected') OR (xml IS NOT NULL AND issued_on IS NOT NULL AND seller_nip IS NOT NULL)),
+      CHECK ((state = 'sent') = (ksef_number IS NOT NULL))
+    );
+    CREATE INDEX ksef_documents_due ON ksef_documents (next_at) WHERE state = 'queued';
+    CREATE INDEX ksef_documents_org ON ksef_documents (org_id, created_at DESC);
+    """,
+    # 13: a third role, billing (top-ups, invoices and usage; no keys: control/console/roles.py), for
     # memberships and invitations; existing owners and members keep theirs
     """
     ALTER TABLE memberships DROP CONSTRAINT memberships_role_check;
@@ -247,7 +271,7 @@ MIGRATIONS: list[str] = [
     ALTER TABLE invites DROP CONSTRAINT invites_role_check;
     ALTER TABLE invites ADD CONSTRAINT invites_role_check CHECK (role IN ('owner', 'member', 'billing'));
     """,
-    # 13: two-factor sign-in (control/console/totp.py): each account's TOTP secret once confirmed (the one
+    # 14: two-factor sign-in (control/console/totp.py): each account's TOTP secret once confirmed (the one
     # being enrolled apart), the last 30-second step whose code it took (never the same code twice), its
     # one-time recovery codes as hashes; an organisation whose owners require it of everyone
     """

@@ -56,6 +56,7 @@ ACCESS: dict[tuple[str, str], str] = {
     ("POST", "/billing/topup"): "billing",
     ("POST", "/billing/details"): "billing",
     ("GET", "/billing/invoices/{invoice_id}.pdf"): "billing",
+    ("GET", "/billing/invoices/{invoice_id}.xml"): "billing",
     ("POST", "/billing/low-balance"): "billing",
     ("POST", "/billing/payment/{payment_id}/cancel"): "billing",
     ("POST", "/billing/payment/{payment_id}/retry"): "billing",

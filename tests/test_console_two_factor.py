@@ -14,8 +14,9 @@ from test_console_members import invite
 from test_console_support import PASSWORD, ConsoleClient, clear_limit, new_email, signed_up
 
 
-def enrol(gw: Gateway, c: ConsoleClient, email: str) -> tuple[pyotp.TOTP, list[str]]:
-    """Two-factor sign-in turned on for the signed-in ``c``: its authenticator and recovery codes."""
+def enrol(gw: Gateway, c: ConsoleClient, email: str) -> tuple[pyotp.TOTP, list[str], str]:
+    """Two-factor sign-in turned on for the signed-in ``c``: its authenticator, recovery codes and the
+    code that turned it on."""
     page = c.get("/account/security").text
     secret = re.search(r'<code id="totp-secret">([A-Z2-7]+)</code>', page)
     assert secret and 'src="data:image/svg+xml' in page and 'id="qr"' in page
@@ -25,12 +26,13 @@ def enrol(gw: Gateway, c: ConsoleClient, email: str) -> tuple[pyotp.TOTP, list[s
     app = pyotp.TOTP(secret.group(1))
     r = c.post("/account/security/enable", {"code": "000000" if app.now() != "000000" else "111111"})
     assert r.status_code == 400 and "That code is not right" in r.text
-    r = c.post("/account/security/enable", {"code": app.now()})
+    code = app.now()
+    r = c.post("/account/security/enable", {"code": code})
     assert r.status_code == 200 and 'id="two-factor-on"' in r.text, r.text
     codes = re.findall(r"<li>([a-z2-9]{5}-[a-z2-9]{5})</li>", r.text)
     assert len(codes) == 10 == len(set(codes))
     assert "10 recovery codes left." in r.text
-    return app, codes
+    return app, codes, code
 
 
 def log_in(gw: Gateway, email: str) -> ConsoleClient:
@@ -46,7 +48,7 @@ def log_in(gw: Gateway, email: str) -> ConsoleClient:
 
 def test_enrol_then_log_in_with_a_code_or_a_recovery_code(gateway: Gateway) -> None:
     c, email, _ = signed_up(gateway, "Two factors")
-    app, codes = enrol(gateway, c, email)
+    app, codes, used = enrol(gateway, c, email)
     row = gateway.sql("SELECT totp_secret, totp_pending, totp_enabled_at FROM users WHERE email = $1", email)[0]
     assert row["totp_secret"] == app.secret and row["totp_pending"] is None and row["totp_enabled_at"]
     stored = [r["code_hash"] for r in gateway.sql(
@@ -56,7 +58,7 @@ def test_enrol_then_log_in_with_a_code_or_a_recovery_code(gateway: Gateway) -> N
     # the password alone opens nothing
     s = log_in(gateway, email)
     assert s.get("/usage", follow=False).headers["location"].startswith("/login")
-    r = s.post("/login/2fa", {"code": app.now()})  # the code enrolment took: never twice
+    r = s.post("/login/2fa", {"code": used})  # the code enrolment took: never twice
     assert r.status_code == 401 and "That code is not right (or was used already)." in r.text and not s.logged_in
     r = s.post("/login/2fa", {"code": app.at(time.time() + 30)})  # the next one (a step of drift allowed)
     assert r.status_code == 303 and r.headers["location"] == "/usage" and s.logged_in
@@ -81,7 +83,7 @@ def test_enrol_then_log_in_with_a_code_or_a_recovery_code(gateway: Gateway) -> N
 
 def test_second_step_attempts_are_limited(gateway: Gateway) -> None:
     c, email, _ = signed_up(gateway, "Guessers")
-    app, _ = enrol(gateway, c, email)
+    app, _, _ = enrol(gateway, c, email)
     uid = gateway.sql("SELECT id FROM users WHERE email = $1", email)[0]["id"]
     s = log_in(gateway, email)
     try:
@@ -97,7 +99,7 @@ def test_second_step_attempts_are_limited(gateway: Gateway) -> None:
 
 def test_turning_it_off_needs_a_code(gateway: Gateway) -> None:
     c, email, _ = signed_up(gateway, "Off again")
-    app, codes = enrol(gateway, c, email)
+    app, codes, _ = enrol(gateway, c, email)
     r = c.post("/account/security/disable", {"code": "nope"})
     assert r.status_code == 400 and "That code is not right" in r.text
     r = c.post("/account/security/disable", {"code": codes[0]}, follow=True)
@@ -131,7 +133,7 @@ def test_an_owner_requires_it_of_everyone(gateway: Gateway) -> None:
         assert r.status_code == 303 and r.headers["location"] == "/account/security?msg=2fa_required", path
     r = m.get("/keys")
     assert "Your organisation requires two-factor sign-in: set it up to go on." in r.text
-    app, codes = enrol(gateway, m, email)
+    app, codes, _ = enrol(gateway, m, email)
     assert m.get("/keys", follow=False).status_code == 200
     assert "Your organisation requires two-factor sign-in." in m.get("/account/security").text
     r = m.post("/account/security/disable", {"code": codes[0]})
