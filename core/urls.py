@@ -6,6 +6,11 @@
     redis://[[user]:password@]host[:port][/db][?query]      plain TCP
     rediss://[[user]:password@]host[:port][/db][?query]     TLS
     unix://[[user]:password@]/path/to/redis.sock[?db=N&password=...]
+    redis+cluster://[[user]:password@]host:port[,host:port...][?query]   a Redis Cluster (its seeds)
+    rediss+cluster://...                                                  the same over TLS
+
+A cluster's seeds are any of its nodes: the client asks one of them for the cluster's slots
+(``CLUSTER SLOTS``) and follows the cluster from there.  A cluster has no database number.
 
 User names and passwords are percent-decoded; ``?db=`` wins over the path's number; ``?username=`` and
 ``?password=`` are taken when the URL's authority has none.  TLS is set by redis-py's parameter names
@@ -84,6 +89,39 @@ class RedisTarget:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     tls: Tls | None = None
+    seeds: tuple[tuple[str, int], ...] = ()  # a Redis Cluster's nodes to start from (host, port above: the first)
+
+    @property
+    def cluster(self) -> bool:
+        return bool(self.seeds)
+
+
+def _seeds(url: str, netloc: str) -> tuple[tuple[str, int], ...]:
+    """host:port[,host:port...] of a cluster URL's authority (after any user:password@)."""
+    out = []
+    for part in netloc.rpartition("@")[2].split(","):
+        host, sep, port = part.strip().rpartition(":")
+        if not sep:
+            host, port = port, "6379"
+        host = host.strip("[]")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise RedisUrlError(f"REDIS_URL {mask(url)}: a cluster's seeds are host:port[,host:port...]")
+        out.append((host, int(port)))
+    return tuple(out)
+
+
+def _cluster(url: str, scheme: str) -> RedisTarget:
+    """A cluster URL: its seeds, and the login and TLS read as for its first seed's redis(s):// URL."""
+    parts = urlsplit(url)
+    seeds = _seeds(url, parts.netloc)
+    if parts.path.strip("/") or "db" in parse_qs(parts.query):
+        raise RedisUrlError(f"REDIS_URL {mask(url)}: a cluster has no database number")
+    login = parts.netloc.rpartition("@")[0]
+    host = f"[{seeds[0][0]}]" if ":" in seeds[0][0] else seeds[0][0]
+    first = parse_redis(f"{scheme}://{login + '@' if login else ''}{host}:{seeds[0][1]}"
+                        + (f"?{parts.query}" if parts.query else ""))
+    return RedisTarget(url, host=first.host, port=first.port, username=first.username, password=first.password,
+                       tls=first.tls, seeds=seeds)
 
 
 def _bool(name: str, value: str) -> bool:
@@ -93,14 +131,17 @@ def _bool(name: str, value: str) -> bool:
 
 
 def parse_redis(url: str) -> RedisTarget:
+    scheme = url.partition("://")[0]
+    if scheme in ("redis+cluster", "rediss+cluster"):
+        return _cluster(url, scheme.partition("+")[0])
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as e:
         raise RedisUrlError(f"REDIS_URL {mask(url)} is not a URL: {e}") from None
-    scheme = parts.scheme
     if scheme not in ("redis", "rediss", "unix"):
-        raise RedisUrlError(f"REDIS_URL {mask(url)} must start with redis://, rediss:// or unix://")
+        raise RedisUrlError(f"REDIS_URL {mask(url)} must start with redis://, rediss://, unix:// or "
+                            "redis+cluster://")
     query: dict[str, str] = {}
     for name, values in parse_qs(parts.query, keep_blank_values=True).items():
         if name not in _PARAMS:
