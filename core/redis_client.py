@@ -7,6 +7,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.sentinel import Sentinel, SentinelManagedSSLConnection
 from redis.backoff import ExponentialBackoff
 from redis.asyncio.retry import Retry
 
@@ -28,7 +29,8 @@ def redis_client(url: str, size: int) -> AnyRedis:
     Redis leaves dead pooled connections: a failed call is retried on a new one.  The pool waits for a
     free connection rather than failing when every one is busy; it is small and opened whole at start,
     so that a process's descriptors do not grow under load.  A cluster (redis+cluster://) gets redis-py's
-    cluster client, ``size`` connections at most to each node."""
+    cluster client, ``size`` connections at most to each node; Sentinel (redis+sentinel://) its primary's
+    client, which asks the sentinels again when the primary fails."""
     target = parse_redis(url)
     if target.cluster:
         opts = _redis_py_options(target)
@@ -39,6 +41,18 @@ def redis_client(url: str, size: int) -> AnyRedis:
         return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in target.seeds], max_connections=size,
                             socket_timeout=2, socket_connect_timeout=2, ssl=target.tls is not None,
                             retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2), **opts)
+    if target.sentinel:
+        opts = _redis_py_options(target)
+        del opts["host"], opts["port"]
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            list(target.seeds), sentinel_kwargs={"password": target.sentinel_password, "socket_timeout": 2},
+            socket_timeout=2, socket_connect_timeout=2, health_check_interval=10,
+            retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2),
+            retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError])
+        if "connection_class" in opts:  # TLS: the primary's connections, the sentinels' stay plain
+            opts["connection_class"] = SentinelManagedSSLConnection
+        primary: aioredis.Redis = sentinel.master_for(target.service, max_connections=size, **opts)
+        return primary
     return aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool(
         max_connections=size, timeout=5, socket_timeout=2, socket_connect_timeout=2,
         health_check_interval=10, retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2),

@@ -17,6 +17,7 @@ from typing import Any, Callable
 from redis.crc import key_slot
 
 from .resp import RespClient, RespError
+from .resp_sentinel import SentinelClient
 from .urls import mask, parse_redis
 
 SLOTS = 16384
@@ -141,14 +142,21 @@ class ClusterClient:
             await client.close()
 
 
-def client_from_url(url: str, name: str = "") -> RespClient | ClusterClient:
-    """The request path's client for REDIS_URL: one Redis, or a cluster (redis+cluster://, core/urls.py)."""
+def client_from_url(url: str, name: str = "") -> RespClient | ClusterClient | SentinelClient:
+    """The request path's client for REDIS_URL: one Redis, a cluster (redis+cluster://) or the primary
+    Sentinel names (redis+sentinel://, core/urls.py)."""
     t = parse_redis(url)
-    if not t.cluster:
+    if not t.seeds:
         return RespClient.from_url(url, name=name)
     tls = t.tls.context() if t.tls else None
+    scheme = "rediss" if tls else "redis"
 
     def make(host: str, port: int) -> RespClient:
-        return RespClient(host, port, username=t.username, password=t.password, tls=tls, name=name,
-                          label=mask(f"{url.partition('://')[0]}://{host}:{port}"))
-    return ClusterClient(t.seeds, make)
+        return RespClient(host, port, db=t.db, username=t.username, password=t.password, tls=tls, name=name,
+                          label=mask(f"{scheme}://{host}:{port}/{t.db}"))
+    if t.cluster:
+        return ClusterClient(t.seeds, make)
+
+    def ask(host: str, port: int) -> RespClient:
+        return RespClient(host, port, password=t.sentinel_password, tls=tls, label=f"sentinel {host}:{port}")
+    return SentinelClient(t.seeds, t.service, make, ask)

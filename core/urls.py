@@ -8,9 +8,13 @@
     unix://[[user]:password@]/path/to/redis.sock[?db=N&password=...]
     redis+cluster://[[user]:password@]host:port[,host:port...][?query]   a Redis Cluster (its seeds)
     rediss+cluster://...                                                  the same over TLS
+    redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db][?sentinel_password=...]
+    rediss+sentinel://...                                                 the primary over TLS
 
 A cluster's seeds are any of its nodes: the client asks one of them for the cluster's slots
-(``CLUSTER SLOTS``) and follows the cluster from there.  A cluster has no database number.
+(``CLUSTER SLOTS``) and follows the cluster from there.  A cluster has no database number.  A
+Sentinel URL names the sentinels and the service they watch (``sentinel monitor <service> ...``); the
+user and password are the Redis's, the sentinels are asked with ``sentinel_password`` when given.
 
 User names and passwords are percent-decoded; ``?db=`` wins over the path's number; ``?username=`` and
 ``?password=`` are taken when the URL's authority has none.  TLS is set by redis-py's parameter names
@@ -28,7 +32,7 @@ from __future__ import annotations
 import re
 import ssl
 from dataclasses import dataclass, field
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 _TLS_PARAMS = frozenset({"ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile", "ssl_password",
                          "ssl_cert_reqs", "ssl_check_hostname"})
@@ -49,7 +53,7 @@ def mask(url: str) -> str:
         colon = url.find(":", start, at)  # user:password@ (everything from the first colon on is hidden)
         if colon >= 0:
             url = url[:colon + 1] + "***" + url[at:]
-    return re.sub(r"([?&\s](?:ssl_)?password=)[^&#\s]*", r"\1***", url)
+    return re.sub(r"([?&\s](?:ssl_|sentinel_)?password=)[^&#\s]*", r"\1***", url)
 
 
 class RedisUrlError(ValueError):
@@ -89,11 +93,17 @@ class RedisTarget:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     tls: Tls | None = None
-    seeds: tuple[tuple[str, int], ...] = ()  # a Redis Cluster's nodes to start from (host, port above: the first)
+    seeds: tuple[tuple[str, int], ...] = ()  # a cluster's nodes to start from, or the sentinels
+    service: str = ""  # the service the sentinels watch ("": no Sentinel)
+    sentinel_password: str | None = field(default=None, repr=False)
 
     @property
     def cluster(self) -> bool:
-        return bool(self.seeds)
+        return bool(self.seeds) and not self.service
+
+    @property
+    def sentinel(self) -> bool:
+        return bool(self.service)
 
 
 def _seeds(url: str, netloc: str) -> tuple[tuple[str, int], ...]:
@@ -110,6 +120,14 @@ def _seeds(url: str, netloc: str) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
+def _read_as(url: str, plain: str) -> RedisTarget:
+    """``plain`` (a redis(s):// URL made of ``url``) read; an error names ``url``."""
+    try:
+        return parse_redis(plain)
+    except RedisUrlError as e:
+        raise RedisUrlError(str(e).replace(mask(plain), mask(url))) from None
+
+
 def _cluster(url: str, scheme: str) -> RedisTarget:
     """A cluster URL: its seeds, and the login and TLS read as for its first seed's redis(s):// URL."""
     parts = urlsplit(url)
@@ -118,10 +136,31 @@ def _cluster(url: str, scheme: str) -> RedisTarget:
         raise RedisUrlError(f"REDIS_URL {mask(url)}: a cluster has no database number")
     login = parts.netloc.rpartition("@")[0]
     host = f"[{seeds[0][0]}]" if ":" in seeds[0][0] else seeds[0][0]
-    first = parse_redis(f"{scheme}://{login + '@' if login else ''}{host}:{seeds[0][1]}"
-                        + (f"?{parts.query}" if parts.query else ""))
+    first = _read_as(url, f"{scheme}://{login + '@' if login else ''}{host}:{seeds[0][1]}"
+                     + (f"?{parts.query}" if parts.query else ""))
     return RedisTarget(url, host=first.host, port=first.port, username=first.username, password=first.password,
                        tls=first.tls, seeds=seeds)
+
+
+def _sentinel(url: str, scheme: str) -> RedisTarget:
+    """A Sentinel URL: the sentinels, the service (the path's first part), and the login, database and TLS
+    read as for a redis(s):// URL of the first sentinel with the rest of the path."""
+    parts = urlsplit(url)
+    sentinels = _seeds(url, parts.netloc)
+    service, _, db = parts.path.strip("/").partition("/")
+    if not service:
+        raise RedisUrlError(f"REDIS_URL {mask(url)}: a Sentinel URL names its service: "
+                            "redis+sentinel://host:port[,host:port]/service")
+    query = parse_qs(parts.query, keep_blank_values=True)
+    sentinel_password = query.pop("sentinel_password", [""])[0] or None
+    login = parts.netloc.rpartition("@")[0]
+    host = f"[{sentinels[0][0]}]" if ":" in sentinels[0][0] else sentinels[0][0]
+    rest = "&".join(f"{k}={quote(v[0])}" for k, v in query.items())
+    first = _read_as(url, f"{scheme}://{login + '@' if login else ''}{host}:{sentinels[0][1]}/{db}"
+                     + (f"?{rest}" if rest else ""))
+    return RedisTarget(url, host=first.host, port=first.port, db=first.db, username=first.username,
+                       password=first.password, tls=first.tls, seeds=sentinels, service=unquote(service),
+                       sentinel_password=sentinel_password)
 
 
 def _bool(name: str, value: str) -> bool:
@@ -134,6 +173,8 @@ def parse_redis(url: str) -> RedisTarget:
     scheme = url.partition("://")[0]
     if scheme in ("redis+cluster", "rediss+cluster"):
         return _cluster(url, scheme.partition("+")[0])
+    if scheme in ("redis+sentinel", "rediss+sentinel"):
+        return _sentinel(url, scheme.partition("+")[0])
     try:
         parts = urlsplit(url)
         port = parts.port

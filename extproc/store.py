@@ -23,6 +23,7 @@ from core.decisions import Admission, Identity, UsageRecord
 from core.errors import CONCURRENCY, INVALID_KEY, QUOTA, SUSPENDED, ApiError, rate_limited
 from core.resp import RespClient, RespSetupError
 from core.resp_cluster import ClusterClient, client_from_url
+from core.resp_sentinel import SentinelClient
 from core.settings import GatewaySettings
 from core import redis_durability
 from core import redis_keys as rk
@@ -213,7 +214,7 @@ class Store:
     ``credit_limit`` (micro-PLN): how far below zero a paid organisation without a limit of its own may
     go (GATEWAY_CREDIT_LIMIT_PLN); None: no limit."""
 
-    def __init__(self, client: AnyRedis, fast: RespClient | ClusterClient, *, default_rpm: int, default_concurrency: int,
+    def __init__(self, client: AnyRedis, fast: RespClient | ClusterClient | SentinelClient, *, default_rpm: int, default_concurrency: int,
                  lease_s: int, key_ttl_s: int, credit_limit: int | None = None) -> None:
         self.r = client
         self.fast = fast
@@ -282,7 +283,7 @@ class Store:
     async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, *,
                      refused: bool = False, first_only: bool = False) -> None:
         """Release the request's slot and, with a record, debit its cost and queue the record (once).
-        On a cluster it counts once a replica has it too (a finish sent again does no harm: the journal
+        On a cluster or behind Sentinel it counts once a replica has it too (a finish sent again does no harm: the journal
         entry, gone with the first, makes it only queue its record, which PostgreSQL then drops).
         ``refused``: the request was never admitted; its record (cost 0) is only queued for the log.
         ``first_only``: a fallback record, dropped when another finish came first."""
@@ -290,7 +291,7 @@ class Store:
         tag = self.layout.tag(org_id)
         args = [org_id, request_id, 0 if record is None else record.cost_micro_pln, payload,
                 "1" if refused else "", "1" if first_only else "", tag]
-        if isinstance(self.fast, ClusterClient):  # on a replica too before it counts: a failover keeps it
+        if isinstance(self.fast, (ClusterClient, SentinelClient)):  # on a replica too: a failover keeps it
             done = await self.fast.evalsha(_FINISH, [self.layout.stream(tag)], args, replicated=True)
         else:
             done = await self.fast.evalsha(_FINISH, [self.layout.stream(tag)], args)

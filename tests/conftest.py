@@ -157,9 +157,13 @@ class Gateway:
         stand in for it)."""
         import redis as sync_redis
         target = parse_redis(self.stack.redis_url)
-        r: Any = (sync_redis.RedisCluster(startup_nodes=[sync_redis.cluster.ClusterNode(h, p) for h, p in target.seeds],
-                                          password=target.password) if target.cluster
-                  else sync_redis.Redis.from_url(self.stack.redis_url))
+        if target.cluster:
+            r: Any = sync_redis.RedisCluster(startup_nodes=[sync_redis.cluster.ClusterNode(h, p) for h, p in target.seeds],
+                                             password=target.password)
+        elif target.sentinel:
+            r = sync_redis.sentinel.Sentinel(list(target.seeds)).master_for(target.service, password=target.password)
+        else:
+            r = sync_redis.Redis.from_url(self.stack.redis_url)
         try:
             return fn(r)
         finally:

@@ -116,4 +116,4 @@ def _answers(cluster: Cluster, port: int) -> bool:
 def _synced(cluster: Cluster, port: int) -> bool:
     with cluster.client(port) as r:
         info = r.info("replication")
-    return info["role"] == "master" or info.get("master_link_status") == "up"
+    return bool(info["role"] == "master" or info.get("master_link_status") == "up")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import time
 from typing import Any, Iterator
 
@@ -28,16 +27,14 @@ from core import redis_keys as rk
 from core.resp import RespError
 from core.resp_cluster import ClusterClient, client_from_url
 from redis_cluster import Cluster, missing, redis_cluster
-from test_reconciliation_e2e import Seen, _one, _reconcile
+from failover import load_through, start_all
+from test_reconciliation_e2e import _reconcile
 
 if missing():
     why = f"Debian's redis-server / redis-cli missing ({missing()}): run 'make services'"
     if os.environ.get("CI", "").lower() == "true":
         raise RuntimeError(why)  # collection error: CI must not pass without these tests
     pytest.skip(why, allow_module_level=True)
-
-CLIENTS = 6  # two per instance
-
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
@@ -54,12 +51,11 @@ def gws(cluster: Cluster) -> Iterator[list[Gateway]]:
         try:
             for n in (2, 3):
                 base = free_base()
-                other = Stack(Settings.from_env(
+                others.append(Stack(Settings.from_env(
                     gateway_port=base, metrics_port=base + 19, state_dir=f"{s.state}-{n}", catalog=s.catalog,
                     database_url=first.stack.database_url, redis_url=cluster.url, run_sim=False, dev=True,
-                    default_rpm=s.default_rpm, default_concurrency=s.default_concurrency))
-                others.append(other)
-                other.start()
+                    default_rpm=s.default_rpm, default_concurrency=s.default_concurrency)))
+            start_all(others)
             yield [first, *(Gateway(o, 0) for o in others)]
         finally:
             for o in others:
@@ -174,7 +170,7 @@ def test_a_primary_killed_under_load_from_three_instances_loses_and_doubles_noth
     before = first.admin(lambda a: a.balance(org))["ledger_micro_pln"]
     victim = cluster.primary_of(key_slot(rk.CLUSTER.tag(org).encode()))
     t0 = time.monotonic()
-    seen = _load(gws, key, lambda: cluster.kill(victim))
+    seen = load_through(gws, key, lambda: cluster.kill(victim))
     took = time.monotonic() - t0
     assert cluster.primary_of(key_slot(rk.CLUSTER.tag(org).encode())) != victim  # its replica took over
     refused = [s for s in seen if s.status not in (200, 0)]
@@ -183,47 +179,3 @@ def test_a_primary_killed_under_load_from_three_instances_loses_and_doubles_noth
     assert int(first.redis(lambda r: r.hget(rk.CLUSTER.org(org), "hold")) or 0) == 0  # no hold left
     assert counts["served"] >= 16
     print(f"primary killed: {counts}, {len(refused)} answered 500, {took:.1f} s")
-
-
-def _load(gws: list[Gateway], key: str, fault: Any) -> list[Seen]:
-    """``CLIENTS`` clients spread over the instances send back to back; ``fault`` strikes once 8 requests
-    came back, and the load goes on until 8 more were served whole after it.  No request waits longer
-    than its client's 30 s: a hang is a failure."""
-    seen: list[Seen] = []
-    lock = threading.Lock()
-    stop = threading.Event()
-    errors: list[str] = []
-
-    def worker(i: int) -> None:
-        gw = gws[i % len(gws)]
-        with httpx.Client(base_url=gw.v1, headers={"Authorization": f"Bearer {key}"}, timeout=30) as c:
-            n = i
-            while not stop.is_set():
-                n += 1
-                try:
-                    s = _one(c, n)
-                except Exception as e:  # noqa: BLE001 - a reply without the interface's error shape, say
-                    errors.append(f"{type(e).__name__}: {e}")
-                    continue
-                if s is not None:
-                    with lock:
-                        seen.append(s)
-
-    def whole() -> int:
-        with lock:
-            return sum(1 for s in seen if s.whole)
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(CLIENTS)]
-    for t in threads:
-        t.start()
-    try:
-        wait_for(lambda: len(seen) >= 8, timeout=30, interval=0.02)
-        fault()
-        after = whole()
-        wait_for(lambda: whole() >= after + 8, timeout=30, interval=0.05)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
-    assert not errors, errors[:3]
-    return seen

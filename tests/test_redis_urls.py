@@ -286,3 +286,19 @@ def test_a_cluster_url_gives_its_seeds_and_one_login() -> None:
         with pytest.raises(RedisUrlError, match=why) as e:
             parse_redis(url)
         assert "pw" not in str(e.value) and ":***@" in str(e.value)
+
+
+def test_a_sentinel_url_gives_its_sentinels_service_and_the_primarys_login() -> None:
+    t = parse_redis(f"redis+sentinel://{USER}:{ENC}@10.0.0.1:26379,10.0.0.2:26380/gw-primary/3"
+                    "?sentinel_password=sp%40ss")
+    assert t.sentinel and not t.cluster and t.service == "gw-primary" and t.db == 3
+    assert t.seeds == (("10.0.0.1", 26379), ("10.0.0.2", 26380))
+    assert (t.username, t.password, t.sentinel_password) == (USER, PASSWORD, "sp@ss")
+    assert parse_redis("rediss+sentinel://s:26379/gw?ssl_cert_reqs=none").tls is not None
+    assert mask("redis+sentinel://:pw@s:1/gw?sentinel_password=sp") == "redis+sentinel://:***@s:1/gw?sentinel_password=***"
+    for url, why in [("redis+sentinel://:pw@s:26379", "names its service"),
+                     ("redis+sentinel://:pw@s:26379/gw/x", "number"),
+                     ("redis+sentinel://:pw@s:26379/gw?socket_timeout=1", "socket_timeout")]:
+        with pytest.raises(RedisUrlError, match=why) as e:
+            parse_redis(url)
+        assert "pw" not in str(e.value) and ":***@" in str(e.value)
