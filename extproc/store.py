@@ -167,6 +167,9 @@ _ANSWERS: dict[str, ApiError | None] = {"ok": None, "admitted": None, "suspended
                                         "conc": CONCURRENCY}
 
 
+_TAGS_KEPT = 65536
+
+
 class Late(Exception):
     """Redis ran the admission after its deadline (or after ``cancel``): it took no effect."""
 
@@ -219,7 +222,8 @@ class Store:
         self.r = client
         self.fast = fast
         self.layout = layout_of(client)
-        self._tags: dict[str, str] = {}  # a cluster's admissions sent and not answered: request id -> its shard's tag
+        # a cluster's admissions with limits not finished yet: request id -> its shard's tag (for ``cancel``)
+        self._tags: dict[str, str] = {}
         self._defaults = (str(default_rpm), str(default_concurrency), str(lease_s))
         self._credit_limit = "" if credit_limit is None else str(credit_limit)
         self._key_ttl = key_ttl_s
@@ -274,11 +278,12 @@ class Store:
             return [b"miss_key"]
         org = org_id.decode()
         tag = self.layout.tag(org)
-        self._tags[request_id] = tag
-        res = await self.fast.evalsha(_ADMIT, [self.layout.org(org)],
-                                      [*args, tag, key_id, org_id, rpm or b"", b""])
-        del self._tags[request_id]  # answered: nothing for ``cancel`` to undo that it cannot find
-        return res
+        if args[1] == "1":  # the script may take a slot and journal: a ``cancel`` needs the shard
+            self._tags[request_id] = tag
+            if len(self._tags) > _TAGS_KEPT:  # the oldest: finished long ago, or never will be
+                del self._tags[next(iter(self._tags))]
+        return await self.fast.evalsha(_ADMIT, [self.layout.org(org)],
+                                       [*args, tag, key_id, org_id, rpm or b"", b""])
 
     async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, *,
                      refused: bool = False, first_only: bool = False) -> None:
@@ -289,6 +294,7 @@ class Store:
         ``first_only``: a fallback record, dropped when another finish came first."""
         payload = "" if record is None else record.to_json()
         tag = self.layout.tag(org_id)
+        self._tags.pop(request_id, None)
         args = [org_id, request_id, 0 if record is None else record.cost_micro_pln, payload,
                 "1" if refused else "", "1" if first_only else "", tag]
         if isinstance(self.fast, (ClusterClient, SentinelClient)):  # on a replica too: a failover keeps it
@@ -328,7 +334,7 @@ class Store:
             await self.fast.evalsha(_CANCEL, [], [request_id, self._defaults[2], ""])
         elif (tag := self._tags.get(request_id)) is not None:  # else its script was never sent
             await self.fast.evalsha(_CANCEL, [self.layout.journal(tag)], [request_id, self._defaults[2], tag])
-            self._tags.pop(request_id, None)
+            self._tags.pop(request_id, None)  # taken (a failure leaves it for the retry)
 
     async def fill_key(self, key_hash: str, fields: dict[str, Any] | None) -> None:
         """Cache a key (fields) or its absence (None, for a short time)."""

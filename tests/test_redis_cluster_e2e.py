@@ -24,8 +24,13 @@ from conftest import Gateway, free_base, running_stack, wait_for
 from control.launcher import Stack
 from control.settings import Settings
 from core import redis_keys as rk
+from core.cost import Prices
+from core.keys import key_hash
+from core.redis_client import redis_client
 from core.resp import RespError
 from core.resp_cluster import ClusterClient, client_from_url
+from extproc.hold import WorstCase
+from extproc.store import Late, Store
 from redis_cluster import Cluster, missing, redis_cluster
 from failover import load_through, start_all
 from test_reconciliation_e2e import _reconcile
@@ -179,3 +184,39 @@ def test_a_primary_killed_under_load_from_three_instances_loses_and_doubles_noth
     assert int(first.redis(lambda r: r.hget(rk.CLUSTER.org(org), "hold")) or 0) == 0  # no hold left
     assert counts["served"] >= 16
     print(f"primary killed: {counts}, {len(refused)} answered 500, {took:.1f} s")
+
+
+def test_a_cancelled_admission_gives_its_slot_and_hold_back_on_its_shard(gws: list[Gateway]) -> None:
+    """An admission given up on (``Store.cancel``) is undone on its organisation's shard: slot, hold and
+    journal entry; the same request id is refused (Late) should it still come."""
+    first = gws[0]
+    org, _, key = first.new_org(1_000_000_000)
+    r = httpx.post(first.v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                   json={"model": "polish-fast", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+    assert r.status_code == 200  # the key and the organisation cached in the cluster
+    url = first.stack.redis_url
+    tag = rk.CLUSTER.tag(org)
+
+    def held() -> tuple[int, int, bool]:
+        return (first.slots_held(org), int(first.redis(lambda c: c.hget(rk.CLUSTER.org(org), "hold")) or 0),
+                bool(first.redis(lambda c: c.hexists(rk.CLUSTER.journal(tag), "rid-cancelled"))))
+
+    async def go() -> None:
+        store = Store(redis_client(url, 2), client_from_url(url), default_rpm=10**6, default_concurrency=1000,
+                      lease_s=600, key_ttl_s=3600)
+        hold = WorstCase(12, 1, 2048, Prices(1_500_000, 3_000_000))
+        try:
+            adm = await store.admit(key_hash(key), "rid-cancelled", limits=True, pending="test|{}",
+                                    deadline=time.time() + 5, hold=hold)
+            assert adm.admitted and adm.identity is not None and adm.identity.org_id == org
+            assert held() == (1, hold.cost, True)
+            await store.cancel("rid-cancelled")
+            assert held() == (0, 0, False)
+            with pytest.raises(Late):
+                await store.admit(key_hash(key), "rid-cancelled", limits=True, pending="test|{}",
+                                  deadline=time.time() + 5, hold=hold)
+            assert held() == (0, 0, False)
+        finally:
+            await store.fast.close()
+            await store.r.aclose()
+    asyncio.run(go())
