@@ -230,6 +230,15 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX model_changes_unmailed ON model_changes (id) WHERE mailed_at IS NULL;
     """,
+    # 11: a key's own limits (docs/limits.md, "Key limits"): a monthly spending cap (micro-PLN, a calendar
+    # month in Europe/Warsaw), the aliases it may use (NULL: all), the moment it stops working (NULL:
+    # never), and the month whose near-the-cap e-mail went out to the owners (once a month)
+    """
+    ALTER TABLE api_keys ADD COLUMN monthly_limit_micro_pln bigint CHECK (monthly_limit_micro_pln > 0);
+    ALTER TABLE api_keys ADD COLUMN models text[] CHECK (cardinality(models) > 0);
+    ALTER TABLE api_keys ADD COLUMN expires_at timestamptz;
+    ALTER TABLE api_keys ADD COLUMN limit_mailed_month text;
+    """,
 ]
 
 

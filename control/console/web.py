@@ -44,6 +44,7 @@ MESSAGES = {
                           " the API."),
     "no_trial_disposable": N_("No trial credit for addresses at disposable-mail services. Top up to use the API."),
     "key_revoked": N_("The key is revoked; the gateway refuses it from now on."),
+    "key_limits_saved": N_("Saved: the key's limits apply to its next request."),
     "key_form_used": N_("That form was already sent and its key created (a key is shown only once); "
                         "nothing new was created. Create another key below if you need one."),
     "invited": N_("The invitation is sent."),
