@@ -20,10 +20,11 @@ import httpx
 import pytest
 from redis.crc import key_slot
 
-from conftest import Gateway, free_base, running_stack, wait_for
+from conftest import Gateway, assert_error, free_base, running_stack, wait_for
 from control.launcher import Stack
 from control.settings import Settings
-from core import redis_keys as rk
+from core import key_limits, redis_keys as rk
+from core.key_limits import Change
 from core.cost import Prices
 from core.keys import key_hash
 from core.redis_client import redis_client
@@ -220,3 +221,25 @@ def test_a_cancelled_admission_gives_its_slot_and_hold_back_on_its_shard(gws: li
             await store.fast.close()
             await store.r.aclose()
     asyncio.run(go())
+
+
+def test_a_capped_keys_spend_is_counted_on_its_organisations_shard(gws: list[Gateway]) -> None:
+    """A key with a monthly cap: its spend counter (gw:ks:) is in its organisation's shard slot, the
+    admission reads it there and the finish adds the request's cost to it; a model the key may not use
+    is refused as on one Redis."""
+    first = gws[0]
+    org, kid, key = first.new_org(1_000_000_000)
+    first.admin(lambda a: a.set_key_limits(kid, limits=Change(monthly_limit=5_000_000, models=("polish-fast",))))
+    r = httpx.post(gws[1].v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                   json={"model": "polish-fast", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    rid = r.headers["x-request-id"]
+    wait_for(lambda: first.sql("SELECT 1 FROM usage_records WHERE request_id = $1", rid), timeout=15)
+    cost = first.sql("SELECT cost_micro_pln FROM usage_records WHERE request_id = $1", rid)[0]["cost_micro_pln"]
+    spend = rk.CLUSTER.key_spend(org, kid, key_limits.month(time.time()))
+    assert key_slot(spend.encode()) == key_slot(rk.CLUSTER.tag(org).encode())
+    assert cost > 0 and int(first.redis(lambda c: c.hget(spend, "spent"))) == cost
+    assert int(first.redis(lambda c: c.hget(spend, "hold")) or 0) == 0
+    no = httpx.post(gws[2].v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                    json={"model": "polish-pro", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4})
+    assert_error(no, 404, "model_not_found", "invalid_request_error", "model")
