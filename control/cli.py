@@ -24,6 +24,7 @@ from core.urls import RedisUrlError
 from .admin import Admin, AdminError, CreditLimit, pln_to_micro
 from .console.launch import ConfigError
 from .embedded import StartError, write_private
+from .ksef import cli as ksef_cli
 from .settings import Settings
 
 
@@ -428,7 +429,10 @@ def main(argv: list[str] | None = None) -> int:
     us = sub.add_parser("usage"); us.add_argument("org"); us.add_argument("--limit", type=int, default=50)
     us.add_argument("--status", default="", help="ok, errors, or a status code (e.g. 429)")
     us.add_argument("--request-id", default="", help="the request id of a reply or an error")
-    for sp in [*sub.choices.values(), *org.choices.values(), *key.choices.values(), *bal.choices.values(), ca]:
+    invoices = sub.add_parser("invoices").add_subparsers(dest="sub", required=True)
+    ksef_cli.add_command(invoices)
+    for sp in [*sub.choices.values(), *org.choices.values(), *key.choices.values(), *bal.choices.values(), ca,
+               *invoices.choices.values()]:
         sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["sim"]:  # every option after "sim" is the simulator's own (python -m sim --help)
@@ -546,6 +550,9 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
         _print(args, b, f"{b['balance_pln']} PLN{apart}; {_credit_text(b)}")
     elif c == "reconcile":
         return await _reconcile(args, a)
+    elif c == "invoices" and sc == "ksef":
+        docs = await ksef_cli.run(a.pool, args.org)
+        _print(args, docs, "\n".join(map(ksef_cli.line, docs)) or "no invoices yet")
     elif c == "usage":
         rows = await a.usage(args.org, args.limit, status=args.status, request_id=args.request_id)
         lines = [f"{r['started_at']}  {r['request_id']}  {r['alias'] or '-':<12} {r['status']}"

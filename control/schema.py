@@ -239,6 +239,30 @@ MIGRATIONS: list[str] = [
     ALTER TABLE api_keys ADD COLUMN expires_at timestamptz;
     ALTER TABLE api_keys ADD COLUMN limit_mailed_month text;
     """,
+    # 12: each invoice as an FA(3) structured invoice and its way to KSeF, a queue that survives restarts
+    # (control/ksef/store.py): recorded when the invoice is issued, made and sent by the console's loop
+    """
+    CREATE TABLE ksef_documents (
+      number text PRIMARY KEY,
+      org_id text NOT NULL REFERENCES orgs(id),
+      state text NOT NULL DEFAULT 'new' CHECK (state IN ('new', 'kept', 'queued', 'sent', 'rejected')),
+      xml bytea,
+      issued_on date,
+      seller_nip text,
+      offline boolean NOT NULL DEFAULT false,
+      attempts integer NOT NULL DEFAULT 0,
+      next_at timestamptz,
+      ksef_ref text,
+      ksef_number text UNIQUE,
+      problem text,
+      created_at timestamptz NOT NULL DEFAULT now(),
+      sent_at timestamptz,
+      CHECK (state IN ('new', 'rejected') OR (xml IS NOT NULL AND issued_on IS NOT NULL AND seller_nip IS NOT NULL)),
+      CHECK ((state = 'sent') = (ksef_number IS NOT NULL))
+    );
+    CREATE INDEX ksef_documents_due ON ksef_documents (next_at) WHERE state = 'queued';
+    CREATE INDEX ksef_documents_org ON ksef_documents (org_id, created_at DESC);
+    """,
 ]
 
 

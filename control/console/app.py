@@ -12,7 +12,7 @@ from aiohttp import web
 from control.admin import Admin
 from core.redis_client import redis_client
 
-from . import i18n, key_caps, logs, low_balance, model_changes
+from . import einvoices, i18n, key_caps, logs, low_balance, model_changes
 from .listener import BODY_MAX, GUARD, Guard, guard_mw, serve
 from .mail import Mailer
 from .payments import make_provider
@@ -147,7 +147,8 @@ def make_app(settings: ConsoleSettings) -> web.Application:
                                make_provider(settings, secret), secret, templates())
         watchers = [asyncio.create_task(low_balance.watch(app[CONSOLE])),
                     asyncio.create_task(model_changes.watch(app[CONSOLE])),
-                    asyncio.create_task(key_caps.watch(app[CONSOLE]))]
+                    asyncio.create_task(key_caps.watch(app[CONSOLE])),
+                    asyncio.create_task(einvoices.worker(app[CONSOLE]).watch())]
         yield
         for w in watchers:
             w.cancel()

@@ -1,6 +1,7 @@
 """What every page shares: the console's dependencies, the viewer, rendering, CSRF and redirects."""
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 from dataclasses import dataclass, field
@@ -80,6 +81,7 @@ class Console:
     secret: bytes
     templates: jinja2.Environment
     background: Background = field(default_factory=Background)
+    ksef_wake: asyncio.Event = field(default_factory=asyncio.Event)  # an invoice issued: KSeF's loop starts at once
 
     @property
     def base_url(self) -> str:

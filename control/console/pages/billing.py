@@ -14,7 +14,7 @@ from babel.numbers import format_decimal
 
 from control.admin import AdminError, pln_to_micro
 
-from .. import billing, invoices
+from .. import billing, einvoices, invoices
 from ..i18n import _, lang, money
 from ..payments import BadNotification, Payment, PaymentError
 from ..store import Viewer, name_problem
@@ -65,8 +65,10 @@ async def billing_page(request: web.Request) -> web.Response:
                       "SELECT * FROM payments WHERE org_id = $1 ORDER BY created_at DESC LIMIT 20", v.org_id),
                   amounts=AMOUNTS, watched=watched, outcome=outcome, provider=c.provider.name,
                   low_balance_text=threshold_text(org["low_balance_micro_pln"]), details=org,
-                  invoices=await c.pool.fetch("SELECT id, number, issued_at, gross_grosze FROM invoices"
-                                              " WHERE org_id = $1 ORDER BY issued_at DESC LIMIT 50", v.org_id),
+                  invoices=await c.pool.fetch("SELECT i.id, i.number, i.issued_at, i.gross_grosze, d.state AS ksef_state,"
+                                              " d.ksef_number, d.xml IS NOT NULL AS fa3 FROM invoices i LEFT JOIN"
+                                              " ksef_documents d ON d.number = i.number WHERE i.org_id = $1"
+                                              " ORDER BY i.issued_at DESC LIMIT 50", v.org_id),
                   min_pln=billing.MIN_TOPUP_PLN, max_pln=billing.MAX_TOPUP_PLN)
 
 
@@ -154,9 +156,23 @@ async def invoice_pdf(request: web.Request) -> web.Response:
                                                 request.match_info["invoice_id"], v.org_id)
     if inv is None:
         raise_page(request, 404, _("There is no such invoice in this organisation."))
-    pdf = invoices.render_pdf(inv, invoices.Seller.of(console(request).settings))
+    pdf = invoices.render_pdf(inv, invoices.Seller.of(console(request).settings),
+                              await einvoices.mark(console(request), inv["number"]))
     return web.Response(body=pdf, content_type="application/pdf", headers={
         "Content-Disposition": f'attachment; filename="{inv["number"].replace("/", "-")}.pdf"'})
+
+
+@routes.get("/billing/invoices/{invoice_id}.xml")
+async def invoice_fa3(request: web.Request) -> web.Response:
+    """The invoice's FA(3) structured document (what KSeF has, or would have)."""
+    v = need_owner(request)
+    doc = await console(request).pool.fetchrow(
+        "SELECT d.number, d.xml FROM invoices i JOIN ksef_documents d ON d.number = i.number"
+        " WHERE i.id = $1 AND i.org_id = $2 AND d.xml IS NOT NULL", request.match_info["invoice_id"], v.org_id)
+    if doc is None:
+        raise_page(request, 404, _("There is no such invoice in this organisation."))
+    return web.Response(body=bytes(doc["xml"]), content_type="application/xml", charset="utf-8", headers={
+        "Content-Disposition": f'attachment; filename="{doc["number"].replace("/", "-")}.xml"'})
 
 
 @routes.post("/billing/low-balance")
@@ -226,6 +242,7 @@ async def notify(request: web.Request) -> web.Response:
         # credit and the invoice are both once per payment); its e-mail goes out off this answer
         inv, created = await invoices.issue_for_payment(c.pool, paid)
         if created and inv is not None:
+            c.ksef_wake.set()  # its FA(3) document made and sent now
             c.background.run(billing.mail_invoice(c.pool, c.mailer, c.base_url, inv, invoices.Seller.of(c.settings)),
                              "invoice mail")
     return web.json_response(result)
