@@ -12,6 +12,7 @@ from aiohttp import web
 from control.admin import Admin
 from core.redis_client import redis_client
 
+from .background import every
 from . import einvoices, i18n, key_caps, logs, low_balance, model_changes
 from .listener import BODY_MAX, GUARD, Guard, guard_mw, serve
 from .mail import Mailer
@@ -145,9 +146,10 @@ def make_app(settings: ConsoleSettings) -> web.Application:
         secret = load_secret(settings.console_secret, settings.state)
         app[CONSOLE] = Console(settings, pool, r, Admin(pool, r, settings.credit_limit_micro), Store(pool), Mailer(settings),
                                make_provider(settings, secret), secret, templates())
-        watchers = [asyncio.create_task(low_balance.watch(app[CONSOLE])),
-                    asyncio.create_task(model_changes.watch(app[CONSOLE])),
-                    asyncio.create_task(key_caps.watch(app[CONSOLE])),
+        c, every_s = app[CONSOLE], settings.low_balance_check_s
+        watchers = [asyncio.create_task(every(every_s, lambda: low_balance.check_once(c), "low-balance check")),
+                    asyncio.create_task(every(every_s, lambda: model_changes.mail_once(c), "model-change mail")),
+                    asyncio.create_task(every(every_s, lambda: key_caps.check_once(c), "key limit check")),
                     asyncio.create_task(einvoices.worker(app[CONSOLE]).watch())]
         yield
         for w in watchers:
