@@ -516,7 +516,7 @@ class Exchange:
             spend = asyncio.ensure_future(self.gw.directory.key_spend(miss.org_id, miss.key_id, self.started))
             spend.add_done_callback(_forget)
             await asyncio.wait((spend,))
-            await self.gw.store.fill_spend(miss.key_id, miss.month, spend.result())
+            await self.gw.store.fill_spend(miss.org_id, miss.key_id, miss.month, spend.result())
             return
         if miss.what == "key":
             metrics.labelled(metrics.KEY_LOOKUPS, "miss").inc()

@@ -192,7 +192,7 @@ def test_the_month_is_warsaws_and_a_new_month_starts_from_its_own_spend(gateway:
                             await store.fill_org(org, await d.org(org))
                         else:
                             seen.append((m.what, m.month))
-                            await store.fill_spend(kid, m.month, await d.key_spend(org, kid, at))
+                            await store.fill_spend(org, kid, m.month, await d.key_spend(org, kid, at))
                 seen.append(None if adm.error is None else adm.error.message)
                 await store.cancel(rid)
             return seen

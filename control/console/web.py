@@ -11,7 +11,7 @@ from urllib.parse import quote, urlsplit
 
 import asyncpg
 import jinja2
-import redis.asyncio as aioredis
+from core.redis_client import AnyRedis
 from aiohttp import web
 
 from control.admin import Admin
@@ -73,7 +73,7 @@ def term(word: str) -> str:
 class Console:
     settings: ConsoleSettings
     pool: asyncpg.Pool
-    redis: aioredis.Redis
+    redis: AnyRedis
     admin: Admin
     store: Store
     mailer: Mailer
