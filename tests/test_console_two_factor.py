@@ -144,3 +144,24 @@ def test_an_owner_requires_it_of_everyone(gateway: Gateway) -> None:
     # lifted: nobody is sent anywhere
     owner.post("/members/2fa", {})
     assert gateway.sql("SELECT require_2fa FROM orgs WHERE id = $1", org) == [{"require_2fa": False}]
+
+
+def test_no_turning_it_off_while_any_organisation_of_the_account_requires_it(gateway: Gateway) -> None:
+    """The requirement follows the person, not the organisation shown: viewing another organisation of
+    theirs does not let them turn it off."""
+    strict, strict_email, _ = signed_up(gateway, "Strict elsewhere")
+    enrol(gateway, strict, strict_email)
+    strict.get("/members")
+    assert strict.post("/members/2fa", {"require": "1"}).status_code == 303
+    c, email, own_org = signed_up(gateway, "Own org")
+    _, codes, _ = enrol(gateway, c, email)
+    link = invite(gateway, strict, email)
+    assert "You joined" in c.post(link, {}, follow=True).text
+    assert c.post("/org/switch", {"org": own_org}).status_code == 303
+    page = c.get("/account/security").text
+    assert "Your organisation requires two-factor sign-in." in page and "/account/security/disable" not in page
+    r = c.post("/account/security/disable", {"code": codes[0]})
+    assert r.status_code == 400 and "Your organisation requires two-factor sign-in; it stays on." in r.text
+    assert gateway.sql("SELECT totp_secret IS NOT NULL AS on, (SELECT count(*) FROM recovery_codes r WHERE"
+                       " r.user_id = u.id AND r.used_at IS NULL) AS left FROM users u WHERE email = $1",
+                       email) == [{"on": True, "left": 10}]

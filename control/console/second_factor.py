@@ -84,3 +84,9 @@ async def require(pool: asyncpg.Pool, org_id: str, on: bool) -> None:
 
 async def required(pool: asyncpg.Pool, org_id: str) -> bool:
     return bool(await pool.fetchval("SELECT require_2fa FROM orgs WHERE id = $1", org_id))
+
+
+async def required_of(pool: asyncpg.Pool, user_id: str) -> bool:
+    """Does any organisation of the account require two-factor sign-in (whichever one it is viewing)?"""
+    return bool(await pool.fetchval("SELECT EXISTS (SELECT 1 FROM memberships m JOIN orgs o ON o.id = m.org_id"
+                                    " WHERE m.user_id = $1 AND o.require_2fa)", user_id))

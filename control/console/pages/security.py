@@ -59,7 +59,7 @@ async def _page(request: web.Request, status: int = 200, error: str | None = Non
         secret = await second_factor.pending_secret(c.pool, v.user_id)
         qr = totp.qr_data_uri(secret, v.email)
     return render(request, "security.html", status=status, error=error, state=state, secret=secret, qr=qr,
-                  recovery_codes=recovery_codes, org_requires=await second_factor.required(c.pool, v.org_id))
+                  recovery_codes=recovery_codes, org_requires=await second_factor.required_of(c.pool, v.user_id))
 
 
 @routes.get(SECURITY_PAGE)
@@ -107,7 +107,7 @@ async def renew_recovery(request: web.Request) -> web.Response:
 @routes.post(SECURITY_PAGE + "/disable")
 async def disable(request: web.Request) -> web.Response:
     v = need_viewer(request, enrolling=True)
-    if await second_factor.required(console(request).pool, v.org_id):
+    if await second_factor.required_of(console(request).pool, v.user_id):
         return await _page(request, 400, _("Your organisation requires two-factor sign-in; it stays on."))
     uid = await _checked_code(request)
     await second_factor.disable(console(request).pool, uid)
