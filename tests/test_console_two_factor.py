@@ -165,3 +165,19 @@ def test_no_turning_it_off_while_any_organisation_of_the_account_requires_it(gat
     assert gateway.sql("SELECT totp_secret IS NOT NULL AS on, (SELECT count(*) FROM recovery_codes r WHERE"
                        " r.user_id = u.id AND r.used_at IS NULL) AS left FROM users u WHERE email = $1",
                        email) == [{"on": True, "left": 10}]
+
+
+def test_turning_it_on_ends_the_accounts_other_sessions(gateway: Gateway) -> None:
+    """A session opened with the password alone (elsewhere, or stolen) ends when a second factor arrives;
+    the one that turned it on goes on."""
+    c, email, _ = signed_up(gateway, "Fresh factor")
+    other = ConsoleClient(gateway.console)
+    other.get("/login")
+    assert other.post("/login", {"email": email, "password": PASSWORD}).status_code == 303 and other.logged_in
+    assert other.get("/keys", follow=False).status_code == 200
+    enrol(gateway, c, email)
+    r = other.get("/keys", follow=False)
+    assert r.status_code == 303 and r.headers["location"] == "/login?next=/keys" and not other.logged_in
+    assert c.get("/keys", follow=False).status_code == 200
+    assert gateway.sql("SELECT count(*) AS n FROM console_sessions s JOIN users u ON u.id = s.user_id"
+                       " WHERE u.email = $1", email) == [{"n": 1}]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncpg
 
 from . import totp
+from .security import token_hash
 
 
 async def pending_secret(pool: asyncpg.Pool, user_id: str) -> str:
@@ -13,9 +14,10 @@ async def pending_secret(pool: asyncpg.Pool, user_id: str) -> str:
                                    " RETURNING totp_pending", user_id, totp.new_secret()))
 
 
-async def enable(pool: asyncpg.Pool, user_id: str, code: str) -> list[str] | None:
-    """Confirm the pending secret with a code from it: two-factor sign-in is on, and these are the
-    account's ten new recovery codes (only their hashes are kept).  None: the code is not the secret's."""
+async def enable(pool: asyncpg.Pool, user_id: str, code: str, session_token: str) -> list[str] | None:
+    """Confirm the pending secret with a code from it: two-factor sign-in is on, the account's sessions
+    other than ``session_token``'s (opened with the password alone) end, and these are the account's
+    ten new recovery codes (only their hashes are kept).  None: the code is not the secret's."""
     async with pool.acquire() as c, c.transaction():
         row = await c.fetchrow("SELECT totp_pending FROM users WHERE id = $1 AND totp_secret IS NULL FOR UPDATE",
                                user_id)
@@ -24,6 +26,8 @@ async def enable(pool: asyncpg.Pool, user_id: str, code: str) -> list[str] | Non
             return None
         await c.execute("UPDATE users SET totp_secret = totp_pending, totp_pending = NULL, totp_last_step = $2,"
                         " totp_enabled_at = now() WHERE id = $1", user_id, step)
+        await c.execute("DELETE FROM console_sessions WHERE user_id = $1 AND token_hash <> $2", user_id,
+                        token_hash(session_token))
         return await _new_recovery_codes(c, user_id)
 
 

@@ -91,7 +91,7 @@ async def enable(request: web.Request) -> web.Response:
     if not await limits.hit(c.redis, (limits.CODE_USER, v.user_id), (limits.LOGIN_IP, client_ip(request))):
         return await _page(request, 429, _("Too many failed attempts; try again in {minutes} minutes.")
                            .format(minutes=limits.CODE_USER.window_s // 60))
-    codes = await second_factor.enable(c.pool, v.user_id, await _code(request))
+    codes = await second_factor.enable(c.pool, v.user_id, await _code(request), v.session_token)
     if codes is None:
         return await _page(request, 400, _("That code is not right: type the 6 digits your app shows now."))
     await limits.forget(c.redis, limits.CODE_USER, v.user_id)
