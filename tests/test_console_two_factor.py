@@ -181,3 +181,23 @@ def test_turning_it_on_ends_the_accounts_other_sessions(gateway: Gateway) -> Non
     assert c.get("/keys", follow=False).status_code == 200
     assert gateway.sql("SELECT count(*) AS n FROM console_sessions s JOIN users u ON u.id = s.user_id"
                        " WHERE u.email = $1", email) == [{"n": 1}]
+
+
+def test_the_proof_of_the_password_is_spent_by_its_sign_in(gateway: Gateway) -> None:
+    """The second step's cookie, copied before it was used, opens nothing after its sign-in (nor after
+    the sign-out that followed), even with a good code."""
+    c, email, _ = signed_up(gateway, "Spent proof")
+    _, codes, _ = enrol(gateway, c, email)
+    s = log_in(gateway, email)
+    copied = s.jar["gw_2fa"]
+    assert s.post("/login/2fa", {"code": codes[0]}).status_code == 303 and s.logged_in
+    s.get("/")
+    assert s.post("/logout").status_code == 303 and not s.logged_in
+    thief = ConsoleClient(gateway.console)
+    thief.get("/login")
+    thief.jar["gw_2fa"] = copied
+    assert thief.get("/login/2fa", follow=False).headers["location"] == "/login"
+    r = thief.post("/login/2fa", {"code": codes[1]})
+    assert r.status_code == 303 and r.headers["location"] == "/login" and not thief.logged_in
+    assert gateway.sql("SELECT count(*) FILTER (WHERE used_at IS NULL) AS left FROM recovery_codes r"
+                       " JOIN users u ON u.id = r.user_id WHERE u.email = $1", email) == [{"left": 9}]

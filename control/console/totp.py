@@ -71,20 +71,22 @@ def recovery_hash(code: str) -> str:
 
 @dataclass(frozen=True)
 class Pending:
-    """A password proved right; the second step is to come: whose, where to go after, until when."""
+    """A password proved right; the second step is to come: whose, where to go after, until when, and
+    the proof's own id (its sign-in spends it: a copy of the cookie opens nothing afterwards)."""
     user_id: str
     next: str
     lang: str
     expires: int
+    nonce: str
 
     def seal(self, key: bytes) -> str:
-        body = base64.urlsafe_b64encode(json.dumps([self.user_id, self.next, self.lang, self.expires])
+        body = base64.urlsafe_b64encode(json.dumps([self.user_id, self.next, self.lang, self.expires, self.nonce])
                                         .encode()).decode().rstrip("=")
         return body + "." + hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
 
     @staticmethod
     def start(user_id: str, nxt: str, lang: str) -> Pending:
-        return Pending(user_id, nxt, lang, int(time.time()) + PENDING_S)
+        return Pending(user_id, nxt, lang, int(time.time()) + PENDING_S, secrets.token_urlsafe(16))
 
     @staticmethod
     def open(value: str, key: bytes) -> Pending | None:
@@ -94,7 +96,7 @@ class Pending:
                                                .hexdigest().encode()):
             return None
         try:
-            uid, nxt, lang, expires = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+            uid, nxt, lang, expires, nonce = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
         except (ValueError, TypeError):
             return None
-        return Pending(str(uid), str(nxt), str(lang), int(expires)) if expires > time.time() else None
+        return Pending(str(uid), str(nxt), str(lang), int(expires), str(nonce)) if expires > time.time() else None

@@ -14,24 +14,29 @@ from .auth import start_session
 routes = web.RouteTableDef()
 
 
-def _pending(request: web.Request) -> Pending:
-    """The sign-in whose password was right, else back to the log-in page."""
+def _spent(p: Pending) -> str:
+    """The Redis key that marks a proof of the password spent by its sign-in (until it expires anyway)."""
+    return "console:2fa-spent:" + p.nonce
+
+
+async def _pending(request: web.Request) -> Pending:
+    """The sign-in whose password was right and not yet used to sign in, else back to the log-in page."""
     p = Pending.open(request.cookies.get(PENDING_COOKIE, ""), pending_key(console(request)))
-    if p is None:
+    if p is None or await console(request).redis.exists(_spent(p)):
         see_other("/login")
     return p
 
 
 @routes.get("/login/2fa")
 async def second_step_form(request: web.Request) -> web.Response:
-    _pending(request)
+    await _pending(request)
     return render(request, "login_2fa.html", error=None)
 
 
 @routes.post("/login/2fa")
 async def second_step(request: web.Request) -> web.Response:
     c = console(request)
-    p = _pending(request)
+    p = await _pending(request)
     code = str((await request.post()).get("code", ""))[:64]
     ip = client_ip(request)
     # like the password: counted before the code is checked, so parallel guesses cannot outrun the limit
@@ -42,6 +47,8 @@ async def second_step(request: web.Request) -> web.Response:
         return render(request, "login_2fa.html", status=401, error=_("That code is not right (or was used already)."))
     await limits.forget(c.redis, limits.CODE_USER, p.user_id)
     await limits.undo(c.redis, limits.LOGIN_IP, ip)
+    if not await c.redis.set(_spent(p), "1", nx=True, ex=totp.PENDING_S):
+        see_other("/login")  # a copy of the cookie signed in at the same moment
     try:
         return await start_session(request, p.user_id, None, p.next, p.lang)
     except web.HTTPSeeOther as resp:
