@@ -93,16 +93,7 @@ def redis_cluster() -> Iterator[Cluster]:
         wait_for(lambda: all(_synced(cluster, p) for p in ports), timeout=30, interval=0.1)
         yield cluster
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        shutil.rmtree(d, ignore_errors=True)
+        stop(procs, d)
 
 
 def _answers(cluster: Cluster, port: int) -> bool:
@@ -117,3 +108,17 @@ def _synced(cluster: Cluster, port: int) -> bool:
     with cluster.client(port) as r:
         info = r.info("replication")
     return bool(info["role"] == "master" or info.get("master_link_status") == "up")
+
+
+def stop(procs: dict[int, subprocess.Popen[bytes]], d: Path) -> None:
+    """Every server of ``procs`` ended (SIGTERM, SIGKILL after 10 s) and their directory removed."""
+    for p in procs.values():
+        if p.poll() is None:
+            p.terminate()
+    for p in procs.values():
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    shutil.rmtree(d, ignore_errors=True)

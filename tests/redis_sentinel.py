@@ -4,7 +4,6 @@ failover is over in a few."""
 from __future__ import annotations
 
 import contextlib
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -15,7 +14,7 @@ from typing import Iterator
 import redis
 
 from conftest import wait_for
-from redis_cluster import PASSWORD, REDIS_SERVER, free_port
+from redis_cluster import PASSWORD, REDIS_SERVER, free_port, stop
 
 SERVICE = "gw-primary"
 
@@ -84,13 +83,4 @@ def redis_sentinels() -> Iterator[Sentinels]:
         wait_for(ready, timeout=30, interval=0.1)
         yield s
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        shutil.rmtree(d, ignore_errors=True)
+        stop(procs, d)
