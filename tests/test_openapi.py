@@ -515,3 +515,15 @@ def test_the_reference_page_shows_the_real_address_in_the_pages_language(gateway
         assert "{base_url}" not in page and f"<li><code>{base}</code>" in page, lang
         assert f"<h1>{heading} <span" in page and f"<title>{title}</title>" in page, lang
         assert "Language-model inference service" not in page.split("</h1>")[0]
+
+
+def test_the_reference_names_the_public_address_behind_an_ingress() -> None:
+    """Listening on every address (GATEWAY_HOST=0.0.0.0, as deploy/k8s and compose.yaml run it), the
+    gateway's real address is the ingress's, GATEWAY_API_URL: the pages never show http://0.0.0.0."""
+    from control.console.pages.api_docs import load_document, reference
+    from control.console.settings import ConsoleSettings
+    doc, _ = load_document()
+    behind = ConsoleSettings(gateway_host="0.0.0.0", api_url="https://api.example.com/")
+    assert behind.gateway_base_url == "https://api.example.com"
+    assert reference(doc, behind.gateway_base_url)["servers"][0][0] == "https://api.example.com"
+    assert ConsoleSettings(gateway_host="127.0.0.1", gateway_port=8080).gateway_base_url == "http://127.0.0.1:8080"

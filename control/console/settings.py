@@ -12,6 +12,7 @@ from core.settings_base import SharedSettings, env, port
 class ConsoleSettings(SharedSettings, KsefSettings):
     console_port: int = port("GATEWAY_CONSOLE_PORT")        # console web app; 0 = GATEWAY_PORT + its PORT_OFFSETS
     console_url: str = env("GATEWAY_CONSOLE_URL", "")         # public address of the console (links, payments)
+    api_url: str = env("GATEWAY_API_URL", "")                 # public address of the gateway's API as the pages show it; empty = http://HOST:PORT
     console_secret: str = env("GATEWAY_CONSOLE_SECRET", "")   # CSRF/signing secret; empty = generated in state dir
     trial_balance_pln: str = env("GATEWAY_TRIAL_BALANCE_PLN", "5")  # demo organisation's first credit
     trial_per_client_day: int = env("GATEWAY_TRIAL_PER_CLIENT_DAY", 3)  # trial credits per client address a day
@@ -47,8 +48,9 @@ class ConsoleSettings(SharedSettings, KsefSettings):
 
     @property
     def gateway_base_url(self) -> str:
-        """The gateway's address as the pages show it (the API's paths start with /v1 under it)."""
-        return f"http://{self.gateway_host}:{self.gateway_port}"
+        """The gateway's address as the pages show it (the API's paths start with /v1 under it): its
+        public one behind an ingress (GATEWAY_API_URL), else the listener's own."""
+        return (self.api_url or f"http://{self.gateway_host}:{self.gateway_port}").rstrip("/")
 
     @property
     def console_base_url(self) -> str:

@@ -47,7 +47,7 @@ async def _page(request: web.Request, v: Viewer, *, status: int = 200, new_key: 
     c = console(request)
     return render(request, "keys.html", status=status, keys=await _keys(request, v.org_id), new_key=new_key,
                   error=error, may_revoke=may_revoke, form_id=secrets.token_urlsafe(16),
-                  gateway=f"http://{c.settings.gateway_host}:{c.settings.gateway_port}/v1",
+                  gateway=c.settings.gateway_base_url + "/v1",
                   alias=_example_alias(request))
 
 
