@@ -11,7 +11,7 @@ import asyncpg
 
 from control.admin import Admin
 
-from . import i18n, invoices, mail
+from . import i18n, invoice_pdf, invoices, mail
 from .mail import Mailer
 from .payments import BadNotification, Notification, Provider
 from .store import owner_emails
@@ -56,11 +56,17 @@ async def handle_notification(admin: Admin, provider: Provider, body: bytes, con
     return {"status": "paid", "credited": credited, "payment_id": pay["id"]}
 
 
-async def mail_invoice(pool: asyncpg.Pool, mailer: Mailer, base_url: str, inv: Any, seller: invoices.Seller) -> None:
-    """The payment e-mail to the organisation's owners, the invoice's PDF attached."""
-    pdf = invoices.render_pdf(inv, seller)
-    for owner, lang in await owner_emails(pool, inv["org_id"]):
+async def mail_invoice(pool: asyncpg.Pool, mailer: Mailer, base_url: str, inv: invoices.Invoice,
+                       seller: invoices.Seller) -> int:
+    """The invoice's e-mail to the organisation's owners, its PDF attached (with English labels for an
+    owner whose language is English): a new invoice's is the payment's thanks.  Returns how many went out."""
+    sent = 0
+    for owner, lang in await owner_emails(pool, inv.org_id):
         with i18n.speaking(lang):
-            subject, text = mail.paid(inv["gross_grosze"] * 10_000, inv["number"], f"{base_url}/billing")
-        await mailer.send(owner, subject, text,
-                          attachment=(f"{inv['number'].replace('/', '-')}.pdf", "application/pdf", pdf))
+            if inv.correction is None:
+                subject, text = mail.paid(inv.paid_grosze * 10_000, inv.number, f"{base_url}/billing")
+            else:
+                subject, text = mail.corrected(inv.number, inv.correction.original_number, f"{base_url}/billing")
+        pdf = invoice_pdf.render(inv, seller, lang)
+        sent += await mailer.send(owner, subject, text, attachment=(inv.file_name, "application/pdf", pdf))
+    return sent

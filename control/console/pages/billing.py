@@ -14,7 +14,7 @@ from babel.numbers import format_decimal
 
 from control.admin import AdminError, pln_to_micro
 
-from .. import billing, invoices
+from .. import billing, invoice_pdf, invoices
 from ..i18n import _, lang, money
 from ..payments import BadNotification, Payment, PaymentError
 from ..store import Viewer, name_problem
@@ -148,15 +148,14 @@ async def set_details(request: web.Request) -> web.Response:
 
 
 @routes.get("/billing/invoices/{invoice_id}.pdf")
-async def invoice_pdf(request: web.Request) -> web.Response:
+async def invoice_download(request: web.Request) -> web.Response:
     v = need_owner(request)
-    inv = await console(request).pool.fetchrow("SELECT * FROM invoices WHERE id = $1 AND org_id = $2",
-                                                request.match_info["invoice_id"], v.org_id)
+    inv = await invoices.find(console(request).pool, v.org_id, request.match_info["invoice_id"])
     if inv is None:
         raise_page(request, 404, _("There is no such invoice in this organisation."))
-    pdf = invoices.render_pdf(inv, invoices.Seller.of(console(request).settings))
+    pdf = invoice_pdf.render(inv, invoices.Seller.of(console(request).settings), lang())
     return web.Response(body=pdf, content_type="application/pdf", headers={
-        "Content-Disposition": f'attachment; filename="{inv["number"].replace("/", "-")}.pdf"'})
+        "Content-Disposition": f'attachment; filename="{inv.file_name}"'})
 
 
 @routes.post("/billing/low-balance")
