@@ -22,6 +22,7 @@ from core.urls import RedisUrlError
 
 from .admin import Admin, AdminError, CreditLimit, pln_to_micro
 from .console.launch import ConfigError
+from . import invoices_cli
 from .embedded import StartError, write_private
 from .settings import Settings
 
@@ -419,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     us = sub.add_parser("usage"); us.add_argument("org"); us.add_argument("--limit", type=int, default=50)
     us.add_argument("--status", default="", help="ok, errors, or a status code (e.g. 429)")
     us.add_argument("--request-id", default="", help="the request id of a reply or an error")
-    for sp in [*sub.choices.values(), *org.choices.values(), *key.choices.values(), *bal.choices.values(), ca]:
+    inv = invoices_cli.add_commands(sub)
+    for sp in [*sub.choices.values(), *org.choices.values(), *key.choices.values(), *bal.choices.values(), ca, *inv]:
         sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["sim"]:  # every option after "sim" is the simulator's own (python -m sim --help)
@@ -477,6 +479,8 @@ async def _inventory_cmd(args: argparse.Namespace, a: Admin, s: Settings) -> int
     elif c == "key" and sc == "list":
         keys = await inv.list_keys(a.pool, args.org, d)
         _print(args, keys, inv.keys_table(keys))
+    elif c == "invoices":
+        return await invoices_cli.run(args, a, s)
     else:
         return await _admin_cmd(args, a)
     return 0

@@ -47,7 +47,7 @@ def render(inv: Invoice, seller: Seller, lang: str = "pl") -> bytes:
 
     def line(h: float, text: str, style: str = "", size: int = 10) -> None:
         pdf.set_font("SSP", style, size)
-        pdf.multi_cell(0, h, text, new_x="LMARGIN", new_y="NEXT")
+        pdf.multi_cell(0, h, text, align="L", new_x="LMARGIN", new_y="NEXT")
 
     def party(heading: str, name: str, address: str, ident: str) -> None:
         line(6, heading, "B", 11)

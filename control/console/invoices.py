@@ -222,6 +222,13 @@ async def org_buyer(conn: asyncpg.Connection | asyncpg.Pool, org_id: str, lock: 
                  bool(org["billing_person"]))
 
 
+def details_missing(org: asyncpg.Record) -> list[str]:
+    """What an organisation's billing details (an ``orgs`` row's billing_*) still lack before it can pay:
+    "name", "address", "nip" (a valid NIP, or the explicit choice of a private person)."""
+    return [k for k, ok in (("name", org["billing_name"]), ("address", org["billing_address"]),
+                            ("nip", org["billing_person"] or nip_valid(org["billing_nip"] or ""))) if not ok]
+
+
 # ---- issuing --------------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
