@@ -15,7 +15,7 @@ from babel.numbers import format_decimal
 from control.admin import AdminError, pln_to_micro
 
 from .. import billing, invoice_pdf, invoices
-from ..i18n import _, lang, money
+from ..i18n import N_, _, lang, money
 from ..payments import BadNotification, Payment, PaymentError
 from ..store import Viewer, name_problem
 from ..web import console, dev_only, load_catalog, need_owner, need_viewer, raise_page, render, see_other
@@ -82,8 +82,8 @@ async def _page(request: web.Request, v: Viewer, status: int = 200, typed: Mappi
 
 
 # what invoices.details_missing names, as Pay says it
-MISSING = {"name": "the name or company", "address": "the address",
-           "nip": "the NIP, or the choice of a private person"}
+MISSING = {"name": N_("the name or company"), "address": N_("the address"),
+           "nip": N_("the NIP, or the choice of a private person")}
 
 
 def threshold_text(micro: int | None) -> str:
