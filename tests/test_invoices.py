@@ -176,6 +176,12 @@ def test_the_buyer_is_known_before_paying(gateway: Gateway) -> None:
                      r' billing details for the invoice: the name or company, the address, the NIP, or the choice'
                      r' of a private person\. <a href="#details">', r.text, re.S), r.text[-3000:]
     assert gateway.sql("SELECT count(*) AS n FROM payments WHERE org_id = $1", org) == [{"n": 0}]
+    # nor does retrying a payment that failed (one started before the details were required)
+    gateway.sql("INSERT INTO payments (id, org_id, provider, amount_micro_pln, status) VALUES"
+                " ('pay_old_' || $1, $1, 'sandbox', 10000000, 'failed')", org)
+    r = c.post(f"/billing/payment/pay_old_{org}/retry", {})
+    assert r.status_code == 400 and 'id="amount-error"' in r.text and "Before paying, fill in" in r.text
+    assert gateway.sql("SELECT count(*) AS n FROM payments WHERE org_id = $1", org) == [{"n": 1}]
     # a wrong NIP: every typed field back, the message beside the NIP, nothing saved
     typed = {"person": "", "name": "Druga Firma Sp. j.", "nip": "PL5260250275", "address": "ul. Polna 3\n00-950 Warszawa"}
     r = c.post("/billing/details", typed)
