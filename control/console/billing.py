@@ -3,7 +3,6 @@ written once per payment (ledger reference ``<provider>:<payment id>``), however
 notification arrives, and never because the buyer's browser came back."""
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 from typing import Any
@@ -68,6 +67,6 @@ async def mail_invoice(pool: asyncpg.Pool, mailer: Mailer, base_url: str, inv: i
                 subject, text = mail.paid(inv.paid_grosze * 10_000, inv.number, f"{base_url}/billing")
             else:
                 subject, text = mail.corrected(inv.number, inv.correction.original_number, f"{base_url}/billing")
-        pdf = await asyncio.to_thread(invoice_pdf.render, inv, seller, lang)  # a few hundred ms of CPU
+        pdf = await invoice_pdf.render_off_loop(inv, seller, lang)
         sent += await mailer.send(owner, subject, text, attachment=(inv.file_name, "application/pdf", pdf))
     return sent

@@ -5,8 +5,10 @@ date; a correction shows the state before and after.  fpdf2 with an embedded fon
 (Source Sans Pro, from pip)."""
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import os
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 
 from .invoices import Buyer, Invoice, Line, RateTotal, Seller, pln_text
@@ -14,6 +16,15 @@ from .invoices import Buyer, Invoice, Line, RateTotal, Seller, pln_text
 METHODS = {"p24": ("Przelewy24 (płatność online)", "Przelewy24 (online payment)"),
            "sandbox": ("płatność testowa (tryb deweloperski)", "test payment (development mode)")}
 LINE_NAMES_EN = {"Doładowanie salda usługi (przedpłata)": "Top-up of the service balance (prepayment)"}
+
+
+# one PDF at a time, off the event loop (a few hundred ms of CPU each, mostly the font's subsetting): a
+# burst of payments queues its invoices here, not in the default executor in front of other work (mail)
+_RENDERER = ThreadPoolExecutor(1, thread_name_prefix="invoice-pdf")
+
+
+async def render_off_loop(inv: Invoice, seller: Seller, lang: str = "pl") -> bytes:
+    return await asyncio.get_running_loop().run_in_executor(_RENDERER, render, inv, seller, lang)
 
 
 def day(d: dt.date) -> str:

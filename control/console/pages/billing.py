@@ -203,7 +203,7 @@ async def invoice_download(request: web.Request) -> web.Response:
     inv = await invoices.find(console(request).pool, v.org_id, request.match_info["invoice_id"])
     if inv is None:
         raise_page(request, 404, _("There is no such invoice in this organisation."))
-    pdf = await asyncio.to_thread(invoice_pdf.render, inv, invoices.Seller.of(console(request).settings), lang())
+    pdf = await invoice_pdf.render_off_loop(inv, invoices.Seller.of(console(request).settings), lang())
     return web.Response(body=pdf, content_type="application/pdf", headers={
         "Content-Disposition": f'attachment; filename="{inv.file_name}"'})
 
