@@ -420,8 +420,11 @@ def main(argv: list[str] | None = None) -> int:
     us = sub.add_parser("usage"); us.add_argument("org"); us.add_argument("--limit", type=int, default=50)
     us.add_argument("--status", default="", help="ok, errors, or a status code (e.g. 429)")
     us.add_argument("--request-id", default="", help="the request id of a reply or an error")
-    inv = invoices_cli.add_commands(sub)
-    for sp in [*sub.choices.values(), *org.choices.values(), *key.choices.values(), *bal.choices.values(), ca, *inv]:
+    invoices = sub.add_parser("invoices", help="an organisation's VAT invoices and corrections").add_subparsers(
+        dest="sub", required=True)
+    invoices_cli.add_commands(invoices)
+    for sp in [*sub.choices.values(), *org.choices.values(), *key.choices.values(), *bal.choices.values(), ca,
+               *invoices.choices.values()]:
         sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["sim"]:  # every option after "sim" is the simulator's own (python -m sim --help)
@@ -479,7 +482,7 @@ async def _inventory_cmd(args: argparse.Namespace, a: Admin, s: Settings) -> int
     elif c == "key" and sc == "list":
         keys = await inv.list_keys(a.pool, args.org, d)
         _print(args, keys, inv.keys_table(keys))
-    elif c == "invoices":
+    elif c == "invoices" and sc in invoices_cli.COMMANDS:
         return await invoices_cli.run(args, a, s)
     else:
         return await _admin_cmd(args, a)

@@ -4,6 +4,7 @@ details have changed since (control/console/invoices.py)."""
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -14,9 +15,11 @@ if TYPE_CHECKING:
     from .console.invoices import Invoice
 
 
-def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
-    group = sub.add_parser("invoices", help="an organisation's VAT invoices and corrections").add_subparsers(
-        dest="sub", required=True)
+COMMANDS = ("list", "show", "resend", "correct")
+
+
+def add_commands(group: Any) -> None:
+    """Under ``gateway invoices``."""
     ls = group.add_parser("list", help="the organisation's invoices and corrections, the latest first")
     ls.add_argument("org")
     sh = group.add_parser("show", help="one invoice: buyer, lines, totals, payment, what it corrects")
@@ -26,7 +29,6 @@ def add_commands(sub: Any) -> list[argparse.ArgumentParser]:
     co = group.add_parser("correct", help="issue corrective invoices (series FK) for the invoices whose buyer"
                           " differs from the organisation's billing details now, and mail them to the owners")
     co.add_argument("org"); co.add_argument("invoice", nargs="*", help="only these (numbers); default: all")
-    return [ls, sh, rs, co]
 
 
 def _line(inv: Invoice) -> str:
@@ -53,6 +55,11 @@ def _details(inv: Invoice) -> str:
     return "\n".join(rows)
 
 
+def _iso(v: object) -> str:
+    """Dates and moments in JSON: ISO 8601."""
+    return v.isoformat() if isinstance(v, (dt.date, dt.datetime)) else str(v)
+
+
 async def _one(a: Admin, org: str, ref: str) -> Invoice:
     from .console import invoices
     inv = await invoices.find(a.pool, org, ref)
@@ -70,7 +77,7 @@ async def run(args: argparse.Namespace, a: Admin, s: Settings) -> int:
     as_json = getattr(args, "json", False)
 
     def out(data: Any, text: str) -> None:
-        print(json.dumps(data, default=str) if as_json else text)
+        print(json.dumps(data, default=_iso) if as_json else text)
 
     if args.sub == "list":
         found = await invoices.org_invoices(a.pool, args.org)
@@ -83,7 +90,7 @@ async def run(args: argparse.Namespace, a: Admin, s: Settings) -> int:
         sent = await billing.mail_invoice(a.pool, Mailer(s), s.console_base_url, inv, invoices.Seller.of(s))
         out({"number": inv.number, "sent": sent}, f"{inv.number} sent to {sent} owner(s)")
         return 0 if sent else 1
-    else:
+    elif args.sub == "correct":
         issued = await invoices.correct(a.pool, args.org, frozenset(args.invoice))
         for inv in issued:
             await billing.mail_invoice(a.pool, Mailer(s), s.console_base_url, inv, invoices.Seller.of(s))

@@ -4,6 +4,7 @@ typed), corrections, the PDF read back (pypdf) in Polish and with English labels
 Billing, the payment e-mail with the PDF attached, and `gateway invoices`."""
 from __future__ import annotations
 
+import datetime as dt
 import email
 import io
 import json
@@ -17,6 +18,7 @@ import pypdf
 import pytest
 
 from conftest import Gateway, wait_for
+from core.catalog import WARSAW
 from control.console.invoices import nip_valid, normal_nip, pln_text, split_gross
 from test_console_billing import sandbox, start_topup
 from test_console_support import ConsoleClient, mails, signed_up
@@ -278,6 +280,8 @@ def test_gateway_invoices_cli(gateway: Gateway, monkeypatch: pytest.MonkeyPatch,
                              "gross_grosze": 2_460}]
     assert row["totals"] == [{"vat_pct": 23, "net_grosze": 2_000, "vat_grosze": 460, "gross_grosze": 2_460}]
     assert row["correction"] is None and row["prepayment"] is True
+    assert row["issue_date"] == row["paid_on"] == row["sale_date"] == dt.datetime.fromisoformat(
+        row["issued_at"]).astimezone(WARSAW).date().isoformat()  # ISO dates; paid and issued the same day
     r = cli("invoices", "show", org, inv["number"])
     assert r.returncode == 0 and "1 usł. Doładowanie salda usługi (przedpłata): net 20,00 zł each, 23% VAT" in \
         r.stdout.replace("\u00a0", " "), r.stdout
