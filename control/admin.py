@@ -3,6 +3,7 @@ gateway sees a revocation, suspension or credit within a second on every instanc
 from __future__ import annotations
 
 import secrets
+import time
 from dataclasses import fields
 from decimal import Decimal
 from typing import Any, Literal
@@ -16,6 +17,8 @@ from core.decisions import UsageRecord
 from core.directory import CLIMIT_SQL, PAID_SQL
 from core.cost import credit_limit
 from core.keys import key_hash, new_key
+from core.key_limits import NONE, Change, expiry_day, expiry_moment, month
+from core.key_limits import month_start, next_month_start
 
 # Keep the cached balance in step with a ledger entry only where the balance is cached; money other than
 # the trial credit makes the organisation a paying one (its credit limit, README "Billing").
@@ -67,15 +70,18 @@ class Admin:
         if await self.pool.fetchval("SELECT 1 FROM orgs WHERE id = $1", org_id) is None:
             raise AdminError(f"no such organisation: {org_id}")
 
-    async def create_key(self, org_id: str, name: str | None = None, created_by: str | None = None) -> tuple[str, str]:
+    async def create_key(self, org_id: str, name: str | None = None, created_by: str | None = None,
+                         limits: Change = Change()) -> tuple[str, str]:
         """(key id, the key itself): the key is returned once and only its hash is stored; ``created_by``
-        is the console user who created it (None from the CLI)."""
+        is the console user who created it (None from the CLI); ``limits``: its own (docs/limits.md)."""
         await self._org_exists(org_id)
         key = new_key()
         kid = "key_" + secrets.token_hex(8)
         h = key_hash(key)
-        await self.pool.execute("INSERT INTO api_keys (id, org_id, key_hash, prefix, name, created_by)"
-                                " VALUES ($1,$2,$3,$4,$5,$6)", kid, org_id, h, key[:15], name, created_by)
+        cap, models, expires = _columns(limits)
+        await self.pool.execute("INSERT INTO api_keys (id, org_id, key_hash, prefix, name, created_by,"
+                                " monthly_limit_micro_pln, models, expires_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9)",
+                                kid, org_id, h, key[:15], name, created_by, cap, models, expires)
         await self.r.delete(rk.key(h))  # drop a cached "unknown key"
         return kid, key
 
@@ -116,11 +122,57 @@ class Admin:
             raise AdminError(f"no such organisation: {org_id}")
         await self.r.hset(rk.org(org_id), "climit", str(limit))
 
-    async def set_key_limits(self, key_id: str, rpm: int) -> None:
-        h = await self.pool.fetchval("UPDATE api_keys SET rpm = $2 WHERE id = $1 RETURNING key_hash", key_id, rpm)
-        if h is None:
+    async def set_key_limits(self, key_id: str, rpm: int | None = None, limits: Change = Change(),
+                             org_id: str | None = None) -> None:
+        """The key's requests per minute and own limits (``limits``: None leaves one, "none" lifts it);
+        ``org_id``: the key must be of that organisation (the console's).  Every instance sees them within
+        a second: the key's cache entry is dropped and refilled from here."""
+        cap, models, expires = _columns(limits)
+        given = [(col, v) for col, v, was in (
+            ("rpm", rpm, rpm), ("monthly_limit_micro_pln", cap, limits.monthly_limit), ("models", models, limits.models),
+            ("expires_at", expires, limits.expires)) if was is not None]
+        sets = [f"{col} = ${i}::{_TYPES[col]}" for i, (col, _) in enumerate(given, start=3)]
+        row = await self.pool.fetchrow(
+            "UPDATE api_keys k SET " + (", ".join(sets) or "rpm = k.rpm") +
+            " FROM (SELECT id, monthly_limit_micro_pln AS cap FROM api_keys WHERE id = $1) old"
+            " WHERE k.id = old.id AND ($2::text IS NULL OR k.org_id = $2) RETURNING k.key_hash, old.cap",
+            key_id, org_id, *[v for _, v in given])
+        if row is None:
             raise AdminError(f"no such key: {key_id}")
-        await self.r.delete(rk.key(h))
+        async with self.r.pipeline(transaction=True) as p:
+            p.delete(rk.key(row["key_hash"]))
+            if row["cap"] is None and cap is not None:  # its spend went uncounted while it had no cap
+                p.delete(rk.key_spend(key_id, month(time.time())))
+            await p.execute()
+
+    async def key_limits(self, key_id: str) -> dict[str, Any]:
+        """The key's own limits and its spend this month (``gateway key limits``' answer)."""
+        row = await self.pool.fetchrow("SELECT org_id, rpm, monthly_limit_micro_pln, models, expires_at FROM api_keys"
+                                       " WHERE id = $1", key_id)
+        if row is None:
+            raise AdminError(f"no such key: {key_id}")
+        spent = (await self.key_spend(row["org_id"], [key_id]))[key_id]
+        return {"id": key_id, "rpm": row["rpm"],
+                **key_limits_view(row["monthly_limit_micro_pln"], row["models"], row["expires_at"]),
+                "spent_this_month_micro_pln": spent, "spent_this_month_pln": micro_to_pln(spent)}
+
+    async def key_spend(self, org_id: str, key_ids: list[str]) -> dict[str, int]:
+        """Each key's spend this month (micro-PLN, Warsaw time): Redis's counter where a key with a cap has
+        one, else its usage records'."""
+        now = time.time()
+        async with self.r.pipeline(transaction=False) as p:
+            for k in key_ids:
+                p.hget(rk.key_spend(k, month(now)), "spent")
+            cached = await p.execute()
+        spend = {k: int(c) for k, c in zip(key_ids, cached) if c is not None}
+        missing = [k for k in key_ids if k not in spend]
+        if missing:
+            rows = await self.pool.fetch(
+                "SELECT key_id, SUM(cost_micro_pln)::bigint AS s FROM usage_records WHERE org_id = $1"
+                " AND key_id = ANY($2::text[]) AND started_at >= $3 AND started_at < $4 GROUP BY key_id",
+                org_id, missing, month_start(now), next_month_start(now))
+            spend.update({k: 0 for k in missing} | {r["key_id"]: int(r["s"]) for r in rows})
+        return spend
 
     async def credit(self, org_id: str, micro: int, *, ref: str | None = None, kind: str = "topup") -> bool:
         """Write a credit once per ``ref`` (idempotent); True if it was new."""
@@ -177,6 +229,23 @@ class Admin:
             *args)
         return [{**r, "started_at": r["started_at"].isoformat(), "ended_at": r["ended_at"].isoformat()}
                 for r in rows]
+
+
+_TYPES = {"rpm": "integer", "monthly_limit_micro_pln": "bigint", "models": "text[]", "expires_at": "timestamptz"}
+
+
+def _columns(c: Change) -> tuple[int | None, list[str] | None, Any]:
+    """A change's limits as ``api_keys``'s columns (a limit not given or lifted: NULL)."""
+    cap = None if c.monthly_limit is None or c.monthly_limit == NONE else c.monthly_limit
+    models = None if c.models is None or c.models == NONE else list(c.models)
+    expires = None if c.expires is None or c.expires == NONE else expiry_moment(c.expires)
+    return cap, models, expires
+
+
+def key_limits_view(cap: int | None, models: list[str] | None, expires_at: Any) -> dict[str, Any]:
+    """A key's own limits as ``gateway key list`` and the console show them."""
+    return {"monthly_limit_micro_pln": cap, "monthly_limit_pln": None if cap is None else micro_to_pln(cap),
+            "models": models, "expires": None if expires_at is None else expiry_day(expires_at).isoformat()}
 
 
 # ``gateway usage``'s columns: a usage record's fields (core/decisions.py), its organisation aside

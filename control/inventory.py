@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from core import redis_keys as rk
 from core.cost import micro_to_pln
 
-from .admin import AdminError
+from .admin import AdminError, key_limits_view
 
 
 @dataclass(frozen=True)
@@ -76,15 +76,17 @@ def _org(row: asyncpg.Record, balance: int, d: Defaults) -> dict[str, Any]:
 
 async def list_keys(pool: asyncpg.Pool, org_id: str, d: Defaults) -> list[dict[str, Any]]:
     """The organisation's keys, oldest first (revoked ones too): id, the key's first characters, name,
-    its own requests-per-minute limit (null: none) and the one in force.  Never the key."""
+    its own requests-per-minute limit (null: none) and the one in force, its own limits (monthly, models,
+    expiry: null for none).  Never the key."""
     org = await pool.fetchrow("SELECT rpm FROM orgs WHERE id = $1", org_id)
     if org is None:
         raise AdminError(f"no such organisation: {org_id}")
-    rows = await pool.fetch("SELECT id, prefix, name, rpm, created_at, revoked_at FROM api_keys"
-                            " WHERE org_id = $1 ORDER BY created_at, id", org_id)
+    rows = await pool.fetch("SELECT id, prefix, name, rpm, created_at, revoked_at, monthly_limit_micro_pln, models,"
+                            " expires_at FROM api_keys WHERE org_id = $1 ORDER BY created_at, id", org_id)
     fallback = org["rpm"] if org["rpm"] is not None else d.rpm
     return [{"id": k["id"], "prefix": k["prefix"], "name": k["name"], "rpm": k["rpm"],
              "rpm_in_force": k["rpm"] if k["rpm"] is not None else fallback,
+             **key_limits_view(k["monthly_limit_micro_pln"], k["models"], k["expires_at"]),
              "created_at": k["created_at"].isoformat(),
              "revoked_at": k["revoked_at"].isoformat() if k["revoked_at"] else None} for k in rows]
 
@@ -120,4 +122,7 @@ def keys_table(keys: list[dict[str, Any]]) -> str:
     return "\n".join(f"{k['id']}  {k['prefix']}…  rpm {k['rpm_in_force']:<6}"
                      f"{' (own)' if k['rpm'] is not None else '      '}  "
                      f"{'revoked ' + k['revoked_at'] if k['revoked_at'] else 'active'}  {k['name'] or '-'}"
+                     + (f"  monthly limit {k['monthly_limit_pln']} PLN" if k["monthly_limit_pln"] else "")
+                     + (f"  models {','.join(k['models'])}" if k["models"] else "")
+                     + (f"  expires {k['expires']}" if k["expires"] else "")
                      for k in keys) or "no keys yet (gateway key create ORG)"

@@ -1,6 +1,7 @@
-"""``gateway invoices list|show|resend|correct ORG``: an organisation's invoices for the operator
+"""``gateway invoices list|show|resend|correct|ksef ORG``: an organisation's invoices for the operator
 (docs/cli.md): read them, mail one again to the owners, issue the corrections of those whose buyer's
-details have changed since (control/console/invoices.py)."""
+details have changed since (control/console/invoices.py), and see each one's way to KSeF
+(control/ksef/cli.py)."""
 from __future__ import annotations
 
 import argparse
@@ -9,13 +10,14 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from .admin import Admin, AdminError
+from .ksef import cli as ksef_cli
 from .settings import Settings
 
 if TYPE_CHECKING:
     from .console.invoices import Invoice
 
 
-COMMANDS = ("list", "show", "resend", "correct")
+COMMANDS = ("list", "show", "resend", "correct", "ksef")
 
 
 def add_commands(group: Any) -> None:
@@ -29,6 +31,7 @@ def add_commands(group: Any) -> None:
     co = group.add_parser("correct", help="issue corrective invoices (series FK) for the invoices whose buyer"
                           " differs from the organisation's billing details now, and mail them to the owners")
     co.add_argument("org"); co.add_argument("invoice", nargs="*", help="only these (numbers); default: all")
+    ksef_cli.add_command(group)
 
 
 def _line(inv: Invoice) -> str:
@@ -87,13 +90,16 @@ async def run(args: argparse.Namespace, a: Admin, s: Settings) -> int:
         out(inv.as_dict(), _details(inv))
     elif args.sub == "resend":
         inv = await _one(a, args.org, args.invoice)
-        sent = await billing.mail_invoice(a.pool, Mailer(s), s.console_base_url, inv, invoices.Seller.of(s))
+        sent = await billing.mail_invoice(a.pool, Mailer(s), s.console_base_url, inv, invoices.Seller.of(s), s)
         out({"number": inv.number, "sent": sent}, f"{inv.number} sent to {sent} owner(s)")
         return 0 if sent else 1
     elif args.sub == "correct":
         issued = await invoices.correct(a.pool, args.org, frozenset(args.invoice))
         for inv in issued:
-            await billing.mail_invoice(a.pool, Mailer(s), s.console_base_url, inv, invoices.Seller.of(s))
+            await billing.mail_invoice(a.pool, Mailer(s), s.console_base_url, inv, invoices.Seller.of(s), s)
         out([i.as_dict() for i in issued], "\n".join(map(_line, issued))
             or "nothing to correct: every invoice carries the billing details in force")
+    elif args.sub == "ksef":
+        docs = await ksef_cli.run(a.pool, args.org)
+        out(docs, "\n".join(map(ksef_cli.line, docs)) or "no invoices yet")
     return 0

@@ -230,7 +230,40 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX model_changes_unmailed ON model_changes (id) WHERE mailed_at IS NULL;
     """,
-    # 11: invoices a bookkeeper accepts (control/console/invoices.py): a series per kind, each numbered
+    # 11: a key's own limits (docs/limits.md, "Key limits"): a monthly spending cap (micro-PLN, a calendar
+    # month in Europe/Warsaw), the aliases it may use (NULL: all), the moment it stops working (NULL:
+    # never), and the month whose near-the-cap e-mail went out to the owners (once a month)
+    """
+    ALTER TABLE api_keys ADD COLUMN monthly_limit_micro_pln bigint CHECK (monthly_limit_micro_pln > 0);
+    ALTER TABLE api_keys ADD COLUMN models text[] CHECK (cardinality(models) > 0);
+    ALTER TABLE api_keys ADD COLUMN expires_at timestamptz;
+    ALTER TABLE api_keys ADD COLUMN limit_mailed_month text;
+    """,
+    # 12: each invoice as an FA(3) structured invoice and its way to KSeF, a queue that survives restarts
+    # (control/ksef/store.py): recorded when the invoice is issued, made and sent by the console's loop
+    """
+    CREATE TABLE ksef_documents (
+      number text PRIMARY KEY,
+      org_id text NOT NULL REFERENCES orgs(id),
+      state text NOT NULL DEFAULT 'new' CHECK (state IN ('new', 'kept', 'queued', 'sent', 'rejected')),
+      xml bytea,
+      issued_on date,
+      seller_nip text,
+      offline boolean NOT NULL DEFAULT false,
+      attempts integer NOT NULL DEFAULT 0,
+      next_at timestamptz,
+      ksef_ref text,
+      ksef_number text UNIQUE,
+      problem text,
+      created_at timestamptz NOT NULL DEFAULT now(),
+      sent_at timestamptz,
+      CHECK (state IN ('new', 'rejected') OR (xml IS NOT NULL AND issued_on IS NOT NULL AND seller_nip IS NOT NULL)),
+      CHECK ((state = 'sent') = (ksef_number IS NOT NULL))
+    );
+    CREATE INDEX ksef_documents_due ON ksef_documents (next_at) WHERE state = 'queued';
+    CREATE INDEX ksef_documents_org ON ksef_documents (org_id, created_at DESC);
+    """,
+    # 13: invoices a bookkeeper accepts (control/console/invoices.py): a series per kind, each numbered
     # without gaps per year (FV: invoices, FK: corrections), a correction referencing the invoice it
     # corrects (corrects: the original; previous: the state it replaces), the payment's method and date
     """

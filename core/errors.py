@@ -90,6 +90,34 @@ def over_balance(cost_pln: str, available_pln: str, fits: int | None, choices: i
                     "Ask for fewer tokens, or top up to continue.")
 
 
+def key_limit_reached(limit_micro: int) -> ApiError:
+    """402 for a key whose spend this month (with its requests in flight) reached its monthly limit."""
+    return ApiError("insufficient_quota", f"This API key has reached its monthly spending limit of "
+                    f"{_pln(limit_micro)} PLN; an owner of the organisation can raise it, or it starts again "
+                    "on the 1st of next month (Europe/Warsaw).")
+
+
+def over_key_limit(cost_pln: str, left_pln: str, limit_micro: int, fits: int | None, choices: int) -> ApiError:
+    """402 for a request whose worst case (``cost_pln``) is more than what is left (``left_pln``) of its
+    key's monthly spending limit; ``fits`` as for ``over_balance``."""
+    head = (f"This request could cost up to {cost_pln} PLN, more than the {left_pln} PLN left this month of "
+            f"this API key's monthly spending limit of {_pln(limit_micro)} PLN")
+    if fits is None:
+        return ApiError("insufficient_quota", head + "; send less input, or ask an owner to raise the limit.")
+    if fits < 1:
+        return ApiError("insufficient_quota", head + ", even with max_tokens 1; ask an owner to raise the limit.")
+    with_n = f" with n = {choices}" if choices > 1 else ""
+    return ApiError("insufficient_quota", head + f"; the largest max_tokens it allows{with_n} is {fits}. "
+                    "Ask for fewer tokens, or ask an owner to raise the limit.")
+
+
+def _pln(micro: int) -> str:
+    """An amount as the messages name it: PLN with two decimals, more only where it has them."""
+    whole, fraction = divmod(micro, 1_000_000)
+    digits = f"{fraction:06d}".rstrip("0")
+    return f"{whole}.{digits.ljust(2, '0')}"
+
+
 # ---- the request body (core/rules.py) ----
 INVALID_JSON = ApiError("invalid_json", "The request body is not valid JSON.")
 NOT_AN_OBJECT = _invalid("The request body must be a JSON object.")

@@ -2,7 +2,12 @@
 operator's ``Admin`` all name keys through this module (a test holds every other module to it).
 
 All keys under ``gw:``:
-  gw:k:<sha256>    hash  id, org, rpm   | none=1 (unknown or revoked; written by revocation)  TTL-bounded
+  gw:k:<sha256>    hash  id, org, rpm, and the key's own limits: cap (monthly, micro-PLN), models (allowed
+                   aliases, comma-joined), exp (unix s it stops working); absent: no such limit
+                   | none=1 (unknown or revoked; written by revocation)  TTL-bounded
+  gw:ks:<key>:<YYYY-MM>  hash  spent, hold (micro-PLN): a key with a cap, its spend in that Warsaw month and
+                   the worst cases of its requests in flight; filled from PostgreSQL's usage records when
+                   missing (a Redis that lost it)   TTL 40 days
   gw:o:<org>       hash  status, balance (micro-PLN), rpm, conc, paid (1: credited other than the trial
                    credit), climit (its own credit limit: micro-PLN, "none" or "default"), hold (the
                    worst cases of its requests in flight, micro-PLN)   (no TTL; kept current by control)
@@ -10,6 +15,8 @@ All keys under ``gw:``:
   gw:c:<org>       zset  request id -> lease expiry (unix s): the organisation's in-flight requests
   gw:usage         stream of usage records, drained into PostgreSQL by the usage writer
   gw:if            hash  request id -> "key|org|hold|owner|pending record": requests admitted and not finished
+                   (hold: micro-PLN, "<micro-PLN>/<YYYY-MM>" when the key's spend counter of that month holds
+                   it too and takes the request's cost)
                    yet (the first finish removes the entry: no double debit), so that a
                    request whose ext_proc process died is still billed (the usage writer's ``reap``)
   gw:hb:<owner>    an ext_proc process's heartbeat (expires 3 s after the process stops or pauses;
@@ -29,10 +36,11 @@ JOURNAL = "gw:if"
 HEARTBEAT = "gw:hb:"
 CANCELLED = "gw:x:"
 CONSOLE_LIMITS = "gw:console:lim:"
+KEY_SPEND = "gw:ks:"
 LEFT = "gw:left:"
 
 _LUA = {"@KEY@": KEY, "@ORG@": ORG, "@RATE@": RATE, "@IN_FLIGHT@": IN_FLIGHT, "@JOURNAL@": JOURNAL,
-        "@CANCELLED@": CANCELLED}
+        "@CANCELLED@": CANCELLED, "@KEY_SPEND@": KEY_SPEND}
 
 
 def key(key_hash: str) -> str:
@@ -41,6 +49,11 @@ def key(key_hash: str) -> str:
 
 def org(org_id: str) -> str:
     return ORG + org_id
+
+
+def key_spend(key_id: str, month: str) -> str:
+    """The key's spend counter of a Warsaw month ("YYYY-MM", core/key_limits.py)."""
+    return KEY_SPEND + key_id + ":" + month
 
 
 def left(request_id: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from typing import Any
 
@@ -20,7 +21,9 @@ import redis.asyncio as aioredis
 import redis.exceptions
 
 from core.decisions import Admission, Identity, UsageRecord
-from core.errors import CONCURRENCY, INVALID_KEY, QUOTA, SUSPENDED, ApiError, rate_limited
+from core.errors import (CONCURRENCY, INVALID_KEY, MODEL_NOT_FOUND, QUOTA, SUSPENDED, ApiError, key_limit_reached,
+                         rate_limited)
+from core.key_limits import month
 from core.resp import RespClient, RespSetupError
 from core.settings import GatewaySettings
 from core import redis_durability
@@ -38,14 +41,17 @@ if ARGV[8] ~= '' then
   if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > tonumber(ARGV[8]) then return {'late'} end
   if redis.call('EXISTS', '@CANCELLED@' .. ARGV[3]) == 1 then return {'late'} end
 end
-local k = redis.call('HMGET', '@KEY@' .. ARGV[1], 'id', 'org', 'rpm', 'none')
+local k = redis.call('HMGET', '@KEY@' .. ARGV[1], 'id', 'org', 'rpm', 'none', 'cap', 'models', 'exp')
 if k[4] then return {'bad_key'} end
 if not k[1] then return {'miss_key'} end
+if k[7] and tonumber(k[7]) <= tonumber(ARGV[12]) then return {'bad_key'} end
 local org = k[2]
 local o = redis.call('HMGET', '@ORG@' .. org, 'status', 'balance', 'rpm', 'conc', 'paid', 'climit', 'hold')
 if not o[1] or not o[2] or not o[5] then return {'miss_org', k[1], org} end
 if o[1] ~= 'active' then return {'suspended', k[1], org} end
-if ARGV[2] == '0' then return {'ok', k[1], org} end
+if ARGV[2] == '0' then return {'ok', k[1], org, k[6] or ''} end
+-- the key's allowed aliases: another is as unknown to it as a model that does not exist
+if k[6] and not string.find(',' .. k[6] .. ',', ',' .. ARGV[13] .. ',', 1, true) then return {'model', k[1], org} end
 -- the credit limit: 0 for an organisation that never paid, else its own ('none': no limit), else the default
 local limit = ARGV[10]
 if o[5] ~= '1' then limit = '0' elseif o[6] and o[6] ~= 'default' then limit = o[6] end
@@ -55,6 +61,17 @@ else
   local available = tonumber(o[2]) - tonumber(o[7] or '0') + tonumber(limit)
   if available <= 0 or tonumber(ARGV[9]) > available then
     return {'quota', k[1], org, string.format('%.0f', available)}
+  end
+end
+-- the key's monthly cap, less its spend this month and the worst cases of its requests in flight
+local sk = nil
+if k[5] then
+  sk = '@KEY_SPEND@' .. k[1] .. ':' .. ARGV[11]
+  local s = redis.call('HMGET', sk, 'spent', 'hold')
+  if not s[1] then return {'miss_spend', k[1], org} end
+  local left = tonumber(k[5]) - tonumber(s[1]) - tonumber(s[2] or '0')
+  if left <= 0 or tonumber(ARGV[9]) > left then
+    return {'key_quota', k[1], org, string.format('%.0f', left), k[5]}
   end
 end
 local now = tonumber(redis.call('TIME')[1])
@@ -77,18 +94,33 @@ if redis.call('ZCARD', ck) >= conc then
 end
 redis.call('ZADD', ck, now + tonumber(ARGV[6]), ARGV[3])
 if ARGV[7] ~= '' then
-  redis.call('HSET', '@JOURNAL@', ARGV[3], k[1] .. '|' .. org .. '|' .. ARGV[9] .. '|' .. ARGV[7])
+  local held = ARGV[9]
+  if sk then
+    held = held .. '/' .. ARGV[11]
+    if ARGV[9] ~= '0' then redis.call('HINCRBY', sk, 'hold', ARGV[9]) end
+  end
+  redis.call('HSET', '@JOURNAL@', ARGV[3], k[1] .. '|' .. org .. '|' .. held .. '|' .. ARGV[7])
   if ARGV[9] ~= '0' then redis.call('HINCRBY', '@ORG@' .. org, 'hold', ARGV[9]) end
 end
 return {'admitted', k[1], org}
 """)
 
-# A journal entry's hold (its third field), given back to its organisation's held total.  (An entry
-# written before holds existed has the owner there, never digits alone followed by '|': it holds nothing.)
+# A journal entry's hold (its third field), given back to its organisation's held total, and to its key's
+# spend counter of the month it names, if any ("hold/YYYY-MM"); returns that counter (nil: none).  (An
+# entry written before holds existed has the owner there, never digits alone followed by '|': it holds nothing.)
 _RELEASE = """
 local function release(ok, entry)
-  local held = tonumber(string.match(entry, '^[^|]*|[^|]*|(%d+)|'))
-  if held and held > 0 and redis.call('HINCRBY', ok, 'hold', -held) < 0 then redis.call('HSET', ok, 'hold', 0) end
+  local key, held, month = string.match(entry, '^([^|]*)|[^|]*|(%d+)/?([%d-]*)|')
+  held = tonumber(held)
+  local sk = nil
+  if month and month ~= '' then sk = '@KEY_SPEND@' .. key .. ':' .. month end
+  if held and held > 0 then
+    if redis.call('HINCRBY', ok, 'hold', -held) < 0 then redis.call('HSET', ok, 'hold', 0) end
+    if sk and redis.call('EXISTS', sk) == 1 and redis.call('HINCRBY', sk, 'hold', -held) < 0 then
+      redis.call('HSET', sk, 'hold', 0)
+    end
+  end
+  return sk
 end
 """
 
@@ -115,10 +147,13 @@ if not entry then
 end
 redis.call('HDEL', '@JOURNAL@', ARGV[2])
 local ok = '@ORG@' .. ARGV[1]
-release(ok, entry)
+local sk = release(ok, entry)
 if ARGV[4] == '' then return 0 end
 if tonumber(ARGV[3]) > 0 and redis.call('HEXISTS', ok, 'balance') == 1 then
   redis.call('HINCRBY', ok, 'balance', -tonumber(ARGV[3]))
+end
+if sk and tonumber(ARGV[3]) > 0 and redis.call('HEXISTS', sk, 'spent') == 1 then
+  redis.call('HINCRBY', sk, 'spent', ARGV[3])
 end
 redis.call('XADD', KEYS[1], '*', 'r', ARGV[4])
 return 1
@@ -148,13 +183,19 @@ _FILL_ORG = """
 for i = 1, #ARGV, 2 do redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) end
 return 1
 """
+# A key's spend counter outlives its month by a few days (a request that straddles the month's end).
+_FILL_SPEND = """
+if redis.call('HSETNX', KEYS[1], 'spent', ARGV[1]) == 1 then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
+return 1
+"""
+_SPEND_TTL_S = 40 * 86400
 
 
 
 
 # the admission script's other answers (but "rate") -> the error (None: may proceed)
 _ANSWERS: dict[str, ApiError | None] = {"ok": None, "admitted": None, "suspended": SUSPENDED, "quota": QUOTA,
-                                        "conc": CONCURRENCY}
+                                        "conc": CONCURRENCY, "model": MODEL_NOT_FOUND}
 
 
 class Late(Exception):
@@ -164,10 +205,12 @@ class Late(Exception):
 class Miss(Exception):
     """A cache entry is missing: fill it from PostgreSQL and ask again."""
 
-    def __init__(self, what: str, org_id: str | None = None) -> None:
+    def __init__(self, what: str, org_id: str | None = None, key_id: str | None = None) -> None:
         super().__init__(what)
         self.what = what
         self.org_id = org_id
+        self.key_id = key_id  # "spend": the key whose spend counter of ``month`` is missing
+        self.month = ""
 
 
 
@@ -215,10 +258,14 @@ class Store:
         self.clock_offset_s = 0.0  # Redis's clock minus this host's (``sync_clock``): deadlines are in Redis's time
         self._fill_key = client.register_script(_FILL_KEY)
         self._fill_org = client.register_script(_FILL_ORG)
+        self._fill_spend = client.register_script(_FILL_SPEND)
 
     async def admit(self, key_hash: str, request_id: str, *, limits: bool, pending: str = "",
-                    deadline: float | None = None, hold: WorstCase | None = None) -> Admission:
-        """Authenticate and, with ``limits``, check balance, rate and concurrency and take a slot.
+                    deadline: float | None = None, hold: WorstCase | None = None, alias: str = "",
+                    now: float | None = None) -> Admission:
+        """Authenticate and, with ``limits``, check the key's allowed aliases (``alias``), balance, the
+        key's monthly cap, rate and concurrency and take a slot.  ``now`` (unix s; the request's start):
+        the moment the key's expiry is checked against and whose Warsaw month its spend counts in.
         ``pending`` is the journal entry kept while the request is in flight, with ``hold``'s cost held
         against the organisation's available balance until the request's first finish (README,
         "Billing"): one that does not fit is 402 saying what would.  ``deadline`` (unix s):
@@ -230,8 +277,11 @@ class Store:
             until = str(int((min(deadline, time.time() + self.fast.timeout) - self.margin_s + self.clock_offset_s)
                             * 1000))
         held = 0 if hold is None else hold.cost
+        at = time.time() if now is None else now
+        this_month = month(at)
         res = await self.fast.evalsha(_ADMIT, [], [key_hash, "1" if limits else "0", request_id, rpm, conc, lease,
-                                                    pending, until, held, self._credit_limit])
+                                                    pending, until, held, self._credit_limit, this_month, int(at),
+                                                    alias])
         tag = res[0].decode()  # RespClient's replies: bytes
         if tag == "late":
             raise Late(request_id)
@@ -242,6 +292,15 @@ class Store:
         ident = Identity(res[1].decode(), res[2].decode())
         if tag == "miss_org":
             raise Miss("org", ident.org_id)
+        if tag == "miss_spend":
+            miss = Miss("spend", ident.org_id, ident.key_id)
+            miss.month = this_month
+            raise miss
+        if tag == "ok":
+            return Admission(ident, None, tuple(res[3].decode().split(",")) if res[3] else None)
+        if tag == "key_quota":
+            left, cap = int(res[3]), int(res[4])
+            return Admission(ident, key_limit_reached(cap) if hold is None else hold.key_refusal(left, cap))
         if tag == "rate":
             return Admission(ident, rate_limited(max(1, int(res[3]))))
         if tag == "quota" and len(res) > 3 and hold is not None:  # a credit limit applied: what would fit
@@ -296,6 +355,10 @@ class Store:
     async def fill_org(self, org_id: str, fields: dict[str, Any]) -> None:
         await self._fill_org(keys=[rk.org(org_id)], args=_flat(fields))
 
+    async def fill_spend(self, key_id: str, month: str, spent: int) -> None:
+        """Cache a key's spend in a month (PostgreSQL's usage records), unless a fill came first."""
+        await self._fill_spend(keys=[rk.key_spend(key_id, month)], args=[spent, _SPEND_TTL_S])
+
 
 def _flat(fields: dict[str, Any]) -> list[Any]:
     """A hash's fields as HSET's arguments (name, value, ...), those without a value left out."""
@@ -332,10 +395,13 @@ async def _connected(r: aioredis.Redis) -> set[str]:
     return {c["name"][len(prefix):] for c in clients if c.get("name", "").startswith(prefix)}
 
 
+_HOLD = re.compile(r"\d+(/[\d-]*)?")
+
+
 def _journal_entry(entry: str) -> tuple[str, str, str, str]:
     """(key id, org id, owner, pending record) of a journal entry "key|org|hold|owner|record" (one written
     before holds existed: "key|org|owner|record")."""
     key_id, org, rest = entry.split("|", 2)
     held, _, tail = rest.partition("|")
-    owner, payload = tail.split("|", 1) if held.isdigit() else (held, tail)
+    owner, payload = tail.split("|", 1) if _HOLD.fullmatch(held) else (held, tail)
     return key_id, org, owner, payload

@@ -29,6 +29,7 @@ from core.redis_client import redis_client
 
 
 free_base = free_port_base
+SELLER = ("Bramka Modeli sp. z o.o.", "5213017228", "ul. Marszałkowska 1, 00-624 Warszawa")  # the suite's invoices' seller
 SIM = PORT_OFFSETS["simulators"]  # the first simulator's port: base + SIM
 
 
@@ -234,8 +235,12 @@ def running_stack(prefix: str, catalog: Callable[[int], dict[str, Any]] = make_c
 
 @pytest.fixture(scope="session")
 def gateway() -> Iterator[Gateway]:
-    with running_stack("gw-test-", default_rpm=100000, default_concurrency=1000) as gw:
+    # a seller whose details make valid FA(3) documents (tests/fa3_schema.py checks every one issued)
+    with running_stack("gw-test-", default_rpm=100000, default_concurrency=1000, seller_name=SELLER[0],
+                       seller_nip=SELLER[1], seller_address=SELLER[2]) as gw:
         yield gw
+        from fa3_schema import made_documents
+        made_documents(gw)  # every invoice the suite issued became a valid FA(3) document
 
 
 @pytest.fixture(scope="session")

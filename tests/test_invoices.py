@@ -20,6 +20,7 @@ import pytest
 from conftest import Gateway, wait_for
 from core.catalog import WARSAW
 from control.console.invoices import nip_valid, normal_nip, pln_text, split_gross
+from fa3_schema import made_documents
 from test_console_billing import sandbox, start_topup
 from test_console_support import ConsoleClient, mails, signed_up
 
@@ -74,6 +75,8 @@ def test_a_paid_top_up_gets_an_invoice_with_the_buyers_details(gateway: Gateway)
     assert (inv["gross_grosze"], inv["net_grosze"], inv["vat_grosze"], inv["vat_pct"]) == (12_300, 10_000, 2_300, 23)
     assert (inv["buyer_name"], inv["buyer_nip"], inv["buyer_person"]) == ("Piekarnia Kowalski sp. z o.o.",
                                                                          "5260250274", False)
+    [doc] = made_documents(gateway, [inv["number"]])  # its FA(3) document, valid (KSeF not configured: kept)
+    assert doc["state"] == "kept" and b"<NIP>5260250274</NIP>" in doc["xml"] and b"<P_15>123.00</P_15>" in doc["xml"]
     # a repeated notification issues nothing more
     sb = sandbox(gateway)
     httpx.post(gateway.console + "/payments/notify/sandbox", json=sb.notification(pid, 123_000_000, True))
@@ -150,6 +153,7 @@ def test_numbers_are_gap_free_under_concurrent_payments(gateway: Gateway) -> Non
     assert every == list(range(1, len(every) + 1))  # the whole year's series: no gap, no repeat
     [counter] = gateway.sql("SELECT last FROM invoice_counters WHERE series = 'FV' AND year = $1", year)
     assert counter["last"] == len(every)
+    assert len(made_documents(gateway, [r["number"] for r in rows])) == 50  # each also as FA(3)
 
 
 def test_a_private_person_needs_no_nip(gateway: Gateway) -> None:
@@ -160,6 +164,8 @@ def test_a_private_person_needs_no_nip(gateway: Gateway) -> None:
     pid = _pay(gateway, "10,50", c)
     [inv] = gateway.sql("SELECT * FROM invoices WHERE payment_id = $1", pid)
     assert (inv["buyer_person"], inv["buyer_nip"], inv["gross_grosze"]) == (True, None, 1_050)
+    [doc] = made_documents(gateway, [inv["number"]])
+    assert b"<BrakID>1</BrakID>" in doc["xml"] and b"<P_15>10.50</P_15>" in doc["xml"]
     c.jar["lang"] = "pl"
     text = pdf_text(c.get(f"/billing/invoices/{inv['id']}.pdf").content)
     # in Polish: no English beside
@@ -230,6 +236,11 @@ def test_changed_details_are_corrected_by_a_corrective_invoice(gateway: Gateway)
     assert (fix["buyer_nip"], fix["buyer_person"], fix["buyer_address"]) == ("5260250274", False,
                                                                            "ul. Polna 3, 00-950 Warszawa")
     assert (fix["gross_grosze"], fix["net_grosze"], fix["vat_grosze"]) == (1_000, 813, 187)
+    # its FA(3) document is KOR naming the original (KSeF not configured: kept, the original never in KSeF)
+    [kor] = made_documents(gateway, [fix["number"]])
+    for want in ("<RodzajFaktury>KOR</RodzajFaktury>", f"<NrFaKorygowanej>{orig['number']}</NrFaKorygowanej>",
+                 "<NrKSeFN>1</NrKSeFN>", "<NIP>5260250274</NIP>", "<P_15>0.00</P_15>"):
+        assert want.encode() in kor["xml"], (want, kor["xml"])
     # the original stays as issued; the correction is listed, and a second request issues nothing
     assert gateway.sql("SELECT buyer_person FROM invoices WHERE id = $1", orig["id"]) == [{"buyer_person": True}]
     page = c.get("/billing?msg=corrected").text
@@ -307,8 +318,13 @@ def test_gateway_invoices_cli(gateway: Gateway, monkeypatch: pytest.MonkeyPatch,
     assert fix["series"] == "FK" and fix["buyer"]["name"] == "Jan Nowak-Kowalski"
     assert fix["correction"]["original_number"] == inv["number"] and fix["correction"]["buyer_before"]["name"] == "Jan Nowak"
     assert gateway.sql("SELECT corrects FROM invoices WHERE number = $1", fix["number"]) == [{"corrects": inv["id"]}]
-
-
+    # ksef, in the same group: the original's document made and kept (KSeF not configured); the correction,
+    # listed first, is queued for one, which the console's loop makes on its next round (the CLI cannot wake it)
+    made_documents(gateway, [inv["number"]])
+    r = cli("invoices", "ksef", org)
+    assert r.returncode == 0 and re.fullmatch(
+        re.escape(fix["number"]) + r"  (new       FA\(3\) document not made yet|kept      not sent \(KSeF not configured\))\n"
+        + re.escape(f"{inv['number']}  kept      not sent (KSeF not configured)") + "\n", r.stdout), r.stdout
 
 
 @dataclass

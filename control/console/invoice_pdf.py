@@ -1,7 +1,8 @@
 """An invoice (or correction) as the PDF a Polish bookkeeper expects: A4, the legal text in Polish, and
 English labels beside the Polish ones when the reader's language is English; dates as dd.mm.rrrr;
 quantity, unit, net unit price, the totals per VAT rate, the amount due, the payment's method and
-date; a correction shows the state before and after.  fpdf2 with an embedded font with Polish letters
+date; a correction shows the state before and after; KSeF's verification QR code (``control.ksef.qr``)
+when the invoice's FA(3) document is for KSeF.  fpdf2 with an embedded font with Polish letters
 (Source Sans Pro, from pip)."""
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import datetime as dt
 import os
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
+
+from control.ksef.qr import Mark
 
 from .invoices import Buyer, Invoice, Line, RateTotal, Seller, pln_text
 
@@ -23,8 +26,8 @@ LINE_NAMES_EN = {"Doładowanie salda usługi (przedpłata)": "Top-up of the serv
 _RENDERER = ThreadPoolExecutor(1, thread_name_prefix="invoice-pdf")
 
 
-async def render_off_loop(inv: Invoice, seller: Seller, lang: str = "pl") -> bytes:
-    return await asyncio.get_running_loop().run_in_executor(_RENDERER, render, inv, seller, lang)
+async def render_off_loop(inv: Invoice, seller: Seller, ksef: Mark | None, lang: str = "pl") -> bytes:
+    return await asyncio.get_running_loop().run_in_executor(_RENDERER, render, inv, seller, ksef, lang)
 
 
 def day(d: dt.date) -> str:
@@ -40,8 +43,9 @@ def _fonts() -> str:
     return os.path.join(os.path.dirname(spec.origin), "files")
 
 
-def render(inv: Invoice, seller: Seller, lang: str = "pl") -> bytes:
-    """The PDF of ``inv``; ``lang`` "en" adds the English labels beside the Polish."""
+def render(inv: Invoice, seller: Seller, ksef: Mark | None, lang: str = "pl") -> bytes:
+    """The PDF of ``inv``; ``ksef``: its KSeF QR code (None: not for KSeF); ``lang`` "en" adds the English
+    labels beside the Polish."""
     from fpdf import FPDF
     from fpdf.fonts import FontFace
 
@@ -128,4 +132,6 @@ def render(inv: Invoice, seller: Seller, lang: str = "pl") -> bytes:
     line(6, f"{t('Zapłacono', 'Paid')}: {pln_text(inv.paid_grosze)}, {t('dnia', 'on')} {day(inv.paid_on)}")
     line(7, f"{t('Do zapłaty', 'Amount due')}: {pln_text(inv.due_grosze)}", "B", 11)
     line(5, f"{t('Płatność', 'Payment')}: {inv.payment_id}", "", 8)
+    if ksef is not None:
+        ksef.draw(pdf)
     return bytes(pdf.output())

@@ -18,6 +18,7 @@ from typing import Literal
 
 import asyncpg
 
+from control.ksef import store as ksef_store
 from core.catalog import WARSAW
 
 from .settings import ConsoleSettings
@@ -266,6 +267,7 @@ async def issue(conn: asyncpg.Connection, draft: Draft) -> Invoice:
         draft.org_id, draft.payment_id, issued, draft.gross_grosze, net, vat, VAT_PCT, b.name,
         None if b.person else b.nip, b.address or None, b.person, draft.payment_method, draft.paid_at,
         draft.corrects, draft.previous, draft.reason)
+    await ksef_store.enqueue(conn, row["number"], draft.org_id)  # its FA(3) document, made and sent by KSeF's loop
     return (await _records(conn, [row]))[0]
 
 

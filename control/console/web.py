@@ -1,6 +1,7 @@
 """What every page shares: the console's dependencies, the viewer, rendering, CSRF and redirects."""
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ MESSAGES = {
                           " the API."),
     "no_trial_disposable": N_("No trial credit for addresses at disposable-mail services. Top up to use the API."),
     "key_revoked": N_("The key is revoked; the gateway refuses it from now on."),
+    "key_limits_saved": N_("Saved: the key's limits apply to its next request."),
     "key_form_used": N_("That form was already sent and its key created (a key is shown only once); "
                         "nothing new was created. Create another key below if you need one."),
     "invited": N_("The invitation is sent."),
@@ -80,6 +82,7 @@ class Console:
     secret: bytes
     templates: jinja2.Environment
     background: Background = field(default_factory=Background)
+    ksef_wake: asyncio.Event = field(default_factory=asyncio.Event)  # an invoice issued: KSeF's loop starts at once
 
     @property
     def base_url(self) -> str:

@@ -14,7 +14,7 @@ from babel.numbers import format_decimal
 
 from control.admin import AdminError, pln_to_micro
 
-from .. import billing, invoice_pdf, invoices
+from .. import billing, einvoices, invoice_pdf, invoices
 from ..i18n import N_, _, lang, money
 from ..payments import BadNotification, Payment, PaymentError
 from ..store import Viewer, name_problem
@@ -68,6 +68,7 @@ async def _page(request: web.Request, v: Viewer, status: int = 200, typed: Mappi
                                 " billing_person FROM orgs WHERE id = $1", v.org_id)
     saved = {"person": "1" if org["billing_person"] else "", "name": org["billing_name"] or "",
              "nip": org["billing_nip"] or "", "address": org["billing_address"] or ""}
+    listed = await invoices.org_invoices(c.pool, v.org_id, 50)
     return render(request, "billing.html", status, balance=bal["balance_micro_pln"], credit=bal,
                   ledger=await _ledger(request, v.org_id), prices=_prices(request), payments=await c.pool.fetch(
                       "SELECT * FROM payments WHERE org_id = $1 ORDER BY created_at DESC LIMIT 20", v.org_id),
@@ -76,7 +77,7 @@ async def _page(request: web.Request, v: Viewer, status: int = 200, typed: Mappi
                   typed={**saved, "threshold": threshold_text(org["low_balance_micro_pln"]), "amount": "",
                          **(typed or {})},
                   errors=errors or {}, missing=[_(MISSING[m]) for m in invoices.details_missing(org)],
-                  invoices=await invoices.org_invoices(c.pool, v.org_id, 50),
+                  invoices=listed, ksef=await einvoices.states(c, [i.number for i in listed]),
                   outdated=await invoices.outdated(c.pool, v.org_id),
                   min_pln=billing.MIN_TOPUP_PLN, max_pln=billing.MAX_TOPUP_PLN)
 
@@ -191,8 +192,11 @@ async def correct_invoices(request: web.Request) -> web.Response:
     v = need_owner(request)
     c = console(request)
     issued = await invoices.correct(c.pool, v.org_id)
+    if issued:
+        c.ksef_wake.set()  # their KOR documents made and sent now
     for inv in issued:
-        c.background.run(billing.mail_invoice(c.pool, c.mailer, c.base_url, inv, invoices.Seller.of(c.settings)),
+        c.background.run(billing.mail_invoice(c.pool, c.mailer, c.base_url, inv, invoices.Seller.of(c.settings),
+                                              c.settings, billing.KSEF_MAIL_WAIT_S),
                          "correction mail")
     see_other("/billing?msg=corrected#invoices-heading")
 
@@ -203,9 +207,23 @@ async def invoice_download(request: web.Request) -> web.Response:
     inv = await invoices.find(console(request).pool, v.org_id, request.match_info["invoice_id"])
     if inv is None:
         raise_page(request, 404, _("There is no such invoice in this organisation."))
-    pdf = await invoice_pdf.render_off_loop(inv, invoices.Seller.of(console(request).settings), lang())
+    pdf = await invoice_pdf.render_off_loop(inv, invoices.Seller.of(console(request).settings),
+                                            await einvoices.mark(console(request), inv.number), lang())
     return web.Response(body=pdf, content_type="application/pdf", headers={
         "Content-Disposition": f'attachment; filename="{inv.file_name}"'})
+
+
+@routes.get("/billing/invoices/{invoice_id}.xml")
+async def invoice_fa3(request: web.Request) -> web.Response:
+    """The invoice's FA(3) structured document (what KSeF has, or would have)."""
+    v = need_owner(request)
+    doc = await console(request).pool.fetchrow(
+        "SELECT d.number, d.xml FROM invoices i JOIN ksef_documents d ON d.number = i.number"
+        " WHERE i.id = $1 AND i.org_id = $2 AND d.xml IS NOT NULL", request.match_info["invoice_id"], v.org_id)
+    if doc is None:
+        raise_page(request, 404, _("There is no such invoice in this organisation."))
+    return web.Response(body=bytes(doc["xml"]), content_type="application/xml", charset="utf-8", headers={
+        "Content-Disposition": f'attachment; filename="{doc["number"].replace("/", "-")}.xml"'})
 
 
 @routes.post("/billing/low-balance")
@@ -278,7 +296,9 @@ async def notify(request: web.Request) -> web.Response:
         # credit and the invoice are both once per payment); its e-mail goes out off this answer
         inv, created = await invoices.issue_for_payment(c.pool, paid)
         if created and inv is not None:
-            c.background.run(billing.mail_invoice(c.pool, c.mailer, c.base_url, inv, invoices.Seller.of(c.settings)),
+            c.ksef_wake.set()  # its FA(3) document made and sent now
+            c.background.run(billing.mail_invoice(c.pool, c.mailer, c.base_url, inv, invoices.Seller.of(c.settings),
+                                              c.settings, billing.KSEF_MAIL_WAIT_S),
                              "invoice mail")
     return web.json_response(result)
 
