@@ -8,10 +8,10 @@ and ``P_6`` its sale date (the day of the payment), ``P_2`` the number, ``Podmio
 (``GATEWAY_SELLER_*``), ``Podmiot2`` the buyer (its NIP, or ``BrakID`` for a private person), a
 ``FaWiersz`` per line (quantity, unit, net unit price; net, VAT and gross as the invoice has them, to
 the grosz: the gross is the amount paid), and the payment made (``Platnosc``: ``Zaplacono``, its date,
-form 6, a transfer).  A correction is ``KOR``: it
-names the corrected invoice by its number, issue date and KSeF number (``DaneFaKorygowanej``), the
-buyer as the original had it (``Podmiot2K``) and the line before and after (equal when only the buyer's
-details change)."""
+form 6, a transfer).  A correction is ``KOR``: it names the corrected invoice by its number, issue
+date and KSeF number (``DaneFaKorygowanej``), the buyer as the state it replaces had it (``Podmiot2K``)
+and each line before and after (equal when only the buyer's details change).  The prepayment is said
+by the line's name, as on the PDF: the document is a ``VAT`` invoice of the payment received."""
 from __future__ import annotations
 
 import datetime as dt
