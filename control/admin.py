@@ -9,8 +9,8 @@ from decimal import Decimal
 from typing import Any, Literal
 
 import asyncpg
-import redis.asyncio as aioredis
 
+from core.redis_client import AnyRedis, layout_of
 from core import cost, redis_keys as rk
 from core.cost import micro_to_pln
 from core.decisions import UsageRecord
@@ -35,6 +35,14 @@ return false
 CreditLimit = int | Literal["none", "default"]
 
 
+# A revoked key's cache entry: "none" for a day, whatever was cached (one key: a cluster's slot too).
+_REVOKED = """
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'none', '1')
+return redis.call('EXPIRE', KEYS[1], 86400)
+"""
+
+
 class AdminError(Exception):
     pass
 
@@ -50,9 +58,10 @@ class Admin:
     """``credit_limit``: GATEWAY_CREDIT_LIMIT_PLN in micro-PLN (None: no limit), for showing an
     organisation's credit limit in force (the ext_proc applies its own reading of it)."""
 
-    def __init__(self, pool: asyncpg.Pool, r: aioredis.Redis, credit_limit: int | None = None) -> None:
+    def __init__(self, pool: asyncpg.Pool, r: AnyRedis, credit_limit: int | None = None) -> None:
         self.pool = pool
         self.r = r
+        self.layout = layout_of(r)
         self.credit_limit = credit_limit
 
     async def create_org(self, name: str, balance_micro: int = 0, kind: str = "topup") -> str:
@@ -90,17 +99,13 @@ class Admin:
                                      " WHERE id = $1 RETURNING key_hash", key_id)
         if h is None:
             raise AdminError(f"no such key: {key_id}")
-        async with self.r.pipeline(transaction=True) as p:
-            p.delete(rk.key(h))
-            p.hset(rk.key(h), "none", "1")
-            p.expire(rk.key(h), 86400)
-            await p.execute()
+        await self.r.eval(_REVOKED, 1, rk.key(h))
 
     async def set_status(self, org_id: str, status: str) -> None:
         n = await self.pool.execute("UPDATE orgs SET status = $2 WHERE id = $1", org_id, status)
         if n.endswith(" 0"):
             raise AdminError(f"no such organisation: {org_id}")
-        await self.r.hset(rk.org(org_id), "status", status)
+        await self.r.hset(self.layout.org(org_id), "status", status)
 
     async def set_limits(self, org_id: str, rpm: int | None, concurrency: int | None) -> None:
         await self._org_exists(org_id)
@@ -108,7 +113,7 @@ class Admin:
                                 " WHERE id = $1", org_id, rpm, concurrency)
         mapping: dict[Any, Any] = {k: v for k, v in (("rpm", rpm), ("conc", concurrency)) if v is not None}
         if mapping:
-            await self.r.hset(rk.org(org_id), mapping=mapping)
+            await self.r.hset(self.layout.org(org_id), mapping=mapping)
 
     async def set_credit_limit(self, org_id: str, limit: CreditLimit) -> None:
         """The organisation's own credit limit (README, "Billing"); it applies once the organisation has
@@ -120,7 +125,7 @@ class Admin:
             limit if isinstance(limit, int) else None, limit == "none")
         if n.endswith(" 0"):
             raise AdminError(f"no such organisation: {org_id}")
-        await self.r.hset(rk.org(org_id), "climit", str(limit))
+        await self.r.hset(self.layout.org(org_id), "climit", str(limit))
 
     async def set_key_limits(self, key_id: str, rpm: int | None = None, limits: Change = Change(),
                              org_id: str | None = None) -> None:
@@ -135,14 +140,14 @@ class Admin:
         row = await self.pool.fetchrow(
             "UPDATE api_keys k SET " + (", ".join(sets) or "rpm = k.rpm") +
             " FROM (SELECT id, monthly_limit_micro_pln AS cap FROM api_keys WHERE id = $1) old"
-            " WHERE k.id = old.id AND ($2::text IS NULL OR k.org_id = $2) RETURNING k.key_hash, old.cap",
+            " WHERE k.id = old.id AND ($2::text IS NULL OR k.org_id = $2) RETURNING k.key_hash, k.org_id, old.cap",
             key_id, org_id, *[v for _, v in given])
         if row is None:
             raise AdminError(f"no such key: {key_id}")
-        async with self.r.pipeline(transaction=True) as p:
+        async with self.r.pipeline(transaction=not self.layout.cluster) as p:  # a cluster's: two slots
             p.delete(rk.key(row["key_hash"]))
             if row["cap"] is None and cap is not None:  # its spend went uncounted while it had no cap
-                p.delete(rk.key_spend(key_id, month(time.time())))
+                p.delete(self.layout.key_spend(row["org_id"], key_id, month(time.time())))
             await p.execute()
 
     async def key_limits(self, key_id: str) -> dict[str, Any]:
@@ -162,7 +167,7 @@ class Admin:
         now = time.time()
         async with self.r.pipeline(transaction=False) as p:
             for k in key_ids:
-                p.hget(rk.key_spend(k, month(now)), "spent")
+                p.hget(self.layout.key_spend(org_id, k, month(now)), "spent")
             cached = await p.execute()
         spend = {k: int(c) for k, c in zip(key_ids, cached) if c is not None}
         missing = [k for k in key_ids if k not in spend]
@@ -183,7 +188,7 @@ class Admin:
             " ON CONFLICT (ref) DO NOTHING RETURNING id", org_id, micro, kind, ref)
         if new is None:
             return False
-        await self.r.eval(_CREDIT, 1, rk.org(org_id), micro, "1" if micro > 0 and kind != "trial" else "0")
+        await self.r.eval(_CREDIT, 1, self.layout.org(org_id), micro, "1" if micro > 0 and kind != "trial" else "0")
         return True
 
     async def balance(self, org_id: str) -> dict[str, Any]:
@@ -194,7 +199,7 @@ class Admin:
             f" {PAID_SQL} AS paid, {CLIMIT_SQL} AS climit FROM orgs o WHERE o.id = $1", org_id)
         if row is None:
             raise AdminError(f"no such organisation: {org_id}")
-        cached, held = await self.r.hmget(rk.org(org_id), ["balance", "hold"])
+        cached, held = await self.r.hmget(self.layout.org(org_id), ["balance", "hold"])
         live = int(cached) if cached is not None else row["ledger"]
         limit = credit_limit(bool(row["paid"]), row["climit"], self.credit_limit)
         return {"org": org_id, "balance_micro_pln": live, "balance_pln": micro_to_pln(live),

@@ -278,7 +278,7 @@ async def status(s: Settings) -> dict[str, dict[str, Any]]:
         finally:
             if r is not None:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(r.aclose(close_connection_pool=True), 0.1)
+                    await asyncio.wait_for(r.aclose(), 0.1)
 
     sims: list[tuple[str, int]] = []
     if s.run_sim:

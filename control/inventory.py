@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-import redis.asyncio as aioredis
 
+from core.redis_client import AnyRedis, layout_of
 from core import redis_keys as rk
 from core.cost import micro_to_pln
 
@@ -35,19 +35,20 @@ def limits_in_force(rpm: int | None, concurrency: int | None, d: Defaults) -> di
             else "GATEWAY_DEFAULT_CONCURRENCY"}
 
 
-async def _balances(pool: asyncpg.Pool, r: aioredis.Redis, org_ids: list[str]) -> dict[str, int]:
+async def _balances(pool: asyncpg.Pool, r: AnyRedis, org_ids: list[str]) -> dict[str, int]:
     """Each organisation's live balance (micro-PLN): Redis's where it is cached, else the ledger's sum."""
     rows = await pool.fetch("SELECT org_id, COALESCE(SUM(amount_micro_pln), 0) AS s FROM ledger"
                             " WHERE org_id = ANY($1::text[]) GROUP BY org_id", org_ids)
     ledger = {r_["org_id"]: int(r_["s"]) for r_ in rows}
+    layout = layout_of(r)
     async with r.pipeline(transaction=False) as p:
         for o in org_ids:
-            p.hget(rk.org(o), "balance")
+            p.hget(layout.org(o), "balance")
         cached = await p.execute()
     return {o: int(c) if c is not None else ledger.get(o, 0) for o, c in zip(org_ids, cached)}
 
 
-async def list_orgs(pool: asyncpg.Pool, r: aioredis.Redis, d: Defaults) -> list[dict[str, Any]]:
+async def list_orgs(pool: asyncpg.Pool, r: AnyRedis, d: Defaults) -> list[dict[str, Any]]:
     """Every organisation, oldest first, with its balance, limits in force and number of active keys."""
     rows = await pool.fetch(
         "SELECT o.id, o.name, o.status, o.rpm, o.concurrency, o.created_at,"
@@ -57,7 +58,7 @@ async def list_orgs(pool: asyncpg.Pool, r: aioredis.Redis, d: Defaults) -> list[
     return [_org(row, balances[row["id"]], d) for row in rows]
 
 
-async def show_org(pool: asyncpg.Pool, r: aioredis.Redis, org_id: str, d: Defaults) -> dict[str, Any]:
+async def show_org(pool: asyncpg.Pool, r: AnyRedis, org_id: str, d: Defaults) -> dict[str, Any]:
     row = await pool.fetchrow(
         "SELECT o.id, o.name, o.status, o.rpm, o.concurrency, o.created_at,"
         " (SELECT count(*) FROM api_keys k WHERE k.org_id = o.id AND k.revoked_at IS NULL) AS active_keys"

@@ -263,7 +263,32 @@ MIGRATIONS: list[str] = [
     CREATE INDEX ksef_documents_due ON ksef_documents (next_at) WHERE state = 'queued';
     CREATE INDEX ksef_documents_org ON ksef_documents (org_id, created_at DESC);
     """,
-    # 13: invoices a bookkeeper accepts (control/console/invoices.py): a series per kind, each numbered
+    # 13: a third role, billing (top-ups, invoices and usage; no keys: control/console/roles.py), for
+    # memberships and invitations; existing owners and members keep theirs
+    """
+    ALTER TABLE memberships DROP CONSTRAINT memberships_role_check;
+    ALTER TABLE memberships ADD CONSTRAINT memberships_role_check CHECK (role IN ('owner', 'member', 'billing'));
+    ALTER TABLE invites DROP CONSTRAINT invites_role_check;
+    ALTER TABLE invites ADD CONSTRAINT invites_role_check CHECK (role IN ('owner', 'member', 'billing'));
+    """,
+    # 14: two-factor sign-in (control/console/totp.py): each account's TOTP secret once confirmed (the one
+    # being enrolled apart), the last 30-second step whose code it took (never the same code twice), its
+    # one-time recovery codes as hashes; an organisation whose owners require it of everyone
+    """
+    ALTER TABLE users ADD COLUMN totp_secret text;
+    ALTER TABLE users ADD COLUMN totp_pending text;
+    ALTER TABLE users ADD COLUMN totp_last_step bigint NOT NULL DEFAULT 0;
+    ALTER TABLE users ADD COLUMN totp_enabled_at timestamptz;
+    ALTER TABLE users ADD CONSTRAINT users_totp_both CHECK ((totp_secret IS NULL) = (totp_enabled_at IS NULL));
+    CREATE TABLE recovery_codes (
+      user_id text NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+      code_hash text NOT NULL,
+      used_at timestamptz,
+      PRIMARY KEY (user_id, code_hash)
+    );
+    ALTER TABLE orgs ADD COLUMN require_2fa boolean NOT NULL DEFAULT false;
+    """,
+    # 15: invoices a bookkeeper accepts (control/console/invoices.py): a series per kind, each numbered
     # without gaps per year (FV: invoices, FK: corrections), a correction referencing the invoice it
     # corrects (corrects: the original; previous: the state it replaces), the payment's method and date
     """

@@ -8,7 +8,7 @@ Pure: no I/O.  ``ApiError`` is the one value every rule returns to reject a requ
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 # code -> (HTTP status, type)
 TABLE: dict[str, tuple[int, str]] = {
@@ -37,6 +37,9 @@ class ApiError:
     message: str
     param: str | None = None
     retry_after: int | None = None
+    # the alias a refused request named, where the refusal came after it was found: a key allowed other
+    # aliases only is told model_not_found instead (extproc/exchange.py), not that the alias exists
+    alias: str | None = field(default=None, compare=False)
 
     @property
     def status(self) -> int:
@@ -49,6 +52,11 @@ class ApiError:
     def body(self, request_id: str) -> bytes:
         return json.dumps({"error": {"message": self.message, "type": self.type, "code": self.code,
                                      "param": self.param, "request_id": request_id}}, separators=(",", ":")).encode()
+
+
+def naming(err: ApiError, alias: str) -> ApiError:
+    """``err`` for a request that named ``alias``."""
+    return replace(err, alias=alias)
 
 
 def _invalid(message: str, param: str | None = None) -> ApiError:

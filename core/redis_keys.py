@@ -24,8 +24,24 @@ All keys under ``gw:``:
   gw:x:<request>   an admission its caller gave up on (``cancel``): should it still reach Redis, it refuses itself
   gw:left:<request>  the client of this request went away (Envoy's access log, ``access_log``)  TTL 2 min
   gw:console:lim:<name>:<who>  the console's attempt counters (control/console/limits.py)
+
+On a Redis Cluster every key a request's scripts touch lives in one hash slot: that of its organisation's
+shard.  An organisation belongs to one of ``SHARDS`` shards (a CRC-32 of its id), and the shard's hash tag
+is written after the prefix: gw:o:{g3}<org>, gw:c:{g3}<org>, gw:rl:{g3}<key>:<minute>, gw:x:{g3}<request>,
+gw:ks:{g3}<key>:<month>,
+and each shard has its own journal (gw:if{g3}) and usage stream (gw:usage{g3}), which the usage writer
+reads all of.  The key record (gw:k:) is read before the admission script, which is given the
+organisation it names.  On one Redis the tag is empty: the layout above, one journal and one stream.
+The shards' tags are chosen so that shard i's slot is about i/SHARDS of the way through the slots: a
+cluster whose primaries split the slots evenly splits the shards evenly.
 """
 from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from itertools import count
+
+from redis.crc import key_slot
 
 KEY = "gw:k:"
 ORG = "gw:o:"
@@ -43,11 +59,70 @@ _LUA = {"@KEY@": KEY, "@ORG@": ORG, "@RATE@": RATE, "@IN_FLIGHT@": IN_FLIGHT, "@
         "@CANCELLED@": CANCELLED, "@KEY_SPEND@": KEY_SPEND}
 
 
+SHARDS = 16
+SLOTS = 16384
+
+
+def _shard_tag(i: int) -> str:
+    """The first tag {g<i>}, {g<i>.1}, ... whose slot lies in shard i's sixteenth of the slots."""
+    low, high = i * SLOTS // SHARDS, (i + 1) * SLOTS // SHARDS
+    for n in count():
+        tag = "{g%d%s}" % (i, f".{n}" if n else "")
+        if low <= key_slot(tag.encode()) < high:
+            return tag
+    raise AssertionError("unreachable")
+
+
+CLUSTER_TAGS = tuple(_shard_tag(i) for i in range(SHARDS))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where an organisation's keys are: ``tags`` is ("",) on one Redis, the shards' on a cluster."""
+    tags: tuple[str, ...] = ("",)
+
+    @property
+    def cluster(self) -> bool:
+        return self.tags != ("",)
+
+    def tag(self, org_id: str) -> str:
+        return self.tags[zlib.crc32(org_id.encode()) % len(self.tags)] if self.cluster else ""
+
+    def org(self, org_id: str) -> str:
+        return ORG + self.tag(org_id) + org_id
+
+    def in_flight(self, org_id: str) -> str:
+        return IN_FLIGHT + self.tag(org_id) + org_id
+
+    def key_spend(self, org_id: str, key_id: str, month: str) -> str:
+        """A key's spend counter of a Warsaw month, on its organisation's shard."""
+        return KEY_SPEND + self.tag(org_id) + key_id + ":" + month
+
+    def journal(self, tag: str) -> str:
+        return JOURNAL + tag
+
+    def stream(self, tag: str) -> str:
+        return USAGE_STREAM + tag
+
+    def streams(self) -> list[str]:
+        return [self.stream(t) for t in self.tags]
+
+    def org_of(self, name: str) -> str:
+        """The organisation id of an org key's name (gw:o:[tag]<org>)."""
+        rest = name.removeprefix(ORG)
+        return rest.partition("}")[2] if self.cluster and rest.startswith("{") else rest
+
+
+ONE = Layout()
+CLUSTER = Layout(CLUSTER_TAGS)
+
+
 def key(key_hash: str) -> str:
     return KEY + key_hash
 
 
 def org(org_id: str) -> str:
+    """An organisation's key on one Redis (``Layout.org`` on either)."""
     return ORG + org_id
 
 

@@ -441,6 +441,8 @@ class Exchange:
             self.prepared = None
             return self._reject(adm.error)
         if isinstance(prepared, ApiError):
+            if prepared.alias is not None and adm.aliases is not None and prepared.alias not in adm.aliases:
+                return self._reject(MODEL_NOT_FOUND)  # an alias the key may not use, as if it did not exist
             return self._reject(prepared)
         assert adm.identity is not None  # admitted
         refusal = self.gw.policies.check(prepared, adm.identity)
@@ -514,7 +516,7 @@ class Exchange:
             spend = asyncio.ensure_future(self.gw.directory.key_spend(miss.org_id, miss.key_id, self.started))
             spend.add_done_callback(_forget)
             await asyncio.wait((spend,))
-            await self.gw.store.fill_spend(miss.key_id, miss.month, spend.result())
+            await self.gw.store.fill_spend(miss.org_id, miss.key_id, miss.month, spend.result())
             return
         if miss.what == "key":
             metrics.labelled(metrics.KEY_LOOKUPS, "miss").inc()

@@ -52,10 +52,10 @@ def made_documents(gw: Any, numbers: list[str] | None = None, timeout: float = 3
     from conftest import wait_for
     where, args = ("WHERE number = ANY($1)", [numbers]) if numbers is not None else ("", [])
 
-    def made() -> list[dict[str, Any]] | None:
+    def made() -> tuple[list[dict[str, Any]]] | None:  # (rows,): none made is an answer too
         rows = gw.sql(f"SELECT number, state, xml, problem FROM ksef_documents {where} ORDER BY number", *args)
-        return None if any(r["state"] == "new" for r in rows) else rows
-    rows: list[dict[str, Any]] = wait_for(made, timeout=timeout, interval=0.2) if numbers != [] else []
+        return None if any(r["state"] == "new" for r in rows) else (rows,)
+    rows: list[dict[str, Any]] = wait_for(made, timeout=timeout, interval=0.2)[0] if numbers != [] else []
     if numbers is not None:
         assert sorted(r["number"] for r in rows) == sorted(numbers), "an issued invoice has no FA(3) document"
     issued = {r["number"] for r in gw.sql("SELECT number FROM invoices")}

@@ -119,6 +119,28 @@ def test_an_alias_the_key_may_not_use_is_404_as_an_unknown_model_and_the_list_sh
     wait_for(lambda: len(httpx.get(gateway.v1 + "/models", headers=h).json()["data"]) > 2, timeout=3)
 
 
+def test_an_alias_the_key_may_not_use_is_404_whatever_else_is_wrong_with_the_request(gateway: Gateway) -> None:
+    """An alias outside the key's list answers as a model that does not exist would, even where the
+    request has another fault an existing alias would be told of (the wrong capability, an empty
+    messages, a bad max_tokens): nothing tells the key which other aliases exist."""
+    org, kid, key = _key(gateway, Change(models=("polish-fast",)))
+    unknown = assert_error(_post(gateway, key, {**TINY, "model": "no-such-model"}), 404, "model_not_found",
+                           "invalid_request_error", "model")
+    for body, path in (({**TINY, "model": "embed"}, "/chat/completions"),
+                       ({"model": "polish-pro", "messages": []}, "/chat/completions"),
+                       ({**TINY, "model": "advanced", "max_tokens": 0}, "/chat/completions"),
+                       ({"model": "polish-pro", "input": "x"}, "/embeddings"),
+                       ({"model": "embed", "input": [1, 2]}, "/embeddings")):
+        denied = assert_error(_post(gateway, key, body, path), 404, "model_not_found", "invalid_request_error",
+                              "model")
+        assert denied["message"] == unknown["message"], (body, denied)
+    # the key's own alias still has its faults told as they are
+    assert_error(_post(gateway, key, {"model": "polish-fast", "input": "x"}, "/embeddings"), 400,
+                 "invalid_request", "invalid_request_error", "model")
+    assert_error(_post(gateway, key, {"model": "polish-fast", "messages": []}), 400, "invalid_request",
+                 "invalid_request_error", "messages")
+
+
 def test_an_expired_key_is_401_everywhere(gateway: Gateway) -> None:
     today = dt.datetime.now(key_limits.WARSAW).date()
     org, kid, key = _key(gateway, Change(expires=today))  # works through today
@@ -170,7 +192,7 @@ def test_the_month_is_warsaws_and_a_new_month_starts_from_its_own_spend(gateway:
                             await store.fill_org(org, await d.org(org))
                         else:
                             seen.append((m.what, m.month))
-                            await store.fill_spend(kid, m.month, await d.key_spend(org, kid, at))
+                            await store.fill_spend(org, kid, m.month, await d.key_spend(org, kid, at))
                 seen.append(None if adm.error is None else adm.error.message)
                 await store.cancel(rid)
             return seen

@@ -4,8 +4,6 @@ owners once per key and month (Warsaw calendar month).  Off the request path, an
 several console instances (the ``UPDATE … WHERE limit_mailed_month IS DISTINCT FROM`` decides who sends)."""
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
 
 from core.key_limits import month
@@ -14,7 +12,6 @@ from . import i18n, mail
 from .store import owner_emails
 from .web import Console
 
-log = logging.getLogger("console.key_caps")
 
 NEAR = (80, 100)  # a key's spend at 80 % of its monthly limit or more is near it
 
@@ -42,13 +39,3 @@ async def check_once(c: Console) -> int:
             await c.mailer.send(owner, subject, text)
             sent += 1
     return sent
-
-
-async def watch(c: Console) -> None:
-    """Runs for the console's lifetime."""
-    while True:
-        try:
-            await check_once(c)
-        except Exception as e:  # noqa: BLE001 - a database or Redis outage: try again next time
-            log.warning("key limit check failed: %s", type(e).__name__)
-        await asyncio.sleep(c.settings.low_balance_check_s)

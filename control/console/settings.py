@@ -46,5 +46,10 @@ class ConsoleSettings(SharedSettings, KsefSettings):
         return self.port_of("smtp_capture")
 
     @property
+    def gateway_base_url(self) -> str:
+        """The gateway's address as the pages show it (the API's paths start with /v1 under it)."""
+        return f"http://{self.gateway_host}:{self.gateway_port}"
+
+    @property
     def console_base_url(self) -> str:
         return (self.console_url or f"http://{self.gateway_host}:{self.console_http_port}").rstrip("/")

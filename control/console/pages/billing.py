@@ -18,7 +18,7 @@ from .. import billing, einvoices, invoice_pdf, invoices
 from ..i18n import N_, _, lang, money
 from ..payments import BadNotification, Payment, PaymentError
 from ..store import Viewer, name_problem
-from ..web import console, dev_only, load_catalog, need_owner, need_viewer, raise_page, render, see_other
+from ..web import console, dev_only, load_catalog, need, raise_page, render, see_other
 
 routes = web.RouteTableDef()
 log = logging.getLogger("console.billing")
@@ -47,7 +47,7 @@ def _prices(request: web.Request) -> list[dict[str, object]]:
 
 @routes.get("/billing")
 async def billing_page(request: web.Request) -> web.Response:
-    return await _page(request, need_owner(request))
+    return await _page(request, need(request, "billing"))
 
 
 async def _page(request: web.Request, v: Viewer, status: int = 200, typed: Mapping[str, str] | None = None,
@@ -140,7 +140,7 @@ async def _details_refusal(request: web.Request, v: Viewer, amount: str) -> web.
 
 @routes.post("/billing/topup")
 async def topup(request: web.Request) -> web.Response:
-    v = need_owner(request)
+    v = need(request, "billing")
     amount = str((await request.post()).get("amount", "")).strip()
     if (refused := await _details_refusal(request, v, amount)) is not None:
         return refused
@@ -161,7 +161,7 @@ async def set_details(request: web.Request) -> web.Response:
     checksum, address) or a private person (name, address).  Invoices already issued keep theirs (Billing
     then offers their corrections).  Refused: Billing again with every field as typed and each problem
     beside its field."""
-    v = need_owner(request)
+    v = need(request, "billing")
     form = await request.post()
     typed = {k: str(form.get(k, "")) for k in ("person", "name", "nip", "address")}
     person = typed["person"] == "1"
@@ -189,7 +189,7 @@ async def set_details(request: web.Request) -> web.Response:
 @routes.post("/billing/invoices/correct")
 async def correct_invoices(request: web.Request) -> web.Response:
     """Corrective invoices for those issued with billing details since changed, mailed to the owners."""
-    v = need_owner(request)
+    v = need(request, "billing")
     c = console(request)
     issued = await invoices.correct(c.pool, v.org_id)
     if issued:
@@ -203,7 +203,7 @@ async def correct_invoices(request: web.Request) -> web.Response:
 
 @routes.get("/billing/invoices/{invoice_id}.pdf")
 async def invoice_download(request: web.Request) -> web.Response:
-    v = need_owner(request)
+    v = need(request, "billing")
     inv = await invoices.find(console(request).pool, v.org_id, request.match_info["invoice_id"])
     if inv is None:
         raise_page(request, 404, _("There is no such invoice in this organisation."))
@@ -216,7 +216,7 @@ async def invoice_download(request: web.Request) -> web.Response:
 @routes.get("/billing/invoices/{invoice_id}.xml")
 async def invoice_fa3(request: web.Request) -> web.Response:
     """The invoice's FA(3) structured document (what KSeF has, or would have)."""
-    v = need_owner(request)
+    v = need(request, "billing")
     doc = await console(request).pool.fetchrow(
         "SELECT d.number, d.xml FROM invoices i JOIN ksef_documents d ON d.number = i.number"
         " WHERE i.id = $1 AND i.org_id = $2 AND d.xml IS NOT NULL", request.match_info["invoice_id"], v.org_id)
@@ -229,7 +229,7 @@ async def invoice_fa3(request: web.Request) -> web.Response:
 @routes.post("/billing/low-balance")
 async def set_low_balance(request: web.Request) -> web.Response:
     """The owner's threshold for the low-balance e-mail (PLN; empty: no e-mail)."""
-    v = need_owner(request)
+    v = need(request, "billing")
     micro = await _form_micro(request, "threshold")
     if micro is not None and (not 0 < micro <= LOW_BALANCE_MAX_PLN * 1_000_000 or micro % 10_000):
         return await _page(request, v, 400, {"threshold": str((await request.post()).get("threshold", ""))}, {
@@ -246,7 +246,7 @@ async def cancel_payment(request: web.Request) -> web.Response:
     """Give up on a pending top-up (the buyer left the provider's page).  Should the provider still
     report it paid, it is credited all the same: money received is never lost."""
     c = console(request)
-    pid = (await _payment(request, need_owner(request)))["id"]
+    pid = (await _payment(request, need(request, "billing")))["id"]
     await c.pool.execute("UPDATE payments SET status = 'cancelled' WHERE id = $1 AND status = 'pending'", pid)
     see_other(f"/billing?payment={pid}")
 
@@ -254,7 +254,7 @@ async def cancel_payment(request: web.Request) -> web.Response:
 @routes.post("/billing/payment/{payment_id}/retry")
 async def retry_payment(request: web.Request) -> web.Response:
     """A new top-up of the same amount as one that was cancelled or failed."""
-    v = need_owner(request)
+    v = need(request, "billing")
     row = await _payment(request, v)
     if row["status"] not in ("failed", "cancelled"):
         see_other(f"/billing?payment={row['id']}")
@@ -266,13 +266,13 @@ async def retry_payment(request: web.Request) -> web.Response:
 @routes.get("/billing/return/{payment_id}")
 async def payment_return(request: web.Request) -> web.Response:
     """The buyer's browser comes back: this credits nothing, it only shows the payment's state."""
-    pid = (await _payment(request, need_viewer(request)))["id"]
+    pid = (await _payment(request, need(request, "billing")))["id"]
     see_other(f"/billing?payment={pid}" + ("&cancelled=1" if request.query.get("cancelled") else ""))
 
 
 @routes.get("/billing/payment/{payment_id}")
 async def payment_status(request: web.Request) -> web.Response:
-    row = await _payment(request, need_viewer(request))
+    row = await _payment(request, need(request, "billing"))
     return web.json_response({"id": row["id"], "status": row["status"], "amount_micro_pln": row["amount_micro_pln"]})
 
 
@@ -309,7 +309,7 @@ async def _sandbox_payment(request: web.Request) -> asyncpg.Record:
     dev_only(request)  # free money: development mode, loopback only
     if console(request).provider.name != "sandbox":
         raise web.HTTPNotFound()
-    return await _payment(request, need_viewer(request))
+    return await _payment(request, need(request, "billing"))
 
 
 @routes.get("/sandbox/pay/{payment_id}")

@@ -14,7 +14,7 @@ from core import key_limits
 from core.cost import pln_to_micro
 
 from ..i18n import DATE_HINT, _, day_typed, lang, money, parse_day
-from ..web import console, load_catalog, need_owner, raise_page, render, see_other
+from ..web import console, load_catalog, need, raise_page, render, see_other
 
 routes = web.RouteTableDef()
 
@@ -49,14 +49,14 @@ def _page(request: web.Request, k: Any, status: int = 200, error: str | None = N
 
 @routes.get("/keys/{key_id}/limits")
 async def limits_page(request: web.Request) -> web.Response:
-    v = need_owner(request)
+    v = need(request, "key_limits")
     return _page(request, await _key(request, v.org_id))
 
 
 @routes.post("/keys/{key_id}/limits")
 async def set_limits(request: web.Request) -> web.Response:
     """Empty fields lift a limit; no alias ticked: every alias."""
-    v = need_owner(request)
+    v = need(request, "key_limits")
     k = await _key(request, v.org_id)
     form = await request.post()
     typed = {"limit": str(form.get("limit", "")).strip(), "models": [str(m) for m in form.getall("models", [])],

@@ -10,7 +10,7 @@ from core.key_limits import expiry_day
 
 from ..i18n import _
 from ..store import Viewer, name_problem
-from ..web import console, load_catalog, need_viewer, raise_page, render, see_other
+from ..web import console, load_catalog, need, raise_page, render, see_other
 
 routes = web.RouteTableDef()
 
@@ -53,12 +53,12 @@ async def _page(request: web.Request, v: Viewer, *, status: int = 200, new_key: 
 
 @routes.get("/keys")
 async def keys_page(request: web.Request) -> web.Response:
-    return await _page(request, need_viewer(request))
+    return await _page(request, need(request, "keys"))
 
 
 @routes.post("/keys")
 async def create_key(request: web.Request) -> web.Response:
-    v = need_viewer(request)
+    v = need(request, "keys")
     form = await request.post()
     name = str(form.get("name", "")).strip(" ")
     problem = name_problem(name, _("key's name"))
@@ -77,7 +77,7 @@ async def create_key(request: web.Request) -> web.Response:
 
 @routes.post("/keys/{key_id}/revoke")
 async def revoke_key(request: web.Request) -> web.Response:
-    v = need_viewer(request)
+    v = need(request, "keys")
     c = console(request)
     kid = request.match_info["key_id"]
     row = await c.pool.fetchrow("SELECT created_by FROM api_keys WHERE id = $1 AND org_id = $2", kid, v.org_id)
