@@ -23,8 +23,8 @@ from core.urls import RedisUrlError
 
 from .admin import Admin, AdminError, CreditLimit, pln_to_micro
 from .console.launch import ConfigError
+from . import invoices_cli
 from .embedded import StartError, write_private
-from .ksef import cli as ksef_cli
 from .settings import Settings
 
 
@@ -429,8 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     us = sub.add_parser("usage"); us.add_argument("org"); us.add_argument("--limit", type=int, default=50)
     us.add_argument("--status", default="", help="ok, errors, or a status code (e.g. 429)")
     us.add_argument("--request-id", default="", help="the request id of a reply or an error")
-    invoices = sub.add_parser("invoices").add_subparsers(dest="sub", required=True)
-    ksef_cli.add_command(invoices)
+    invoices = sub.add_parser("invoices", help="an organisation's VAT invoices and corrections, and their way"
+                              " to KSeF").add_subparsers(dest="sub", required=True)
+    invoices_cli.add_commands(invoices)
     for sp in [*sub.choices.values(), *org.choices.values(), *key.choices.values(), *bal.choices.values(), ca,
                *invoices.choices.values()]:
         sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
@@ -490,6 +491,8 @@ async def _inventory_cmd(args: argparse.Namespace, a: Admin, s: Settings) -> int
     elif c == "key" and sc == "list":
         keys = await inv.list_keys(a.pool, args.org, d)
         _print(args, keys, inv.keys_table(keys))
+    elif c == "invoices" and sc in invoices_cli.COMMANDS:
+        return await invoices_cli.run(args, a, s)
     else:
         return await _admin_cmd(args, a)
     return 0
@@ -550,9 +553,6 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
         _print(args, b, f"{b['balance_pln']} PLN{apart}; {_credit_text(b)}")
     elif c == "reconcile":
         return await _reconcile(args, a)
-    elif c == "invoices" and sc == "ksef":
-        docs = await ksef_cli.run(a.pool, args.org)
-        _print(args, docs, "\n".join(map(ksef_cli.line, docs)) or "no invoices yet")
     elif c == "usage":
         rows = await a.usage(args.org, args.limit, status=args.status, request_id=args.request_id)
         lines = [f"{r['started_at']}  {r['request_id']}  {r['alias'] or '-':<12} {r['status']}"

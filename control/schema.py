@@ -288,6 +288,33 @@ MIGRATIONS: list[str] = [
     );
     ALTER TABLE orgs ADD COLUMN require_2fa boolean NOT NULL DEFAULT false;
     """,
+    # 15: invoices a bookkeeper accepts (control/console/invoices.py): a series per kind, each numbered
+    # without gaps per year (FV: invoices, FK: corrections), a correction referencing the invoice it
+    # corrects (corrects: the original; previous: the state it replaces), the payment's method and date
+    """
+    ALTER TABLE invoice_counters ADD COLUMN series text NOT NULL DEFAULT 'FV';
+    ALTER TABLE invoice_counters DROP CONSTRAINT invoice_counters_pkey;
+    ALTER TABLE invoice_counters ADD PRIMARY KEY (series, year);
+    ALTER TABLE invoice_counters ALTER COLUMN series DROP DEFAULT;
+    ALTER TABLE invoices ADD COLUMN series text NOT NULL DEFAULT 'FV' CHECK (series IN ('FV', 'FK'));
+    ALTER TABLE invoices ALTER COLUMN series DROP DEFAULT;
+    ALTER TABLE invoices DROP CONSTRAINT invoices_year_seq_key;
+    ALTER TABLE invoices ADD CONSTRAINT invoices_series_year_seq UNIQUE (series, year, seq);
+    ALTER TABLE invoices ADD COLUMN corrects text REFERENCES invoices(id);
+    ALTER TABLE invoices ADD COLUMN previous text REFERENCES invoices(id);
+    ALTER TABLE invoices ADD COLUMN reason text;
+    ALTER TABLE invoices ADD CONSTRAINT invoices_correction_refs
+      CHECK ((series = 'FK') = (corrects IS NOT NULL) AND (corrects IS NULL) = (previous IS NULL));
+    ALTER TABLE invoices ADD COLUMN payment_method text;
+    ALTER TABLE invoices ADD COLUMN paid_at timestamptz;
+    UPDATE invoices i SET payment_method = p.provider, paid_at = COALESCE(p.paid_at, i.issued_at)
+      FROM payments p WHERE p.id = i.payment_id;
+    ALTER TABLE invoices ALTER COLUMN payment_method SET NOT NULL;
+    ALTER TABLE invoices ALTER COLUMN paid_at SET NOT NULL;
+    ALTER TABLE invoices DROP CONSTRAINT invoices_payment_id_key;
+    CREATE UNIQUE INDEX invoices_one_per_payment ON invoices (payment_id) WHERE corrects IS NULL;
+    CREATE INDEX invoices_corrections ON invoices (corrects) WHERE corrects IS NOT NULL;
+    """,
 ]
 
 

@@ -39,6 +39,8 @@ def _populate(gw: Gateway) -> ConsoleClient:
                                json={"model": alias, "messages": [{"role": "user", "content": "Dzień dobry!"}]})
                 r.raise_for_status()
     c.get("/billing")
+    c.post("/billing/details", {"name": "Kancelaria Nowak sp. k.", "nip": "PL5260250274",
+                                "address": "ul. Długa 1, 00-001 Warszawa"})
     pay = c.post("/billing/topup", {"amount": "50"}).headers["location"].split("/sandbox/pay/", 1)[1]
     c.get(f"/sandbox/pay/{pay}")
     c.post(f"/sandbox/pay/{pay}", {"action": "pay"})

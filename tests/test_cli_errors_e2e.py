@@ -22,6 +22,7 @@ COMMANDS = [
     ["key", "limits", "key_x", "--rpm", "5"], ["balance", "credit", "org_x", "1"], ["balance", "show", "org_x"],
     ["usage", "org_x"], ["status"], ["--json", "usage", "org_x"],
     ["org", "list"], ["org", "show", "org_x"], ["org", "limits", "org_x"], ["key", "list", "org_x"],
+    ["invoices", "list", "org_x"],
 ]
 SECRET = "s3cret-Wrong"
 

@@ -107,9 +107,26 @@ def test_the_whole_console_flow_in_a_browser(gateway: Gateway, browser: Any) -> 
     expect(page.locator("svg.chart rect.bar")).to_have_count(1)
     shot(page, "05-usage")
 
-    # top up through the sandbox provider
+    # top up through the sandbox provider: first Pay says the invoice's details are missing; a wrong NIP
+    # comes back with every field as typed and the message beside it; the EU form of the NIP passes
     page.goto(con + "/billing")
     before = page.locator("#balance").inner_text()
+    page.fill("input[name=amount]", "50")
+    page.click("#topup")
+    expect(page.locator("#amount-error")).to_contain_text("Przed płatnością uzupełnij dane do faktury")
+    expect(page.locator("input[name=amount]")).to_have_value("50")
+    page.locator("#amount-error a[href='#details']").click()
+    page.check("input[name=person][value='']")
+    page.fill("input[name=name]", "Kancelaria Nowak sp. k.")
+    page.fill("input[name=nip]", "PL5260250275")
+    page.fill("textarea[name=address]", "ul. Długa 1\n00-001 Warszawa")
+    page.click("#save-details")
+    expect(page.locator("#nip-error")).to_contain_text("NIP jest niepoprawny")
+    expect(page.locator("input[name=name]")).to_have_value("Kancelaria Nowak sp. k.")
+    expect(page.locator("textarea[name=address]")).to_have_value("ul. Długa 1\n00-001 Warszawa")
+    page.fill("input[name=nip]", "PL5260250274")
+    page.click("#save-details")
+    expect(page.locator("input[name=nip]")).to_have_value("5260250274")
     page.fill("input[name=amount]", "50")
     page.click("#topup")
     expect(page.locator("h1")).to_have_text("Testowy operator płatności")

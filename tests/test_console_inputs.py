@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from conftest import Gateway
 from control.admin import AdminError, pln_to_micro
 from control.console.payments.base import BadNotification, load_notification
+from test_console_billing import billing_details
 from test_console_support import ConsoleClient, signed_up
 
 EDGES = ["", " ", "0", "-0", "-1", "0,00", "0.001", "Infinity", "-Infinity", "inf", "NaN", "sNaN", "-sNaN",
@@ -184,6 +185,7 @@ def test_far_dates_are_told_beside_the_filter(owner: ConsoleClient) -> None:
 
 
 def test_non_finite_amounts_are_told_beside_the_form(owner: ConsoleClient) -> None:
+    billing_details(owner)
     for amount in ("Infinity", "sNaN", "NaN", "1e999999999"):
         owner.get("/billing")
         r = owner.post("/billing/topup", {"amount": amount})

@@ -8,6 +8,7 @@ import re
 import httpx
 
 from conftest import Gateway, wait_for
+from test_console_billing import billing_details
 from test_console_keys_usage import create_key
 from test_console_support import PASSWORD, ConsoleClient, mail_link, new_email, signed_up
 
@@ -87,7 +88,7 @@ def test_one_organisation_never_reads_or_changes_another(gateway: Gateway) -> No
     r = httpx.post(gateway.v1 + "/chat/completions", headers={"Authorization": f"Bearer {b_key}"},
                    json={"model": "polish-pro", "messages": [{"role": "user", "content": "x"}]}, timeout=30)
     b_rid = r.headers["x-request-id"]
-    b.get("/billing")
+    billing_details(b)
     b_pay = b.post("/billing/topup", {"amount": "10"}).headers["location"].rsplit("/", 1)[1]
     b.get("/members")
     b.post("/members/invite", {"email": new_email(), "role": "member"})

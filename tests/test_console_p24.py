@@ -19,6 +19,7 @@ import pytest
 from conftest import Gateway, wait_for
 from control.console.payments import BadNotification
 from control.console.payments.przelewy24 import Przelewy24, notification_sign, register_sign, verify_sign
+from test_console_billing import billing_details
 from test_console_support import PASSWORD, ConsoleClient, mails, signed_up
 
 MERCHANT, POS, CRC, API_KEY = 11223, 11224, "a1b2c3d4e5f6a7b8", "api-key-0123456789abcdef"
@@ -143,6 +144,7 @@ def test_p24_topup_is_credited_once_after_verify(gateway: Gateway, p24_console: 
     c.get("/login")
     assert c.post("/login", {"email": email, "password": PASSWORD}).status_code == 303
     assert "Przelewy24" in c.get("/billing").text
+    billing_details(c)
     r = c.post("/billing/topup", {"amount": "25"})
     assert r.status_code == 303
     m = re.fullmatch(re.escape(fake.url) + r"/trnRequest/TOKEN-(pay_[0-9a-f]+)", r.headers["location"])

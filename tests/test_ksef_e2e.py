@@ -1,7 +1,8 @@
 """Invoices to KSeF end to end: the suite's stack with its console restarted with KSeF configured (the
 real ksef-client SDK against tests/ksef_standin.py, the project's only stand-in: KSeF cannot be reached
 from here).  A paid top-up's invoice is sent and gets its KSeF number (Billing, the PDF's QR code, the
-CLI); with KSeF unreachable it is in the offline mode (OFFLINE QR code, the queue in the CLI) and is sent
+CLI); a correction of changed billing details is sent as KOR naming the original's number and KSeF
+number (its e-mailed PDF with its own KSeF number); with KSeF unreachable it is in the offline mode (OFFLINE QR code, the queue in the CLI) and is sent
 after the console restarts (authenticating with the seller's certificate then, not the token); one KSeF
 refuses is recorded as rejected.  Every FA(3) document is checked
 against the official schema."""
@@ -11,11 +12,13 @@ import base64
 import datetime as dt
 import contextlib
 import dataclasses
+import email
 import hashlib
 import io
 import json
 import os
 import re
+from email import policy
 from unittest import mock
 from pathlib import Path
 from typing import Any, Iterator
@@ -35,7 +38,7 @@ from control.console.launch import console_proc
 from fa3_schema import assert_fa3
 from ksef_standin import KsefStandIn
 from test_console_billing import sandbox, start_topup
-from test_console_support import ConsoleClient, signed_up
+from test_console_support import ConsoleClient, mails, signed_up
 
 TOKEN = "20261128-EC-0123456789-ABCDEF0123-45|nip-5213017228|" + "ab" * 32  # a KSeF token's form
 BUYER = {"name": "Piekarnia Kowalski sp. z o.o.", "nip": "526-025-02-74", "address": "ul. Długa 1, 00-001 Warszawa"}
@@ -154,6 +157,44 @@ def test_an_invoice_is_sent_and_gets_its_ksef_number(ksef: Ksef) -> None:
         "GET /v2/auth/{ref}", "POST /v2/auth/token/redeem", "POST /v2/sessions/online",
         "POST /v2/sessions/online/{ref}/invoices", "POST /v2/sessions/online/{ref}/close",
         "GET /v2/sessions/{ref}/invoices/{ref}"}
+
+
+def test_a_correction_is_sent_as_kor_naming_the_original_and_its_ksef_number(ksef: Ksef) -> None:
+    gw = ksef.gw
+    c, org, inv = paid_invoice(gw, "20,00")
+    original = document(gw, inv["number"], "sent")
+    # the owner changes the company's name and asks for the correction on Billing
+    assert c.post("/billing/details", {**BUYER, "name": "Piekarnia Kowalski i Syn sp. z o.o."}).status_code == 303
+    assert c.post("/billing/invoices/correct", {}).status_code == 303
+    [fix] = gw.sql("SELECT * FROM invoices WHERE corrects = $1", inv["id"])
+    doc = document(gw, fix["number"], "sent")
+    number = doc["ksef_number"]
+    assert validate_ksef_number(number).is_valid and number != original["ksef_number"]
+    [got] = [r for r in ksef.standin.received if r.number == fix["number"]]
+    assert got.xml == doc["xml"] and got.offline is False and got.ksef_number == number
+    root = assert_fa3(got.xml)
+    ns = "{http://crd.gov.pl/wzor/2025/06/25/13775/}"
+    fa = f"{ns}Fa/"
+    assert [root.findtext(fa + p) for p in (
+        f"{ns}RodzajFaktury", f"{ns}P_2", f"{ns}PrzyczynaKorekty", f"{ns}DaneFaKorygowanej/{ns}NrFaKorygowanej",
+        f"{ns}DaneFaKorygowanej/{ns}NrKSeFFaKorygowanej", f"{ns}Podmiot2K/{ns}DaneIdentyfikacyjne/{ns}Nazwa",
+        f"{ns}P_15")] == ["KOR", fix["number"], "Korekta danych nabywcy", inv["number"], original["ksef_number"],
+                          BUYER["name"], "0.00"]
+    assert root.findtext(f"{ns}Podmiot2/{ns}DaneIdentyfikacyjne/{ns}Nazwa") == "Piekarnia Kowalski i Syn sp. z o.o."
+    # Billing lists it with its KSeF number and XML; its PDF, downloaded and e-mailed, carries its QR code
+    page = c.get("/billing").text
+    assert number in page and f"/billing/invoices/{fix['id']}.xml" in page
+    text = pdf_text(c, fix)
+    assert f"Numer KSeF: {number}" in text and qr_link(doc) in text.replace("\n", "") and inv["number"] in text
+    [owner] = gw.sql("SELECT u.email FROM users u JOIN memberships m ON m.user_id = u.id WHERE m.org_id = $1", org)
+    msg = wait_for(lambda: [m for m in mails(gw, owner["email"]) if m["subject"] == f"Corrected invoice {fix['number']}"],
+                   timeout=30)[0]
+    eml = email.message_from_bytes((gw.stack.state / "mail" / f"{msg['id']}.eml").read_bytes(), policy=policy.default)
+    [att] = list(eml.iter_attachments())
+    mailed = " ".join(p.extract_text() for p in pypdf.PdfReader(io.BytesIO(att.get_content())).pages)
+    assert f"Numer KSeF: {number}" in mailed.replace("\u00a0", " ") and "OFFLINE" not in mailed
+    [row, _] = cli(gw, "invoices", "ksef", org, "--json")
+    assert (row["number"], row["state"], row["ksef_number"]) == (fix["number"], "sent", number)
 
 
 def seller_certificate(standin: KsefStandIn, where: Path) -> dict[str, str]:

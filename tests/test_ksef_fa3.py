@@ -1,4 +1,4 @@
-"""FA(3) documents of invoices and corrections (control/ksef/fa3.py) read back and checked against the
+"""FA(3) documents of invoices and corrections (control/ksef/fa3.py, from the typed invoice record) read back and checked against the
 official FA(3) schema (tests/fa3_schema.py): every field the invoice has, the correction's reference to
 the original (number, issue date, KSeF number, the buyer before), a private person, and the schema's
 refusal of what it must refuse."""
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from ksef_client.documents.fa3 import FA3XmlValidationError
 
+from control.console.invoices import Buyer, Correction, Invoice, split_gross, topup_lines
 from control.ksef import fa3
-from control.ksef.worker import correction_of, invoice_of
 from core.catalog import WARSAW
 from fa3_schema import assert_fa3, fa3_errors
 
@@ -19,11 +19,25 @@ SELLER = fa3.Party("Bramka Modeli sp. z o.o.", "5213017228", "ul. Marszałkowska
 ISSUED = dt.datetime(2026, 11, 28, 23, 30, tzinfo=dt.timezone.utc)  # 29 November in Warsaw
 
 
-def row(**over: Any) -> dict[str, Any]:
-    """An ``invoices`` row as PostgreSQL gives it."""
-    return {"id": "inv_1", "number": "FV/2026/000007", "issued_at": ISSUED, "buyer_name": "Piekarnia Kowalski sp. z o.o.",
-            "buyer_nip": "5260250274", "buyer_address": "ul. Długa 1, 00-001 Warszawa", "buyer_person": False,
-            "net_grosze": 10_037, "vat_grosze": 2_308, "gross_grosze": 12_345, "vat_pct": 23, **over}
+BUYER = Buyer("Piekarnia Kowalski sp. z o.o.", "5260250274", "ul. Długa 1, 00-001 Warszawa", False)
+DRUGA = Buyer("Druga Firma Sp. j.", None, "", False)  # issued before the details were filled in
+
+
+def record(number: str = "FV/2026/000007", gross: int = 12_345, buyer: Buyer = BUYER, issued: dt.datetime = ISSUED,
+           correction: Correction | None = None) -> Invoice:
+    """An issued invoice as control/console/invoices.py records it (paid the day it is issued)."""
+    day = ISSUED.astimezone(WARSAW).date()
+    lines, totals = topup_lines(gross)
+    return Invoice("inv_1", number, "FK" if correction else "FV", 2026, 7, "org_1", "pay_1", issued,
+                   issued.astimezone(WARSAW).date(), day, day, "p24", buyer, lines, totals, gross, gross, 0, True,
+                   correction)
+
+
+def correction_of(number: str, before: Buyer) -> Invoice:
+    """A correction of FV/2026/000007's buyer, issued three days later."""
+    fix = Correction("inv_1", "FV/2026/000007", ISSUED.astimezone(WARSAW).date(), "Korekta danych nabywcy", before,
+                     *topup_lines(12_345))
+    return record(number, issued=ISSUED + dt.timedelta(days=3), correction=fix)
 
 
 def text(root: Any, path: str) -> str | None:
@@ -36,7 +50,7 @@ def _ns(path: str) -> str:
 
 
 def test_an_invoice_says_what_the_invoice_says() -> None:
-    xml = fa3.invoice_xml(invoice_of(row(), SELLER))
+    xml = fa3.invoice_xml(record(), SELLER)
     root = assert_fa3(xml)
     assert root.find(_ns("Naglowek/KodFormularza")).attrib == {"kodSystemowy": "FA (3)", "wersjaSchemy": "1-0E"}
     expected = {"Podmiot1/DaneIdentyfikacyjne/NIP": "5213017228",
@@ -57,26 +71,21 @@ def test_an_invoice_says_what_the_invoice_says() -> None:
 
 @pytest.mark.parametrize("gross", [1, 999, 1_000, 12_345, 100_000_00, 5_000_000_00])
 def test_amounts_are_the_invoices_to_the_grosz(gross: int) -> None:
-    from control.console.invoices import split_gross
     net, vat = split_gross(gross)
-    root = assert_fa3(fa3.invoice_xml(invoice_of(row(net_grosze=net, vat_grosze=vat, gross_grosze=gross), SELLER)))
+    root = assert_fa3(fa3.invoice_xml(record(gross=gross), SELLER))
     assert (text(root, "Fa/P_13_1"), text(root, "Fa/P_14_1"), text(root, "Fa/P_15")) == (
         f"{net / 100:.2f}", f"{vat / 100:.2f}", f"{gross / 100:.2f}")
 
 
 def test_a_private_person_has_no_nip() -> None:
-    root = assert_fa3(fa3.invoice_xml(invoice_of(row(buyer_name="Jan Kowalski", buyer_nip=None, buyer_person=True,
-                                                     buyer_address=None), SELLER)))
+    root = assert_fa3(fa3.invoice_xml(record(buyer=Buyer("Jan Kowalski", None, "", True)), SELLER))
     assert text(root, "Podmiot2/DaneIdentyfikacyjne/BrakID") == "1"
     assert root.find(_ns("Podmiot2/DaneIdentyfikacyjne/NIP")) is None and root.find(_ns("Podmiot2/Adres")) is None
 
 
 def test_a_correction_is_kor_referencing_the_original_and_its_ksef_number() -> None:
-    original = row(id="inv_1", buyer_name="Druga Firma Sp. j.", buyer_nip=None, buyer_address=None)
-    corr = row(id="inv_2", number="FK/2026/000001", issued_at=ISSUED + dt.timedelta(days=3), corrects="inv_1",
-               previous="inv_1", reason="Korekta danych nabywcy")
     ksef = "5213017228-20261129-0A1B2C3D4E5F-1C"
-    root = assert_fa3(correction_of(corr, original, original, ksef, SELLER))
+    root = assert_fa3(fa3.correction_xml(correction_of("FK/2026/000001", DRUGA), SELLER, ksef))
     expected = {"Fa/RodzajFaktury": "KOR", "Fa/P_2": "FK/2026/000001", "Fa/P_1": "2026-12-02",
                 "Fa/PrzyczynaKorekty": "Korekta danych nabywcy",
                 "Fa/DaneFaKorygowanej/NrFaKorygowanej": "FV/2026/000007",
@@ -93,19 +102,18 @@ def test_a_correction_is_kor_referencing_the_original_and_its_ksef_number() -> N
 
 
 def test_a_correction_of_an_invoice_never_in_ksef_says_so() -> None:
-    corr = row(id="inv_2", number="FK/2026/000002", corrects="inv_1", previous=None, reason="Korekta danych nabywcy")
-    root = assert_fa3(correction_of(corr, row(), row(), None, SELLER))
+    root = assert_fa3(fa3.correction_xml(correction_of("FK/2026/000002", BUYER), SELLER, None))
     assert text(root, "Fa/DaneFaKorygowanej/NrKSeFN") == "1"
     assert root.find(_ns("Fa/DaneFaKorygowanej/NrKSeFFaKorygowanej")) is None
 
 
 def test_what_the_schema_refuses_is_never_made() -> None:
-    good = fa3.invoice_xml(invoice_of(row(), SELLER))
+    good = fa3.invoice_xml(record(), SELLER)
     assert fa3_errors(good.replace(b"<P_15>123.45</P_15>", b"<P_15>123,45</P_15>"))  # the schema bites
     with pytest.raises(ValueError):  # NIP 0000000000 passes the checksum, not the schema's pattern
-        fa3.invoice_xml(invoice_of(row(buyer_nip="0000000000"), SELLER))
+        fa3.invoice_xml(record(buyer=Buyer(BUYER.name, "0000000000", BUYER.address, False)), SELLER)
     with pytest.raises((ValueError, FA3XmlValidationError)):
-        fa3.invoice_xml(invoice_of(row(number=""), SELLER))
+        fa3.invoice_xml(record(number=""), SELLER)
     assert ISSUED.astimezone(WARSAW).date() == dt.date(2026, 11, 29)
 
 

@@ -10,8 +10,11 @@ from typing import Any
 import asyncpg
 
 from control.admin import Admin
+from control.ksef import qr
+from control.ksef import store as ksef_store
+from control.ksef.settings import KsefSettings
 
-from . import i18n, invoices, mail
+from . import i18n, invoice_pdf, invoices, mail
 from .mail import Mailer
 from .payments import BadNotification, Notification, Provider
 from .store import owner_emails
@@ -20,6 +23,9 @@ log = logging.getLogger("console.billing")
 
 MIN_TOPUP_PLN = 1
 MAX_TOPUP_PLN = 10_000
+# a new invoice's e-mail waits at most this long for KSeF's loop to send its FA(3) document (KSeF
+# configured), so that its PDF carries the KSeF number's QR code; after it, the OFFLINE code
+KSEF_MAIL_WAIT_S = 20.0
 
 
 async def create_payment(pool: asyncpg.Pool, provider: str, org_id: str, amount_micro: int, user_id: str) -> str:
@@ -56,11 +62,22 @@ async def handle_notification(admin: Admin, provider: Provider, body: bytes, con
     return {"status": "paid", "credited": credited, "payment_id": pay["id"]}
 
 
-async def mail_invoice(pool: asyncpg.Pool, mailer: Mailer, base_url: str, inv: Any, seller: invoices.Seller) -> None:
-    """The payment e-mail to the organisation's owners, the invoice's PDF attached."""
-    pdf = invoices.render_pdf(inv, seller)
-    for owner, lang in await owner_emails(pool, inv["org_id"]):
+async def mail_invoice(pool: asyncpg.Pool, mailer: Mailer, base_url: str, inv: invoices.Invoice,
+                       seller: invoices.Seller, ksef: KsefSettings, ksef_wait_s: float = 0.0) -> int:
+    """The invoice's e-mail to the organisation's owners, its PDF attached (with English labels for an
+    owner whose language is English): a new invoice's is the payment's thanks.  The PDF carries KSeF's
+    QR code as the download does: the KSeF number's once sent, OFFLINE while on its way; with KSeF
+    configured the mail first waits up to ``ksef_wait_s`` for the loop's first try.  Returns how many
+    went out."""
+    doc = await ksef_store.document_settled(pool, inv.number, ksef_wait_s if ksef.ksef_on else 0.0)
+    mark = qr.of_document(ksef, doc)
+    sent = 0
+    for owner, lang in await owner_emails(pool, inv.org_id):
         with i18n.speaking(lang):
-            subject, text = mail.paid(inv["gross_grosze"] * 10_000, inv["number"], f"{base_url}/billing")
-        await mailer.send(owner, subject, text,
-                          attachment=(f"{inv['number'].replace('/', '-')}.pdf", "application/pdf", pdf))
+            if inv.correction is None:
+                subject, text = mail.paid(inv.paid_grosze * 10_000, inv.number, f"{base_url}/billing")
+            else:
+                subject, text = mail.corrected(inv.number, inv.correction.original_number, f"{base_url}/billing")
+        pdf = await invoice_pdf.render_off_loop(inv, seller, mark, lang)
+        sent += await mailer.send(owner, subject, text, attachment=(inv.file_name, "application/pdf", pdf))
+    return sent

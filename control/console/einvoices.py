@@ -2,6 +2,8 @@
 from ``GATEWAY_SELLER_*``), and what an invoice's PDF shows for KSeF."""
 from __future__ import annotations
 
+import asyncpg
+
 from control.ksef import fa3, qr, store
 from control.ksef.worker import Worker
 
@@ -19,6 +21,11 @@ def seller(s: ConsoleSettings) -> fa3.Party | None:
 
 def worker(c: Console) -> Worker:
     return Worker(c.pool, c.settings, seller(c.settings), c.ksef_wake)
+
+
+async def states(c: Console, numbers: list[str]) -> dict[str, asyncpg.Record]:
+    """Billing's KSeF column: each listed invoice's document (state, KSeF number, whether made), by number."""
+    return await store.states(c.pool, numbers)
 
 
 async def mark(c: Console, number: str) -> qr.Mark | None:

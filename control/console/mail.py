@@ -113,6 +113,13 @@ def paid(amount_micro: int, number: str, link: str) -> tuple[str, str]:
               " it is also on the Billing page:\n\n{link}\n").format(amount=amount, number=number, link=link))
 
 
+def corrected(number: str, original: str, link: str) -> tuple[str, str]:
+    return (_("Corrected invoice {number}").format(number=number),
+            _("Your billing details changed after invoice {original} was issued: the corrective invoice {number}"
+              " with the new details is attached; it is also on the Billing page:\n\n{link}\n")
+            .format(number=number, original=original, link=link))
+
+
 def model_change(alias: str, effective: dt.datetime, before: str, after: str, link: str) -> tuple[str, str]:
     """A change of the upstream models behind an alias, announced ahead (``before``/``after``: the models
     with their traffic shares)."""

@@ -64,6 +64,7 @@ MESSAGES = {
     "low_balance_set": N_("Saved: the owners get an e-mail when the balance falls under the threshold."),
     "low_balance_off": N_("Saved: no low-balance e-mail."),
     "details_saved": N_("Saved: the next invoices carry these billing details."),
+    "corrected": N_("Corrective invoices issued: they are listed under Invoices and mailed to the owners."),
 }
 
 # The words the database holds (roles, ledger entries, payment states) as the pages show them.

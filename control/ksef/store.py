@@ -10,7 +10,9 @@ in the offline mode (its QR code says OFFLINE until it has a KSeF number) and is
 sent.  ``attempts`` and ``problem``: the failed tries so far and the last one's reason."""
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,23 +38,11 @@ async def enqueue(conn: Any, number: str, org_id: str) -> None:
                        number, org_id)
 
 
-async def to_make(pool: asyncpg.Pool) -> list[asyncpg.Record]:
-    """The issued invoices whose FA(3) document is not made yet (their rows, oldest first)."""
-    return list(await pool.fetch("SELECT i.* FROM ksef_documents d JOIN invoices i ON i.number = d.number"
-                                 " WHERE d.state = 'new' ORDER BY i.issued_at LIMIT 100"))
-
-
-async def corrected(pool: asyncpg.Pool, row: Any) -> tuple[Any, Any, str | None, str] | None:
-    """For a correction's row (``corrects``: the original's id, ``previous``: the state it replaces): the
-    original's row, the previous one's, the original's KSeF number and its document's state; None when
-    the original has no document yet."""
-    found = await pool.fetchrow("SELECT d.state, d.ksef_number FROM invoices i JOIN ksef_documents d"
-                                " ON d.number = i.number WHERE i.id = $1", row["corrects"])
-    if found is None:
-        return None
-    original = await pool.fetchrow("SELECT * FROM invoices WHERE id = $1", row["corrects"])
-    previous = await pool.fetchrow("SELECT * FROM invoices WHERE id = $1", row["previous"] or row["corrects"])
-    return original, previous, found["ksef_number"], found["state"]
+async def to_make(pool: asyncpg.Pool) -> list[tuple[str, str]]:
+    """(number, organisation) of the issued invoices whose FA(3) document is not made yet, oldest first."""
+    rows = await pool.fetch("SELECT number, org_id FROM ksef_documents WHERE state = 'new'"
+                            " ORDER BY created_at, number LIMIT 100")
+    return [(r["number"], r["org_id"]) for r in rows]
 
 
 async def made(pool: asyncpg.Pool, number: str, xml: bytes, issued_on: dt.date, seller_nip: str, send: bool) -> None:
@@ -116,3 +106,25 @@ async def of_org(pool: asyncpg.Pool, org_id: str) -> list[asyncpg.Record]:
 async def document(pool: asyncpg.Pool, number: str) -> asyncpg.Record | None:
     """One document (XML included), or None."""
     return await pool.fetchrow("SELECT * FROM ksef_documents WHERE number = $1", number)
+
+
+async def states(pool: asyncpg.Pool, numbers: list[str]) -> dict[str, asyncpg.Record]:
+    """The documents of invoices ``numbers`` without their XML (``fa3``: made), by number (Billing's list)."""
+    rows = await pool.fetch("SELECT number, state, ksef_number, xml IS NOT NULL AS fa3 FROM ksef_documents"
+                            " WHERE number = ANY($1)", numbers)
+    return {r["number"]: r for r in rows}
+
+
+def settled(doc: Any) -> bool:
+    """The loop's first round for a document is over: made and kept, sent, rejected, or tried once
+    (offline) or taken by KSeF (still checking it)."""
+    return doc is not None and (doc["state"] in ("kept", "sent", "rejected") or doc["offline"]
+                                or doc["ksef_ref"] is not None)
+
+
+async def document_settled(pool: asyncpg.Pool, number: str, wait_s: float) -> asyncpg.Record | None:
+    """The document once its first round is over, or as it stands after ``wait_s``."""
+    until = time.monotonic() + wait_s
+    while not settled(doc := await document(pool, number)) and time.monotonic() < until:
+        await asyncio.sleep(0.25)
+    return doc

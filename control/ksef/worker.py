@@ -8,33 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
-from typing import Any
 
 import asyncpg
 
-from core.catalog import WARSAW
+from control.console import invoices
 
 from . import fa3, sender, store
 from .settings import KsefSettings
 
 log = logging.getLogger("console.ksef")
-
-
-def invoice_of(row: Any, seller: fa3.Party) -> fa3.Invoice:
-    """An ``invoices`` row as the FA(3) builder takes it."""
-    nip = None if row["buyer_person"] or not row["buyer_nip"] else row["buyer_nip"]
-    return fa3.Invoice(row["number"], row["issued_at"].astimezone(WARSAW).date(), seller,
-                       fa3.Party(row["buyer_name"], nip, row["buyer_address"] or None),
-                       fa3.Amounts(row["net_grosze"], row["vat_grosze"], row["gross_grosze"], row["vat_pct"]))
-
-
-def correction_of(row: Any, original: Any, previous: Any, ksef_number: str | None, seller: fa3.Party) -> bytes:
-    """The ``KOR`` document of a correction's row: it names the original (number, issue date, KSeF number)
-    and replaces ``previous`` (the original, or its latest correction before this one)."""
-    before = replace(invoice_of(previous, seller), number=original["number"],
-                     issued_on=original["issued_at"].astimezone(WARSAW).date())
-    return fa3.correction_xml(invoice_of(row, seller), fa3.Corrected(before, ksef_number), row["reason"])
 
 
 class Worker:
@@ -71,37 +53,37 @@ class Worker:
     async def round(self) -> None:
         if self.seller is None:
             return
-        for row in await store.to_make(self.pool):
-            inv = invoice_of(row, self.seller)
+        for number, org_id in await store.to_make(self.pool):
+            inv = await invoices.find(self.pool, org_id, number)
+            assert inv is not None, "a document is enqueued by its invoice's transaction"
             try:
-                xml = await self._document(row, inv)
+                xml = await self._document(inv)
                 if xml is None:
                     continue
             except ValueError as e:  # the schema's or the builder's refusal (FA3XmlValidationError is one)
                 log.error("KSeF: no FA(3) document for %s: %s", inv.number, e)
                 await store.unmade(self.pool, inv.number, f"FA(3) not made: {e}")
                 continue
-            await store.made(self.pool, inv.number, xml, inv.issued_on, self.seller.nip or "", self.s.ksef_on)
+            await store.made(self.pool, inv.number, xml, inv.issue_date, self.seller.nip, self.s.ksef_on)
         if not self.s.ksef_on:
             return
         due = await store.claim(self.pool)
         if not due:
             return
-        outcomes = await sender.send(self.s, self.seller.nip or "", due)
+        outcomes = await sender.send(self.s, self.seller.nip, due)
         for d in due:
             await self._record(d, outcomes[d.number])
 
-    async def _document(self, row: Any, inv: fa3.Invoice) -> bytes | None:
+    async def _document(self, inv: invoices.Invoice) -> bytes | None:
         """An invoice's FA(3) document, a correction's KOR; None: not yet (a correction whose original
         is still on its way to KSeF waits for the original's KSeF number)."""
         assert self.seller is not None
-        if row.get("corrects") is None:
-            return fa3.invoice_xml(inv)
-        found = await store.corrected(self.pool, row)
-        if found is None or found[3] in ("new", "queued"):
+        if inv.correction is None:
+            return fa3.invoice_xml(inv, self.seller)
+        original = await store.document(self.pool, inv.correction.original_number)
+        if original is None or original["state"] in ("new", "queued"):
             return None
-        original, previous, ksef_number, _ = found
-        return correction_of(row, original, previous, ksef_number, self.seller)
+        return fa3.correction_xml(inv, self.seller, original["ksef_number"])
 
     async def _record(self, d: store.Due, o: sender.Outcome) -> None:
         if isinstance(o, sender.Sent):

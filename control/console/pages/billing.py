@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import NoReturn
+from typing import Mapping, NoReturn
 
 import aiohttp
 import asyncpg
@@ -14,8 +14,8 @@ from babel.numbers import format_decimal
 
 from control.admin import AdminError, pln_to_micro
 
-from .. import billing, einvoices, invoices
-from ..i18n import _, lang, money
+from .. import billing, einvoices, invoice_pdf, invoices
+from ..i18n import N_, _, lang, money
 from ..payments import BadNotification, Payment, PaymentError
 from ..store import Viewer, name_problem
 from ..web import console, dev_only, load_catalog, need, raise_page, render, see_other
@@ -47,7 +47,13 @@ def _prices(request: web.Request) -> list[dict[str, object]]:
 
 @routes.get("/billing")
 async def billing_page(request: web.Request) -> web.Response:
-    v = need(request, "billing")
+    return await _page(request, need(request, "billing"))
+
+
+async def _page(request: web.Request, v: Viewer, status: int = 200, typed: Mapping[str, str] | None = None,
+                errors: Mapping[str, str] | None = None) -> web.Response:
+    """Billing; after a refused form (``status`` 400) with what was typed back in its fields and each
+    problem (``errors``: field name to message) beside its field."""
     c = console(request)
     bal = await c.admin.balance(v.org_id)
     pid = request.query.get("payment", "")
@@ -60,16 +66,25 @@ async def billing_page(request: web.Request) -> web.Response:
             outcome = "unpaid"  # the buyer cancelled at the provider; its notice may still be on its way
     org = await c.pool.fetchrow("SELECT low_balance_micro_pln, billing_name, billing_nip, billing_address,"
                                 " billing_person FROM orgs WHERE id = $1", v.org_id)
-    return render(request, "billing.html", balance=bal["balance_micro_pln"], credit=bal, ledger=await _ledger(request, v.org_id),
-                  prices=_prices(request), payments=await c.pool.fetch(
+    saved = {"person": "1" if org["billing_person"] else "", "name": org["billing_name"] or "",
+             "nip": org["billing_nip"] or "", "address": org["billing_address"] or ""}
+    listed = await invoices.org_invoices(c.pool, v.org_id, 50)
+    return render(request, "billing.html", status, balance=bal["balance_micro_pln"], credit=bal,
+                  ledger=await _ledger(request, v.org_id), prices=_prices(request), payments=await c.pool.fetch(
                       "SELECT * FROM payments WHERE org_id = $1 ORDER BY created_at DESC LIMIT 20", v.org_id),
                   amounts=AMOUNTS, watched=watched, outcome=outcome, provider=c.provider.name,
-                  low_balance_text=threshold_text(org["low_balance_micro_pln"]), details=org,
-                  invoices=await c.pool.fetch("SELECT i.id, i.number, i.issued_at, i.gross_grosze, d.state AS ksef_state,"
-                                              " d.ksef_number, d.xml IS NOT NULL AS fa3 FROM invoices i LEFT JOIN"
-                                              " ksef_documents d ON d.number = i.number WHERE i.org_id = $1"
-                                              " ORDER BY i.issued_at DESC LIMIT 50", v.org_id),
+                  low_balance_text=threshold_text(org["low_balance_micro_pln"]),
+                  typed={**saved, "threshold": threshold_text(org["low_balance_micro_pln"]), "amount": "",
+                         **(typed or {})},
+                  errors=errors or {}, missing=[_(MISSING[m]) for m in invoices.details_missing(org)],
+                  invoices=listed, ksef=await einvoices.states(c, [i.number for i in listed]),
+                  outdated=await invoices.outdated(c.pool, v.org_id),
                   min_pln=billing.MIN_TOPUP_PLN, max_pln=billing.MAX_TOPUP_PLN)
+
+
+# what invoices.details_missing names, as Pay says it
+MISSING = {"name": N_("the name or company"), "address": N_("the address"),
+           "nip": N_("the NIP, or the choice of a private person")}
 
 
 def threshold_text(micro: int | None) -> str:
@@ -111,13 +126,29 @@ async def _payment(request: web.Request, v: Viewer) -> asyncpg.Record:
     return row
 
 
+async def _details_refusal(request: web.Request, v: Viewer, amount: str) -> web.Response | None:
+    """Billing again (400) while the billing details an invoice needs are missing: Pay says which, and
+    links to the form; None when they are all there."""
+    org = await console(request).pool.fetchrow("SELECT billing_name, billing_nip, billing_address, billing_person"
+                                               " FROM orgs WHERE id = $1", v.org_id)
+    if not (missing := invoices.details_missing(org)):
+        return None
+    text = _("Before paying, fill in the billing details for the invoice: {missing}.").format(
+        missing=", ".join(_(MISSING[m]) for m in missing))
+    return await _page(request, v, 400, {"amount": amount}, {"amount": text})
+
+
 @routes.post("/billing/topup")
 async def topup(request: web.Request) -> web.Response:
     v = need(request, "billing")
+    amount = str((await request.post()).get("amount", "")).strip()
+    if (refused := await _details_refusal(request, v, amount)) is not None:
+        return refused
     micro = await _form_micro(request, "amount") or 0
     if not billing.MIN_TOPUP_PLN * 1_000_000 <= micro <= billing.MAX_TOPUP_PLN * 1_000_000 or micro % 10_000:
-        raise_page(request, 400, _("Choose an amount from {min} to {max} (at most 2 decimal places).")
-                   .format(min=money(billing.MIN_TOPUP_PLN * 1_000_000), max=money(billing.MAX_TOPUP_PLN * 1_000_000)))
+        return await _page(request, v, 400, {"amount": amount}, {"amount": _(
+            "Choose an amount from {min} to {max} (at most 2 decimal places).").format(
+                min=money(billing.MIN_TOPUP_PLN * 1_000_000), max=money(billing.MAX_TOPUP_PLN * 1_000_000))})
     await _start_topup(request, v, micro)
 
 
@@ -127,39 +158,59 @@ LOW_BALANCE_MAX_PLN = 100_000
 @routes.post("/billing/details")
 async def set_details(request: web.Request) -> web.Response:
     """The organisation's billing details for its invoices: a company (name, NIP checked by its
-    checksum, address) or a private person (name, address).  Invoices already issued keep theirs."""
+    checksum, address) or a private person (name, address).  Invoices already issued keep theirs (Billing
+    then offers their corrections).  Refused: Billing again with every field as typed and each problem
+    beside its field."""
     v = need(request, "billing")
     form = await request.post()
-    person = form.get("person") == "1"
-    name = str(form.get("name", "")).strip()
-    nip = invoices.normal_nip(str(form.get("nip", "")))
-    address = str(form.get("address", "")).strip().replace("\r\n", "\n")
-    problems = [p for p in (name_problem(name, _("name")),) if p]
+    typed = {k: str(form.get(k, "")) for k in ("person", "name", "nip", "address")}
+    person = typed["person"] == "1"
+    name = typed["name"].strip()
+    nip = invoices.normal_nip(typed["nip"])
+    address = typed["address"].strip().replace("\r\n", "\n")
+    errors: dict[str, str] = {}
     if not name or len(name) > 200:
-        problems.append(_("Enter the name to put on invoices (at most 200 characters)."))
+        errors["name"] = _("Enter the name to put on invoices (at most 200 characters).")
+    elif problem := name_problem(name, _("name")):
+        errors["name"] = problem
     if not address or len(address) > 300:
-        problems.append(_("Enter the address (at most 300 characters)."))
+        errors["address"] = _("Enter the address (at most 300 characters).")
     if not person and not invoices.nip_valid(nip):
-        problems.append(_("The NIP is not valid: 10 digits whose last one is the checksum."))
-    if problems:
-        raise_page(request, 400, " ".join(problems))
+        errors["nip"] = _("The NIP is not valid: 10 digits whose last one is the checksum"
+                          " (a PL prefix, spaces and dashes are allowed).")
+    if errors:
+        return await _page(request, v, 400, typed, errors)
     await console(request).pool.execute(
         "UPDATE orgs SET billing_name = $2, billing_nip = $3, billing_address = $4, billing_person = $5 WHERE id = $1",
         v.org_id, name, None if person else nip, address, person)
-    see_other("/billing?msg=details_saved")
+    see_other("/billing?msg=details_saved#details")
+
+
+@routes.post("/billing/invoices/correct")
+async def correct_invoices(request: web.Request) -> web.Response:
+    """Corrective invoices for those issued with billing details since changed, mailed to the owners."""
+    v = need(request, "billing")
+    c = console(request)
+    issued = await invoices.correct(c.pool, v.org_id)
+    if issued:
+        c.ksef_wake.set()  # their KOR documents made and sent now
+    for inv in issued:
+        c.background.run(billing.mail_invoice(c.pool, c.mailer, c.base_url, inv, invoices.Seller.of(c.settings),
+                                              c.settings, billing.KSEF_MAIL_WAIT_S),
+                         "correction mail")
+    see_other("/billing?msg=corrected#invoices-heading")
 
 
 @routes.get("/billing/invoices/{invoice_id}.pdf")
-async def invoice_pdf(request: web.Request) -> web.Response:
+async def invoice_download(request: web.Request) -> web.Response:
     v = need(request, "billing")
-    inv = await console(request).pool.fetchrow("SELECT * FROM invoices WHERE id = $1 AND org_id = $2",
-                                                request.match_info["invoice_id"], v.org_id)
+    inv = await invoices.find(console(request).pool, v.org_id, request.match_info["invoice_id"])
     if inv is None:
         raise_page(request, 404, _("There is no such invoice in this organisation."))
-    pdf = invoices.render_pdf(inv, invoices.Seller.of(console(request).settings),
-                              await einvoices.mark(console(request), inv["number"]))
+    pdf = await invoice_pdf.render_off_loop(inv, invoices.Seller.of(console(request).settings),
+                                            await einvoices.mark(console(request), inv.number), lang())
     return web.Response(body=pdf, content_type="application/pdf", headers={
-        "Content-Disposition": f'attachment; filename="{inv["number"].replace("/", "-")}.pdf"'})
+        "Content-Disposition": f'attachment; filename="{inv.file_name}"'})
 
 
 @routes.get("/billing/invoices/{invoice_id}.xml")
@@ -181,9 +232,10 @@ async def set_low_balance(request: web.Request) -> web.Response:
     v = need(request, "billing")
     micro = await _form_micro(request, "threshold")
     if micro is not None and (not 0 < micro <= LOW_BALANCE_MAX_PLN * 1_000_000 or micro % 10_000):
-        raise_page(request, 400, _("Enter a threshold from {min} to {max} (at most 2 decimal places), or nothing"
-                                   " to turn the e-mail off.").format(min=money(10_000),
-                                                                      max=money(LOW_BALANCE_MAX_PLN * 1_000_000)))
+        return await _page(request, v, 400, {"threshold": str((await request.post()).get("threshold", ""))}, {
+            "threshold": _("Enter a threshold from {min} to {max} (at most 2 decimal places), or nothing"
+                           " to turn the e-mail off.").format(min=money(10_000),
+                                                              max=money(LOW_BALANCE_MAX_PLN * 1_000_000))})
     await console(request).pool.execute(
         "UPDATE orgs SET low_balance_micro_pln = $2, low_balance_mailed_at = NULL WHERE id = $1", v.org_id, micro)
     see_other("/billing?msg=" + ("low_balance_set" if micro else "low_balance_off"))
@@ -206,6 +258,8 @@ async def retry_payment(request: web.Request) -> web.Response:
     row = await _payment(request, v)
     if row["status"] not in ("failed", "cancelled"):
         see_other(f"/billing?payment={row['id']}")
+    if (refused := await _details_refusal(request, v, "")) is not None:
+        return refused
     await _start_topup(request, v, row["amount_micro_pln"])
 
 
@@ -243,7 +297,8 @@ async def notify(request: web.Request) -> web.Response:
         inv, created = await invoices.issue_for_payment(c.pool, paid)
         if created and inv is not None:
             c.ksef_wake.set()  # its FA(3) document made and sent now
-            c.background.run(billing.mail_invoice(c.pool, c.mailer, c.base_url, inv, invoices.Seller.of(c.settings)),
+            c.background.run(billing.mail_invoice(c.pool, c.mailer, c.base_url, inv, invoices.Seller.of(c.settings),
+                                              c.settings, billing.KSEF_MAIL_WAIT_S),
                              "invoice mail")
     return web.json_response(result)
 
