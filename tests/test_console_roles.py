@@ -55,6 +55,7 @@ ACCESS: dict[tuple[str, str], str] = {
     ("GET", "/billing"): "billing",
     ("POST", "/billing/topup"): "billing",
     ("POST", "/billing/details"): "billing",
+    ("POST", "/billing/invoices/correct"): "billing",
     ("GET", "/billing/invoices/{invoice_id}.pdf"): "billing",
     ("GET", "/billing/invoices/{invoice_id}.xml"): "billing",
     ("POST", "/billing/low-balance"): "billing",
