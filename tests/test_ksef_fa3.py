@@ -1,17 +1,33 @@
 """FA(3) documents of invoices and corrections (control/ksef/fa3.py, from the typed invoice record) read back and checked against the
 official FA(3) schema (tests/fa3_schema.py): every field the invoice has, the correction's reference to
 the original (number, issue date, KSeF number, the buyer before), a private person, and the schema's
-refusal of what it must refuse."""
+refusal of what it must refuse; the QR codes of an invoice for KSeF (control/ksef/qr.py): KOD I, and KOD II
+signed with the seller's offline certificate (a self-signed one made here) while the invoice is offline."""
 from __future__ import annotations
 
+import asyncio
+import base64
 import datetime as dt
-from typing import Any
+import hashlib
+import io
+import logging
+from pathlib import Path
+from typing import Any, cast
 
+import pypdf
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+from cryptography.x509.oid import NameOID
 from ksef_client.documents.fa3 import FA3XmlValidationError
 
-from control.console.invoices import Buyer, Correction, Invoice, split_gross, topup_lines
-from control.ksef import fa3
+from control.console import invoice_pdf
+from control.console.invoices import Buyer, Correction, Invoice, Seller, split_gross, topup_lines
+from control.ksef import fa3, qr
+from control.ksef.settings import KsefSettings
+from control.ksef.worker import Worker
 from core.catalog import WARSAW
 from fa3_schema import assert_fa3, fa3_errors
 
@@ -139,3 +155,91 @@ def test_ksef_configured_needs_a_token_and_the_seller() -> None:
     on = ConsoleSettings(ksef_env="production")
     assert (on.ksef_api_url, on.ksef_qr_url) == ("https://api.ksef.mf.gov.pl", "https://qr.ksef.mf.gov.pl")
     assert ConsoleSettings(ksef_env="test", ksef_url="http://proxy:1").ksef_qr_url == "https://qr-test.ksef.mf.gov.pl"
+
+
+def offline_certificate(where: Path, serial: int = 0x0123456789ABCDEF) -> tuple[x509.Certificate, dict[str, str]]:
+    """A self-signed stand-in for the seller's KSeF offline certificate (EC P-256) and its key as PEM files in
+    ``where``: (the certificate, the settings naming the files)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, SELLER.name)])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(serial).not_valid_before(now - dt.timedelta(days=1))
+            .not_valid_after(now + dt.timedelta(days=30)).sign(key, hashes.SHA256()))
+    (where / "offline.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (where / "offline.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                          serialization.NoEncryption()))
+    return cert, {"ksef_offline_cert": str(where / "offline.crt"), "ksef_offline_key": str(where / "offline.key")}
+
+
+def pdf_of(mark: qr.Mark) -> tuple[str, int]:
+    """The text of the invoice's PDF with ``mark`` without whitespace (a wrapped link's line breaks and a
+    justified line's spaces vary) and how many images it has."""
+    pdf = pypdf.PdfReader(io.BytesIO(invoice_pdf.render(record(), Seller(SELLER.name, SELLER.nip, SELLER.address), mark)))
+    return "".join("".join(p.extract_text().split()) for p in pdf.pages), sum(len(p.images) for p in pdf.pages)
+
+
+def test_an_offline_invoice_carries_kod_ii_signed_with_the_offline_certificate(tmp_path: Path) -> None:
+    cert, files = offline_certificate(tmp_path)
+    s = KsefSettings(ksef_env="test", ksef_token="t", **files)
+    xml = fa3.invoice_xml(record(), SELLER)
+    digest = base64.urlsafe_b64encode(hashlib.sha256(xml).digest()).decode().rstrip("=")
+    kod_i = f"https://qr-test.ksef.mf.gov.pl/invoice/{SELLER.nip}/29-11-2026/{digest}"
+    m = qr.mark(s, SELLER.nip, dt.date(2026, 11, 29), xml, None)
+    assert (m.url, m.label, m.offline) == (kod_i, "OFFLINE", True) and m.certificate_url is not None
+    # <qr address>/certificate/<context type>/<context id>/<seller NIP>/<certificate serial>/<invoice hash>/<signature>
+    signed, signature = m.certificate_url.rsplit("/", 1)
+    assert signed == f"https://qr-test.ksef.mf.gov.pl/certificate/Nip/{SELLER.nip}/{SELLER.nip}/0123456789ABCDEF/{digest}"
+    raw = base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))
+    assert len(raw) == 64  # IEEE P1363: r || s, 32 bytes each
+    public = cert.public_key()
+    assert isinstance(public, ec.EllipticCurvePublicKey)
+    public.verify(encode_dss_signature(int.from_bytes(raw[:32], "big"), int.from_bytes(raw[32:], "big")),
+                  signed.removeprefix("https://").encode(), ec.ECDSA(hashes.SHA256()))  # raises if not the key's
+    # the PDF: both codes, KOD I labelled OFFLINE, KOD II CERTYFIKAT, each with its link in words
+    text, images = pdf_of(m)
+    assert images == 2
+    assert f"KODI(OFFLINE):{kod_i}" in text and f"KODII(CERTYFIKAT):{m.certificate_url}" in text, text
+    assert "Fakturawystawionawtrybieoffline" in text
+    # once sent: KOD I with the KSeF number only
+    sent = qr.mark(s, SELLER.nip, dt.date(2026, 11, 29), xml, "5213017228-20261129-0123456789AB-CD")
+    assert (sent.url, sent.label, sent.certificate_url) == (kod_i, "5213017228-20261129-0123456789AB-CD", None)
+    text, images = pdf_of(sent)
+    assert images == 1 and "NumerKSeF:5213017228-20261129-0123456789AB-CD" in text
+    assert f"KODI(5213017228-20261129-0123456789AB-CD):{kod_i}" in text
+    assert "OFFLINE" not in text and "CERTYFIKAT" not in text and "KODII" not in text
+    # offline without an offline certificate: KOD I only
+    bare = qr.mark(KsefSettings(ksef_env="test", ksef_token="t"), SELLER.nip, dt.date(2026, 11, 29), xml, None)
+    assert (bare.url, bare.label, bare.certificate_url) == (kod_i, "OFFLINE", None)
+    text, images = pdf_of(bare)
+    assert images == 1 and f"KODI(OFFLINE):{kod_i}" in text and "CERTYFIKAT" not in text and "KODII" not in text
+
+
+def test_the_offline_certificate_is_checked_at_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    from control.console.launch import refusal
+    from control.console.settings import ConsoleSettings
+    seller = {"seller_name": SELLER.name, "seller_nip": SELLER.nip, "seller_address": SELLER.address}
+    _, files = offline_certificate(tmp_path)
+    on = {"dev": True, "ksef_env": "demo", "ksef_token": "t", **seller}
+    assert refusal(ConsoleSettings(**on, **files)) is None
+    pair = "GATEWAY_KSEF_OFFLINE_CERT and GATEWAY_KSEF_OFFLINE_KEY go together (the offline certificate and its key)"
+    assert refusal(ConsoleSettings(**on, ksef_offline_cert=files["ksef_offline_cert"])) == pair
+    assert refusal(ConsoleSettings(**on, ksef_offline_cert=files["ksef_offline_cert"],
+                                   ksef_offline_key="/nonexistent/o.key")) == "GATEWAY_KSEF_OFFLINE_KEY: cannot read /nonexistent/o.key"
+    other = tmp_path / "other"
+    other.mkdir()
+    _, others = offline_certificate(other)
+    mixed = {**files, "ksef_offline_key": others["ksef_offline_key"]}
+    assert refusal(ConsoleSettings(**on, **mixed)) == (
+        f"GATEWAY_KSEF_OFFLINE_CERT/KEY: {mixed['ksef_offline_key']} is not the key of {mixed['ksef_offline_cert']}")
+    assert refusal(ConsoleSettings(**on, ksef_offline_cert=__file__, ksef_offline_key=__file__)) == (
+        f"GATEWAY_KSEF_OFFLINE_CERT/KEY: {__file__} is not a PEM certificate")
+    # KSeF configured without one: the start log says, in one line, that offline invoices carry no KOD II
+    with caplog.at_level(logging.INFO, logger="console.ksef"):
+        Worker(cast(Any, None), KsefSettings(ksef_env="demo", ksef_token="t"), SELLER, asyncio.Event()).announce()
+        Worker(cast(Any, None), KsefSettings(ksef_env="demo", ksef_token="t", **files), SELLER, asyncio.Event()).announce()
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", f"KSeF: invoices are sent to the demo environment for NIP {SELLER.nip}"),
+        ("WARNING", "KSeF: no offline certificate (GATEWAY_KSEF_OFFLINE_CERT/KEY): invoices issued offline carry"
+                    " KOD I only, no KOD II (docs/configuration.md, \"KSeF\")"),
+        ("INFO", f"KSeF: invoices are sent to the demo environment for NIP {SELLER.nip}")]

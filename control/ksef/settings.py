@@ -1,5 +1,6 @@
 """The operator's KSeF settings (docs/configuration.md, "KSeF"): which environment, and the KSeF token, or
-the certificate and key, that authenticate the seller (its NIP: ``GATEWAY_SELLER_NIP``).  No environment: invoices are still made as
+the certificate and key, that authenticate the seller (its NIP: ``GATEWAY_SELLER_NIP``), and its KSeF
+offline certificate and key that sign the second QR code (KOD II) of an invoice issued offline.  No environment: invoices are still made as
 FA(3) documents, kept and offered for download, but not sent (the console says so when it starts)."""
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from dataclasses import dataclass
 from ksef_client.config import KsefEnvironment, KsefQrEnvironment
 
 from core.settings_base import env
+
+from . import offline
 
 ENVIRONMENTS = {"test": (KsefEnvironment.TEST, KsefQrEnvironment.TEST),
                 "demo": (KsefEnvironment.DEMO, KsefQrEnvironment.DEMO),
@@ -21,6 +24,8 @@ class KsefSettings:
     ksef_token: str = env("GATEWAY_KSEF_TOKEN", "")           # the KSeF token (generated in KSeF for the seller's NIP, right to issue invoices)
     ksef_cert: str = env("GATEWAY_KSEF_CERT", "")             # or a certificate (PEM file) the seller authenticates with (XAdES signature) ...
     ksef_key: str = env("GATEWAY_KSEF_KEY", "")               # ... and its private key (PEM file, unencrypted)
+    ksef_offline_cert: str = env("GATEWAY_KSEF_OFFLINE_CERT", "")  # the seller's KSeF offline certificate (PEM file): signs KOD II ...
+    ksef_offline_key: str = env("GATEWAY_KSEF_OFFLINE_KEY", "")    # ... with its private key (PEM file, unencrypted)
     ksef_url: str = env("GATEWAY_KSEF_URL", "")               # override of the environment's API address (a proxy)
     ksef_retry_s: float = env("GATEWAY_KSEF_RETRY_S", 60.0)   # first wait before sending again after KSeF could not be reached; doubles, at most an hour
 
@@ -31,9 +36,18 @@ class KsefSettings:
         if bool(self.ksef_token) == bool(self.ksef_cert or self.ksef_key) or bool(self.ksef_cert) != bool(self.ksef_key):
             return (f"GATEWAY_KSEF_ENV={self.ksef_env} needs GATEWAY_KSEF_TOKEN (a KSeF token of the seller's NIP) or"
                     " GATEWAY_KSEF_CERT and GATEWAY_KSEF_KEY (its certificate and private key), one of the two")
-        for var, path in (("GATEWAY_KSEF_CERT", self.ksef_cert), ("GATEWAY_KSEF_KEY", self.ksef_key)):
+        if bool(self.ksef_offline_cert) != bool(self.ksef_offline_key):
+            return "GATEWAY_KSEF_OFFLINE_CERT and GATEWAY_KSEF_OFFLINE_KEY go together (the offline certificate and its key)"
+        for var, path in (("GATEWAY_KSEF_CERT", self.ksef_cert), ("GATEWAY_KSEF_KEY", self.ksef_key),
+                          ("GATEWAY_KSEF_OFFLINE_CERT", self.ksef_offline_cert),
+                          ("GATEWAY_KSEF_OFFLINE_KEY", self.ksef_offline_key)):
             if path and not os.access(path, os.R_OK):
                 return f"{var}: cannot read {path}"
+        if self.ksef_offline_cert:
+            try:
+                offline.load(self.ksef_offline_cert, self.ksef_offline_key)
+            except ValueError as e:
+                return f"GATEWAY_KSEF_OFFLINE_CERT/KEY: {e}"
         if self.ksef_on and not seller_ok:
             return (f"GATEWAY_KSEF_ENV={self.ksef_env} needs the seller: GATEWAY_SELLER_NAME, GATEWAY_SELLER_NIP"
                     " (a valid NIP) and GATEWAY_SELLER_ADDRESS")

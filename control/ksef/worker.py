@@ -34,6 +34,9 @@ class Worker:
                         " not sent to KSeF (docs/configuration.md, \"KSeF\")")
         else:
             log.info("KSeF: invoices are sent to the %s environment for NIP %s", self.s.ksef_env, self.seller.nip)
+            if not self.s.ksef_offline_cert:
+                log.warning("KSeF: no offline certificate (GATEWAY_KSEF_OFFLINE_CERT/KEY): invoices issued offline"
+                            " carry KOD I only, no KOD II (docs/configuration.md, \"KSeF\")")
 
     async def watch(self) -> None:
         """Runs for the console's lifetime."""
