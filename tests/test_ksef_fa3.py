@@ -157,7 +157,7 @@ def test_ksef_configured_needs_a_token_and_the_seller() -> None:
     assert ConsoleSettings(ksef_env="test", ksef_url="http://proxy:1").ksef_qr_url == "https://qr-test.ksef.mf.gov.pl"
 
 
-def offline_certificate(where: Path, serial: int = 0x0123456789ABCDEF) -> tuple[x509.Certificate, dict[str, str]]:
+def offline_certificate(where: Path, serial: int = 0x00F23456789ABCDE) -> tuple[x509.Certificate, dict[str, str]]:
     """A self-signed stand-in for the seller's KSeF offline certificate (EC P-256) and its key as PEM files in
     ``where``: (the certificate, the settings naming the files)."""
     key = ec.generate_private_key(ec.SECP256R1())
@@ -189,7 +189,7 @@ def test_an_offline_invoice_carries_kod_ii_signed_with_the_offline_certificate(t
     assert (m.url, m.label, m.offline) == (kod_i, "OFFLINE", True) and m.certificate_url is not None
     # <qr address>/certificate/<context type>/<context id>/<seller NIP>/<certificate serial>/<invoice hash>/<signature>
     signed, signature = m.certificate_url.rsplit("/", 1)
-    assert signed == f"https://qr-test.ksef.mf.gov.pl/certificate/Nip/{SELLER.nip}/{SELLER.nip}/0123456789ABCDEF/{digest}"
+    assert signed == f"https://qr-test.ksef.mf.gov.pl/certificate/Nip/{SELLER.nip}/{SELLER.nip}/00F23456789ABCDE/{digest}"
     raw = base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))
     assert len(raw) == 64  # IEEE P1363: r || s, 32 bytes each
     public = cert.public_key()
@@ -232,6 +232,9 @@ def test_the_offline_certificate_is_checked_at_start(tmp_path: Path, caplog: pyt
     mixed = {**files, "ksef_offline_key": others["ksef_offline_key"]}
     assert refusal(ConsoleSettings(**on, **mixed)) == (
         f"GATEWAY_KSEF_OFFLINE_CERT/KEY: {mixed['ksef_offline_key']} is not the key of {mixed['ksef_offline_cert']}")
+    _, big = offline_certificate(other, serial=2 ** 64)  # 17 hexadecimal digits: not one KSeF issued
+    assert refusal(ConsoleSettings(**on, **big)) == (f"GATEWAY_KSEF_OFFLINE_CERT/KEY: {big['ksef_offline_cert']} is not"
+                                                      " a KSeF certificate (its serial number is not 16 hexadecimal digits)")
     assert refusal(ConsoleSettings(**on, ksef_offline_cert=__file__, ksef_offline_key=__file__)) == (
         f"GATEWAY_KSEF_OFFLINE_CERT/KEY: {__file__} is not a PEM certificate")
     # KSeF configured without one: the start log says, in one line, that offline invoices carry no KOD II

@@ -9,11 +9,12 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from ksef_client.utils.certificate_serial import is_valid_certificate_serial_number
 
 
 @dataclass(frozen=True, slots=True)
 class OfflineCertificate:
-    serial: str  # the certificate's serial number as KSeF writes it: its bytes in upper-case hex
+    serial: str  # the certificate's serial number as KSeF writes it: 16 upper-case hexadecimal digits
     cert_pem: str
     key_pem: str
 
@@ -34,6 +35,7 @@ def load(cert_path: str, key_path: str) -> OfflineCertificate:
     spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     if key.public_key().public_bytes(*spki) != cert.public_key().public_bytes(*spki):
         raise ValueError(f"{key_path} is not the key of {cert_path}")
-    n = cert.serial_number
-    return OfflineCertificate(n.to_bytes(n.bit_length() // 8 + 1, "big").hex().upper(),
-                              cert_pem.decode("ascii"), key_pem.decode("ascii"))
+    serial = f"{cert.serial_number:016X}"
+    if not is_valid_certificate_serial_number(serial):
+        raise ValueError(f"{cert_path} is not a KSeF certificate (its serial number is not 16 hexadecimal digits)")
+    return OfflineCertificate(serial, cert_pem.decode("ascii"), key_pem.decode("ascii"))
