@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 from .catalog_types import Alias, Catalog
 from .errors import ApiError
-from .responses import rewrite_body, with_estimated_usage
+from .responses import Reply, rewrite_body, with_estimated_usage
 from .rules import CHAT, EMBEDDINGS, Prepared, prepare_chat, prepare_embeddings
 from .sse import StreamMeter
 
@@ -23,11 +23,12 @@ from .sse import StreamMeter
 Pick = Callable[[Alias], str | None]
 # the request body -> the request to forward (and what billing needs of it), or the refusal
 Prepare = Callable[[bytes, Catalog, Pick], Prepared | ApiError]
-# a successful reply, the upstream model and the alias -> the reply for the client, the usage it reports
-Rewrite = Callable[[bytes, str, str], tuple[bytes, tuple[int, int] | None]]
+# a successful reply, the upstream model and the alias -> the reply for the client, cut around the usage
+# it reports (``Reply.body`` puts the request's cost in it)
+Rewrite = Callable[[bytes, str, str], Reply]
 # a complete reply that reports no usage, the estimated input -> the reply with the usage it is billed,
 # the output tokens estimated
-Estimate = Callable[[bytes, int], tuple[bytes, int]]
+Estimate = Callable[[bytes, int], tuple[Reply, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,19 +73,19 @@ class Registry:
         return Registry((*self.endpoints, endpoint))
 
 
-def _chat_reply(body: bytes, upstream_model: str, alias: str) -> tuple[bytes, tuple[int, int] | None]:
+def _chat_reply(body: bytes, upstream_model: str, alias: str) -> Reply:
     return rewrite_body(body, upstream_model, alias)
 
 
-def _chat_estimate(body: bytes, prompt_tokens: int) -> tuple[bytes, int]:
+def _chat_estimate(body: bytes, prompt_tokens: int) -> tuple[Reply, int]:
     return with_estimated_usage(body, prompt_tokens)
 
 
-def _embeddings_reply(body: bytes, upstream_model: str, alias: str) -> tuple[bytes, tuple[int, int] | None]:
+def _embeddings_reply(body: bytes, upstream_model: str, alias: str) -> Reply:
     return rewrite_body(body, upstream_model, alias, embeddings=True)
 
 
-def _embeddings_estimate(body: bytes, prompt_tokens: int) -> tuple[bytes, int]:
+def _embeddings_estimate(body: bytes, prompt_tokens: int) -> tuple[Reply, int]:
     return with_estimated_usage(body, prompt_tokens, embeddings=True)
 
 

@@ -51,4 +51,5 @@ WIRE: dict[str, str] = {
     "estimated_prompt_tokens": "p", "owner": "n",
 }
 # what envoy/sse_relay.lua reads of it
-RELAY_READS = ("alias", "upstream_model", "client_wants_usage", "estimated_prompt_tokens")
+RELAY_READS = ("alias", "upstream_model", "client_wants_usage", "estimated_prompt_tokens", "input_price",
+               "output_price")

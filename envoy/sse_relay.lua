@@ -21,8 +21,9 @@
 --
 -- The ext_proc names the stream in the response header x-gateway-stream (core/stream_context.py, whose
 -- WIRE names its members: "a" the alias and "u" the upstream model as JSON strings, "w" 1 when the client
--- asked for usage, "p" the estimated input tokens); it is removed here.  The file is also loaded by the unit tests (tests/test_sse.py, through
--- tests/lua_relay.py) in LuaJIT through lupa, outside Envoy.
+-- asked for usage, "p" the estimated input tokens, "i" and "x" the input and output prices, for the cost
+-- in the usage shown); it is removed here.  The file is also loaded by the unit tests (tests/test_sse.py,
+-- through tests/lua_relay.py) in LuaJIT through lupa, outside Envoy.
 
 local find, sub, gsub, byte = string.find, string.sub, string.gsub, string.byte
 
@@ -120,17 +121,48 @@ local function falsy(v)
 end
 
 -- A usage object as billing reads it (core/cost.py usage_json_tokens): a whole prompt_tokens, and a
--- whole completion_tokens or none.
-local function valid_usage(u)
+-- whole completion_tokens or none.  Its (prompt, completion) tokens, or nil.
+local function usage_tokens(u)
   local m = items(u, 1, true)
-  if m == nil then return false end
+  if m == nil then return nil end
   local prompt, completion = nil, "0"
   for _, x in ipairs(m) do
     if x[1] == "prompt_tokens" then prompt = value(u, x)
     elseif x[1] == "completion_tokens" then completion = value(u, x) end
   end
   if completion == "null" then completion = "0" end
-  return prompt ~= nil and find(prompt, "^%d+$") ~= nil and find(completion, "^%d+$") ~= nil
+  if prompt == nil or find(prompt, "^%d+$") == nil or find(completion, "^%d+$") == nil then return nil end
+  return tonumber(prompt), tonumber(completion)
+end
+
+-- ceil(a / 1e6) of a whole a below 2^53, exactly (math.fmod is exact on doubles)
+local function millionths_up(a)
+  local r = math.fmod(a, 1000000)
+  return (a - r) / 1000000 + (r > 0 and 1 or 0)
+end
+
+-- What the request is billed, as core/cost.py cost_micro_pln rounds it (each term up on its own), in
+-- LuaJIT's doubles: a price split into whole millions and the rest keeps every product below 2^53, so
+-- the figure is exact for any count under 9e9 tokens.
+local function cost_micro_pln(prompt, completion, input_price, output_price)
+  local function term(tokens, price)
+    local rest = math.fmod(price, 1000000)
+    return tokens * ((price - rest) / 1000000) + millionths_up(tokens * rest)
+  end
+  return string.format("%.0f", term(prompt, input_price) + term(completion, output_price))
+end
+
+-- A usage object (JSON text) the model server reported, with what the request is billed as its last
+-- member (docs/interface.md, "Usage"): a model server's own cost_micro_pln or estimated is taken out first.
+local function priced(u, cost)
+  if find(u, '"cost_micro_pln"', 1, true) or find(u, '"estimated"', 1, true) then
+    local kept = {}
+    for _, x in ipairs(items(u, 1, true)) do
+      if x[1] ~= "cost_micro_pln" and x[1] ~= "estimated" then kept[#kept + 1] = sub(u, x[2], x[4] - 1) end
+    end
+    u = "{" .. table.concat(kept, ",") .. "}"
+  end
+  return sub(u, 1, -2) .. ',"cost_micro_pln":' .. cost .. "}"
 end
 
 local function says_nothing(choice)
@@ -255,13 +287,15 @@ local Relay = {}
 Relay.__index = Relay
 
 -- upstream_model, alias: JSON string tokens (quotes included) as they appear in the model server's JSON
-function Relay.new(upstream_model, alias, show_usage, prompt_estimate)
+-- (input_price, output_price: micro-PLN per million tokens, as text, for the cost in the usage shown)
+function Relay.new(upstream_model, alias, show_usage, prompt_estimate, input_price, output_price)
   return setmetatable({
     buf = "", cr = false, show = show_usage, held = nil,
     -- for a usage chunk of our own: whether the model server reported usage, the events with content,
     -- the stream's id and created (JSON tokens), the alias (a JSON string token), the estimated input
     reported = false, content = 0, id = nil, created = nil, alias_token = alias,
     prompt = tonumber(prompt_estimate or "0") or 0,
+    input_price = tonumber(input_price or "0") or 0, output_price = tonumber(output_price or "0") or 0,
     -- the chunks fed (empty ones aside), and those the common case took (``feed``)
     chunks = 0, common = 0,
     compact = 'model":' .. upstream_model, renamed = '"model":' .. alias,
@@ -401,16 +435,18 @@ local function done_at(block, from)
 end
 
 -- The client asked for usage and the model server reported none by [DONE]: the usage the request is
--- billed (observer.outcome: the estimated input, one output token per event with content) in a chunk
--- of our own, the last before [DONE] as the interface's streaming rule 3 wants it.
+-- billed (observer.outcome: the estimated input, one output token per event with content, estimated)
+-- in a chunk of our own, the last before [DONE] as the interface's streaming rule 3 wants it.
 function Relay:own_usage(block)
   local d = done_at(block, 1)
   if d == nil then return block end
   self.reported = true
   local p, c = self.prompt, self.content
   local event = string.format('data: {"id":%s,"object":"chat.completion.chunk","created":%s,"model":%s,'
-    .. '"choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}\n\n',
-    self.id or '"chatcmpl-usage"', self.created or "0", self.alias_token, p, c, p + c)
+    .. '"choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d,'
+    .. '"cost_micro_pln":%s,"estimated":true}}\n\n',
+    self.id or '"chatcmpl-usage"', self.created or "0", self.alias_token, p, c, p + c,
+    cost_micro_pln(p, c, self.input_price, self.output_price))
   return sub(block, 1, d - 1) .. event .. sub(block, d)
 end
 
@@ -451,13 +487,17 @@ function Relay:usage_event(event)
   end
   if k == nil then return event end
   -- a usage object billing cannot read (core/cost.py) is no usage: taken out like a stale one
-  local valid = valid_usage(f.usage)
+  local prompt, completion = usage_tokens(f.usage)
+  local valid = prompt ~= nil
   local choices = f.choices and items(f.choices, 1, false)
   if f.choices == nil or falsy(f.choices) then
-    -- vLLM's and SGLang's own usage chunk, choices: []: the final report (any earlier one is stale)
+    -- vLLM's and SGLang's own usage chunk, choices: []: the final report (any earlier one is stale),
+    -- shown (when asked) with what the request is billed
     if not valid then return "" end
     self.held, self.reported = nil, true
-    return self.show and event or ""
+    if not self.show then return "" end
+    local u = m[k]
+    return data_lines(sub(data, 1, u[3] - 1) .. self:priced(f.usage, prompt, completion) .. sub(data, u[4]))
   end
   -- llama.cpp's and TGI's usage on the finish chunk, LiteLLM's on a chunk with an empty choice, running
   -- usage on every chunk: the chunk goes on without it (a finish chunk's delta that says nothing new
@@ -472,7 +512,7 @@ function Relay:usage_event(event)
   if self.show and valid then
     self.held = data_lines('{"id":' .. (f.id or "null") .. ',"object":' .. (f.object or '"chat.completion.chunk"')
       .. ',"created":' .. (f.created or "null") .. ',"model":' .. (f.model or "null")
-      .. ',"choices":[],"usage":' .. f.usage .. "}")
+      .. ',"choices":[],"usage":' .. self:priced(f.usage, prompt, completion) .. "}")
   end
   if choices ~= nil then
     local nothing = true
@@ -484,6 +524,10 @@ function Relay:usage_event(event)
   return data_lines(empty_closing_deltas(rest))
 end
 
+function Relay:priced(usage, prompt, completion)
+  return priced(usage, cost_micro_pln(prompt, completion, self.input_price, self.output_price))
+end
+
 -- a member of the x-gateway-stream header's JSON object, as its JSON text
 local function ctx_field(ctx, name)
   local _, e = find(ctx, '"' .. name .. '":', 1, true)
@@ -492,7 +536,7 @@ local function ctx_field(ctx, name)
   return stop and sub(ctx, e + 1, stop - 1)
 end
 
-sse_relay = {Relay = Relay, ctx_field = ctx_field}
+sse_relay = {Relay = Relay, ctx_field = ctx_field, cost_micro_pln = cost_micro_pln}
 
 function envoy_on_response(handle)
   local headers = handle:headers()
@@ -501,7 +545,8 @@ function envoy_on_response(handle)
   headers:remove("x-gateway-stream")
   local upstream, alias = ctx_field(ctx, "u"), ctx_field(ctx, "a")
   if upstream == nil or alias == nil then return end
-  local relay = Relay.new(upstream, alias, ctx_field(ctx, "w") == "1", ctx_field(ctx, "p"))
+  local relay = Relay.new(upstream, alias, ctx_field(ctx, "w") == "1", ctx_field(ctx, "p"), ctx_field(ctx, "i"),
+    ctx_field(ctx, "x"))
   for chunk in handle:bodyChunks() do
     local n = chunk:length()
     chunk:setBytes(relay:feed(n > 0 and chunk:getBytes(0, n) or ""))

@@ -558,11 +558,13 @@ class Exchange:
             metrics.labelled(metrics.UPSTREAM_FAILURES, p.alias.id, code).inc()
             self._finish(Facts(p.estimated_prompt_tokens, status=self.status, code=code))
             return answer
-        new, usage = endpoint.rewrite(body, p.upstream_model, p.alias.id)
-        output = 0
+        reply = endpoint.rewrite(body, p.upstream_model, p.alias.id)
+        usage, output = reply.tokens, 0
         if usage is None:  # a complete reply without usage: its input and its output estimated, and shown
-            new, output = endpoint.estimate(new, p.estimated_prompt_tokens)
-        self._finish(Facts(p.estimated_prompt_tokens, status=self.status, ended=True, usage=usage, output=output))
+            reply, output = endpoint.estimate(reply.head, p.estimated_prompt_tokens)
+        r = self._finish(Facts(p.estimated_prompt_tokens, status=self.status, ended=True, usage=usage, output=output))
+        # the usage says what the request is billed, the usage record's own figure
+        new = reply.body() if r is None else reply.body(r.cost_micro_pln, r.estimated)
         return Answer(body=new, set_headers={"content-length": str(len(new))})
 
     def response_trailers(self) -> Answer:
@@ -712,21 +714,22 @@ class Exchange:
         rec = self._record(decide(Facts(self.prepared.estimated_prompt_tokens, observed=False)), "", "")
         return self.gw.owner + "|" + rec.to_json()
 
-    def _finish(self, facts: Facts) -> None:
+    def _finish(self, facts: Facts) -> UsageRecord | None:
         """Release the slot and record the request once, as ``billing_outcome`` decides (a request billed
-        nothing still goes to the usage log, at cost 0)."""
+        nothing still goes to the usage log, at cost 0): the record, or None when it was recorded before."""
         if self.finished:
-            return
+            return None
         self.finished = True
         adm = self.admission
         if adm is None or adm.identity is None or self.prepared is None:
-            return
+            return None
         ident = adm.identity
         o = decide(facts)
         record = self._record(o, ident.org_id, ident.key_id)
         if o.billed and self.endpoint is not None:
             account(record, self.endpoint)
         self.finishing = (ident.org_id, record, False)
+        return record
 
     async def send_finish(self) -> None:
         """Hand the decided release and usage record to Redis.  The stream loop calls this right after

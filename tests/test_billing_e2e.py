@@ -96,7 +96,8 @@ def test_stream_without_usage_from_model_server_is_estimated(gateway: Gateway, f
     assert events[-1] == "[DONE]"
     last = json.loads(events[-2])
     assert (last["object"], last["model"], last["choices"]) == ("chat.completion.chunk", "polish-pro", [])
-    assert last["usage"] == {"prompt_tokens": EST_PROMPT, "completion_tokens": 5, "total_tokens": EST_PROMPT + 5}
+    assert last["usage"] == {"prompt_tokens": EST_PROMPT, "completion_tokens": 5, "total_tokens": EST_PROMPT + 5,
+                             "cost_micro_pln": row["cost_micro_pln"], "estimated": True}
     first = json.loads(events[0])
     assert (last["id"], last["created"]) == (first["id"], first["created"])
     assert sum(1 for e in events[:-1] if "usage" in json.loads(e)) == 1
@@ -181,9 +182,10 @@ def test_complete_reply_without_usage_has_its_output_estimated(gateway: Gateway,
     out = estimate_text(text)
     assert out > 0
     # the client is shown the usage it is billed (docs/interface.md section 2: a reply has ``usage``)
-    assert r.json()["usage"] == {"prompt_tokens": EST_PROMPT, "completion_tokens": out,
-                                 "total_tokens": EST_PROMPT + out}
     row = _record(gateway, r.headers["x-request-id"])
+    assert r.json()["usage"] == {"prompt_tokens": EST_PROMPT, "completion_tokens": out,
+                                 "total_tokens": EST_PROMPT + out, "cost_micro_pln": row["cost_micro_pln"],
+                                 "estimated": True}
     assert (row["estimated"], row["status"], row["prompt_tokens"], row["completion_tokens"]) == (
         True, 200, EST_PROMPT, out)
     assert row["cost_micro_pln"] == _ceil(EST_PROMPT * 1_500_000, 10**6) + _ceil(out * 3_000_000, 10**6)
@@ -197,9 +199,10 @@ def test_embeddings_without_usage_show_and_bill_the_estimated_input(gateway: Gat
                    json={"model": "embed", "input": inputs, "sim": {"no_usage": True}})
     assert r.status_code == 200, r.text
     doc = r.json()
-    assert doc["usage"] == {"prompt_tokens": 3, "total_tokens": 3} and doc["model"] == "embed"
-    assert len(doc["data"]) == 2
     row = _record(gateway, r.headers["x-request-id"])
+    assert doc["usage"] == {"prompt_tokens": 3, "total_tokens": 3, "cost_micro_pln": row["cost_micro_pln"],
+                            "estimated": True} and doc["model"] == "embed"
+    assert len(doc["data"]) == 2
     assert (row["estimated"], row["status"], row["prompt_tokens"], row["completion_tokens"]) == (True, 200, 3, 0)
     assert row["cost_micro_pln"] == _ceil(3 * 200_000, 10**6)
 

@@ -255,3 +255,49 @@ def test_readme_vercel_ai_snippet(gateway: Gateway) -> None:
     assert int(out[-2]) > 0 and out[-1] == "1024", out
     assert _records(gateway, org, 3) == [("polish-pro", "chat", 200), ("polish-fast", "chat", 200),
                                          ("embed", "embeddings", 200)]
+
+
+
+def _costs_shown_are_billed(gateway: Gateway, lines: list[str]) -> None:
+    """Each "<request id> <cost>" line a snippet printed: the usage record and the ledger debit of that
+    request id hold the same integer."""
+    from conftest import wait_for
+
+    for line in lines:
+        request_id, cost = line.split()
+        [rec] = wait_for(lambda: gateway.sql("SELECT * FROM usage_records WHERE request_id = $1", request_id),
+                         timeout=10, interval=0.05)
+        ledger = gateway.sql("SELECT amount_micro_pln FROM ledger WHERE ref = $1", "usage:" + request_id)
+        assert cost.isdigit() and int(cost) > 0, lines
+        assert int(cost) == rec["cost_micro_pln"] == -ledger[0]["amount_micro_pln"], (line, rec)
+
+
+def test_readme_cost_python_snippet(gateway: Gateway, monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The openai SDK (a reply, a stream's usage chunk) and langchain read cost_micro_pln.  Run in this
+    process (a new interpreter importing langchain takes seconds): only the environment is the snippet's."""
+    org, _, key = gateway.new_org(10_000_000)
+    monkeypatch.setenv("OPENAI_BASE_URL", gateway.v1)
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    capsys.readouterr()
+    exec(compile(_snippets()["cost-python"], "docs/clients.md", "exec"), {})  # noqa: S102
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 3, out
+    _costs_shown_are_billed(gateway, out[:2])
+    q = "SELECT cost_micro_pln FROM usage_records WHERE org_id = $1 ORDER BY started_at"
+    from conftest import wait_for
+    rows = wait_for(lambda: len(gateway.sql(q, org)) == 3 and gateway.sql(q, org), timeout=10, interval=0.05)
+    assert int(out[2]) == rows[2]["cost_micro_pln"] > 0, (out, rows)  # langchain's, the third request
+
+
+def test_readme_cost_vercel_ai_snippet(gateway: Gateway) -> None:
+    """The Vercel AI SDK's usage keeps only the token counts; the reply's own usage, with its
+    cost_micro_pln, is in ``response.body`` (generateText with ``include: {responseBody: true}``, embed)
+    and in the stream's raw chunks (``includeRawChunks``)."""
+    where = _node_clients()
+    script = where / "cost.mjs"
+    script.write_text(_snippets()["cost-vercel-ai"])
+    _, _, key = gateway.new_org(10_000_000)
+    out = _run(["node", str(script)], {"OPENAI_BASE_URL": gateway.v1, "OPENAI_API_KEY": key}).strip().splitlines()
+    assert len(out) == 3, out
+    _costs_shown_are_billed(gateway, out)

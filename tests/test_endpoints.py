@@ -108,7 +108,8 @@ def test_a_registered_endpoint_is_forwarded_and_billed_by_the_exchange() -> None
         assert answer.body is not None
         return dict(json.loads(answer.body))
     got = asyncio.run(go())
-    assert got["model"] == "storyteller" and got["usage"] == reply["usage"]
+    # the usage the client gets says what the request is billed: the record's figure
+    assert got["model"] == "storyteller" and got["usage"] == {**reply["usage"], "cost_micro_pln": 17}
     [rec] = store(gw).records
     assert (rec.endpoint, rec.alias, rec.upstream_model, rec.status, rec.stream) == (
         "completions", "storyteller", "up-pro", 200, False)

@@ -237,6 +237,9 @@ def test_non_streaming_reply_billed_as_reported_and_slot_released() -> None:
     assert (rec.request_id, rec.prompt_tokens, rec.completion_tokens, rec.estimated, rec.status) == (
         "rid-1", 11, 7, False, 200)
     assert rec.cost_micro_pln == -(-11 * 1_500_000 // 10**6) + -(-7 * 3_000_000 // 10**6)
+    # the usage the client gets says what the request costs (not an estimate: no "estimated")
+    assert json.loads(b.body)["usage"] == {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18,
+                                           "cost_micro_pln": rec.cost_micro_pln}
     assert store(gw).held() == 0 and store(gw).orgs["org_1"].balance == 10_000_000 - rec.cost_micro_pln
     assert len(store(gw).finishes) == 1  # released once
 
@@ -256,11 +259,15 @@ def test_reply_without_usage_is_estimated() -> None:
         # the client gets the usage it is billed (docs/interface.md section 2: a reply has one), the rest as it came
         assert answer.body is not None and answer.set_headers["content-length"] == str(len(answer.body))
         got = json.loads(answer.body)
-        assert got.pop("usage") == {"prompt_tokens": EST, "completion_tokens": 10, "total_tokens": EST + 10}
+        # ... what it costs, and that it is an estimate: the usage record's figure
+        [rec] = store(gw).records
+        assert got.pop("usage") == {"prompt_tokens": EST, "completion_tokens": 10, "total_tokens": EST + 10,
+                                    "cost_micro_pln": rec.cost_micro_pln, "estimated": True}
         assert got == {**doc, "model": "polish-pro"}
     run(go())
     [rec] = store(gw).records  # a complete reply: its input and its output are estimated (docs/interface.md section 4)
     assert (rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (EST, 10, True)
+    assert rec.cost_micro_pln == -(-EST * 1_500_000 // 10**6) + 30
 
 
 def test_a_stream_is_handed_over_to_envoys_relay_named_in_a_header() -> None:

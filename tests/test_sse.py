@@ -5,7 +5,8 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tests.lua_relay import Relay as StreamRelay
+from core.cost import Prices, cost_micro_pln
+from tests.lua_relay import PRICES, Relay as StreamRelay, lua_cost
 
 
 def _event(doc: object) -> bytes:
@@ -179,6 +180,8 @@ def test_any_cuts_property(framing: tuple[bytes, bool, bool], cuts: list[int], s
 
 SHAPES = ["vllm", "sglang", "llamacpp", "tgi", "litellm"]
 USAGE = {"prompt_tokens": 11, "total_tokens": 14, "completion_tokens": 3}
+# the usage the client is shown: with what the request is billed (ceil(16.5) + 9)
+SHOWN = {**USAGE, "cost_micro_pln": 26}
 
 
 def _shaped(shape: str, n: int = 1) -> bytes:
@@ -214,7 +217,7 @@ def test_usage_read_whatever_the_chunk_holds(shape: str, n: int) -> None:
             carrying = [c for c in chunks if c.get("usage")]
             if show_usage:  # The interface's streaming rule 3: the last chunk before [DONE], with empty choices
                 assert len(carrying) == 1 and carrying[0] is chunks[-1], (shape, chunks[-2:])
-                assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == USAGE
+                assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == SHOWN
                 assert chunks[-1]["id"] == "c1" and chunks[-1]["object"] == "chat.completion.chunk"
             else:  # no usage object, and no chunk left with nothing to say
                 assert carrying == [], (shape, step)
@@ -336,7 +339,9 @@ def test_asked_usage_the_model_server_did_not_report_is_the_billed_estimate(
         assert out[-1] == "[DONE]"
         assert out[-2] == {"id": "c9", "object": "chat.completion.chunk", "created": 77, "model": "polish-pro",
                            "choices": [], "usage": {"prompt_tokens": 42, "completion_tokens": 3 * n,
-                                                    "total_tokens": 42 + 3 * n}}, (step, out[-2])
+                                                    "total_tokens": 42 + 3 * n,
+                                                    "cost_micro_pln": cost_micro_pln(42, 3 * n, PRICES),
+                                                    "estimated": True}}, (step, out[-2])
         assert sum(1 for e in out[:-1] if "usage" in e) == 1  # type: ignore[operator]
         # not asked: no usage chunk at all
         quiet = _events(_relay_all(StreamRelay("up-pro", "polish-pro", False, 42), data, step))
@@ -347,7 +352,7 @@ def test_reported_usage_is_never_doubled_by_an_estimate() -> None:
     relay = StreamRelay("up-pro", "polish-pro", True, prompt_estimate=99)
     out = _events(_relay_all(relay, _stream(), 4))
     assert [e["usage"] for e in out[:-1] if "usage" in e] == [  # type: ignore[index,operator]
-        {"prompt_tokens": 11, "completion_tokens": 2, "total_tokens": 13}]
+        {"prompt_tokens": 11, "completion_tokens": 2, "total_tokens": 13, "cost_micro_pln": 17 + 6}]
 
 
 def test_a_stream_cut_before_done_gets_no_usage_of_ours() -> None:
@@ -394,3 +399,51 @@ def test_the_relay_counts_content_events_as_the_meter_does(events: list[tuple[by
     assert relay.usage is None
     assert relay.lua_content_events == relay.content_events, data
     assert _events(out)[-2]["usage"]["completion_tokens"] == relay.content_events  # type: ignore[index]
+
+
+# ---- what the usage shown says the request is billed --------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(prompt=st.integers(0, 2 * 10**6), completion=st.integers(0, 2 * 10**6),
+       input_price=st.one_of(st.integers(0, 10**10), st.sampled_from([1, 999_999, 10**6, 10**6 + 1])),
+       output_price=st.one_of(st.integers(0, 10**10), st.sampled_from([1, 999_999, 10**6, 10**6 + 1])))
+def test_the_relays_cost_is_billings_integer(prompt: int, completion: int, input_price: int,
+                                              output_price: int) -> None:
+    """The relay computes the cost in LuaJIT's doubles: the same integer as core/cost.py's rounding
+    (each term up on its own), for prices up to 10 000 PLN per million tokens and millions of tokens."""
+    prices = Prices(input_price, output_price)
+    assert lua_cost(prompt, completion, prices) == cost_micro_pln(prompt, completion, prices)
+
+
+def test_a_product_past_two_to_the_53_is_still_exact() -> None:
+    """tokens x price beyond a double's integers: the price is split, so the figure stays exact."""
+    prices = Prices(10**9 + 999_999, 10**9 + 1)
+    assert 10**9 * prices.input > 2**53 and (10**9 - 1) * prices.output > 2**53
+    assert lua_cost(10**9, 10**9 - 1, prices) == cost_micro_pln(10**9, 10**9 - 1, prices)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_usage_shown_carries_the_cost_at_the_streams_prices(shape: str) -> None:
+    """Whatever chunk the model server reports usage on, the usage chunk the client gets carries
+    cost_micro_pln at the prices the stream context gave (not estimated: it is the model server's count)."""
+    data = _shaped(shape, 1)
+    for prices in (Prices(1, 1), Prices(4_000_000, 8_000_000), Prices(0, 0)):
+        relay = StreamRelay("up-pro", "polish-pro", True, prompt_estimate=5, prices=prices)
+        chunks = _docs(sse_data(_relay_all(relay, data, 11)))[:-1]
+        shown = [c["usage"] for c in chunks if c.get("usage")]  # type: ignore[union-attr]
+        assert shown == [{**USAGE, "cost_micro_pln": cost_micro_pln(11, 3, prices)}], (shape, prices)
+        assert type(shown[0]["cost_micro_pln"]) is int and "estimated" not in shown[0]
+
+
+def test_a_model_servers_own_cost_members_are_replaced() -> None:
+    """A model server that is itself a gateway may put cost_micro_pln or estimated in its usage: the
+    client gets this request's figure once, not the model server's."""
+    base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "up-pro"}
+    theirs = {"prompt_tokens": 11, "cost_micro_pln": 999, "completion_tokens": 2, "estimated": True}
+    for carrier in ([], [{"index": 0, "delta": {}, "finish_reason": "stop"}]):
+        data = (_event({**base, "choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None}]})
+                + _event({**base, "choices": carrier, "usage": theirs}) + b"data: [DONE]\n\n")
+        out = _relay_all(StreamRelay("up-pro", "polish-pro", True), data, 1 << 20)
+        assert out.count(b"cost_micro_pln") == 1 and b"estimated" not in out
+        assert _events(out)[-2]["usage"] == {"prompt_tokens": 11, "completion_tokens": 2,  # type: ignore[index]
+                                            "cost_micro_pln": 17 + 6}

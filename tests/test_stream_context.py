@@ -73,15 +73,19 @@ def test_the_lua_relay_reads_exactly_the_wire_names_of_what_it_needs() -> None:
 
 def test_the_relay_renames_and_shows_usage_as_the_context_says() -> None:
     """The alias in place of the upstream model ("a", "u"), the usage shown only when asked for ("w"),
-    the estimated input ("p") in the usage of a stream that reported none; the header removed."""
+    the estimated input ("p") in the usage of a stream that reported none, the cost at the prices ("i",
+    "x"); the header removed."""
     stream = sse(chunk("Cześć", model=CTX.upstream_model), usage_chunk(9, 1, model=CTX.upstream_model))
     out, removed = relayed(CTX, stream)
     assert removed == HEADER.encode()
     events = [json.loads(e[6:]) for e in out.decode().split("\n\n") if e.startswith("data: {")]
     assert [e["model"] for e in events] == ["polish-pro", "polish-pro"]
-    assert events[-1]["usage"] == {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}
+    # the cost at the header's prices ("i", "x"): ceil(9 x 1.5) + ceil(1 x 3)
+    assert events[-1]["usage"] == {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10,
+                                   "cost_micro_pln": 14 + 3}
     out, _ = relayed(dataclasses.replace(CTX, client_wants_usage=False), stream)
     assert b'"usage"' not in out and out.count(b'"model":"polish-pro"') == 1
     out, _ = relayed(CTX, sse(chunk("Cześć", model=CTX.upstream_model), chunk("!", model=CTX.upstream_model)))
     usage = [json.loads(e[6:]) for e in out.decode().split("\n\n") if '"usage"' in e]
-    assert [u["usage"] for u in usage] == [{"prompt_tokens": 17, "completion_tokens": 2, "total_tokens": 19}]
+    assert [u["usage"] for u in usage] == [{"prompt_tokens": 17, "completion_tokens": 2, "total_tokens": 19,
+                                            "cost_micro_pln": 26 + 6, "estimated": True}]

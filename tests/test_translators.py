@@ -6,17 +6,19 @@ import pytest
 from core.catalog import CatalogError, parse
 from core.cost import Prices, cost_micro_pln, estimate_chat_prompt
 from core.keys import bearer_key, key_hash, new_key
-from core.responses import read_usage, rewrite_body, upstream_error
+from core.responses import read_usage, rewrite_body, upstream_error, with_estimated_usage
 
 
 def test_rewrite_body_puts_alias_back_and_reads_usage() -> None:
     body = json.dumps({"id": "x", "model": "up-pro", "choices": [],
                        "usage": {"prompt_tokens": 12, "total_tokens": 20, "completion_tokens": 8}}).encode()
-    new, usage = rewrite_body(body, "up-pro", "polish-pro")
-    assert json.loads(new)["model"] == "polish-pro" and usage == (12, 8)
+    reply = rewrite_body(body, "up-pro", "polish-pro")
+    assert json.loads(reply.body())["model"] == "polish-pro" and reply.tokens == (12, 8)
     assert read_usage(b'{"model":"m"}') is None
     emb = b'{"object":"list","model":"e","data":[],"usage":{"prompt_tokens":3,"total_tokens":3}}'
-    assert rewrite_body(emb, "e", "embed")[1] == (3, 0)
+    assert rewrite_body(emb, "e", "embed").tokens == (3, 0)
+    plain = b'{"object":"list","model":"e","data":[]}'
+    assert rewrite_body(plain, "e", "embed").tokens is None and rewrite_body(plain, "other", "x").body(5) == plain
 
 
 _LOGPROB_USAGE = {"token": "usage", "logprob": -0.1, "bytes": [117], "top_logprobs": [{"token": "usage"}]}
@@ -46,14 +48,56 @@ def test_a_replys_usage_is_read_as_json(usage: object, expected: tuple[int, int]
     body = json.dumps(doc).encode()
     assert read_usage(body) == expected
     assert read_usage(json.dumps(doc, separators=(",", ":")).encode()) == expected
-    new, got = rewrite_body(body, "up-pro", "polish-pro")
-    assert got == expected and json.loads(new)["model"] == "polish-pro"
+    reply = rewrite_body(body, "up-pro", "polish-pro")
+    assert reply.tokens == expected and json.loads(reply.body())["model"] == "polish-pro"
+    if expected is not None:  # the cost goes in the usage object itself, whatever surrounds it
+        doc = json.loads(reply.body(123))
+        assert doc["usage"] == {**usage, "cost_micro_pln": 123}  # type: ignore[dict-item]
+        assert doc["choices"] == choices and doc["model"] == "polish-pro"
 
 
 def test_embeddings_usage_loses_its_completion_count_only() -> None:
     emb = b'{"object":"list","model":"e","data":[],"usage":{"prompt_tokens":3,"completion_tokens":0,"total_tokens":3}}'
-    new, usage = rewrite_body(emb, "e", "embed", embeddings=True)
-    assert usage == (3, 0) and json.loads(new)["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
+    reply = rewrite_body(emb, "e", "embed", embeddings=True)
+    assert reply.tokens == (3, 0) and json.loads(reply.body())["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
+    assert json.loads(reply.body(1))["usage"] == {"prompt_tokens": 3, "total_tokens": 3, "cost_micro_pln": 1}
+
+
+def test_the_usage_carries_the_cost_once_and_estimated_only_where_it_is() -> None:
+    """A model server's own cost_micro_pln or estimated (another gateway's) gives way to this request's."""
+    body = (b'{"id":"x","model":"up-pro","choices":[],"usage":{"prompt_tokens":2,"cost_micro_pln":9,'
+            b'"completion_tokens":1,"estimated":true,"total_tokens":3}}')
+    reply = rewrite_body(body, "up-pro", "polish-pro")
+    assert reply.body(7).endswith(b'"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3,'
+                                  b'"cost_micro_pln":7}}')
+    assert json.loads(reply.body(7, estimated=True))["usage"]["estimated"] is True
+
+
+def test_the_model_servers_usage_bytes_are_kept_and_the_cost_follows_them() -> None:
+    body = b'{"model": "up-pro", "usage": {"prompt_tokens": 2, "completion_tokens": 1, "queue_time": 1.50 }, "x": 1}'
+    reply = rewrite_body(body, "up-pro", "polish-pro")
+    assert reply.body() == body.replace(b'"model": "up-pro"', b'"model":"polish-pro"')
+    assert reply.body(4) == (b'{"model":"polish-pro", "usage": {"prompt_tokens": 2, "completion_tokens": 1, '
+                             b'"queue_time": 1.50 ,"cost_micro_pln":4}, "x": 1}')
+
+
+@pytest.mark.parametrize("doc,embeddings", [
+    ({"id": "x", "model": "polish-pro", "choices": [{"index": 0, "message": {"content": "Ala ma kota"}}]}, False),
+    ({"id": "x", "usage": None, "choices": [{"index": 0, "message": {"content": "Ala ma kota"}}]}, False),
+    ({}, False),
+    ({"object": "list", "model": "embed", "data": []}, True),
+])
+def test_an_estimated_usage_says_so_with_its_cost(doc: dict[str, object], embeddings: bool) -> None:
+    reply, completion = with_estimated_usage(json.dumps(doc).encode(), 40, embeddings=embeddings)
+    got = json.loads(reply.body(55, estimated=True))
+    assert completion == (0 if embeddings or not doc.get("choices") else 3)
+    usage = {"prompt_tokens": 40, "total_tokens": 40 + completion, "cost_micro_pln": 55, "estimated": True}
+    if not embeddings:
+        usage["completion_tokens"] = completion
+    assert got == {**{k: v for k, v in doc.items() if k != "usage"}, "usage": usage}
+    assert list(got)[-1] == "usage"
+    assert with_estimated_usage(b"[1]", 4) == (with_estimated_usage(b"[1]", 4)[0], 0)
+    assert with_estimated_usage(b"[1]", 4)[0].body(1) == b"[1]"
 
 
 @pytest.mark.parametrize("status,msg,code,http", [
