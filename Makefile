@@ -36,7 +36,9 @@ browser:
 	fi
 
 # The production-shaped services tests (tests/test_production_services_e2e.py) run Debian's redis-server
-# (ACL user, TLS) and PostgreSQL 15 (SCRAM, TLS): installed here when missing and apt-get can (as root,
+# (ACL user, TLS) and PostgreSQL 15 (SCRAM, TLS), the Redis Cluster and Sentinel tests
+# (tests/test_redis_cluster_e2e.py, tests/test_redis_sentinel_e2e.py) redis-server, redis-server --sentinel
+# and redis-cli (redis-tools, which redis-server brings): installed here when missing and apt-get can (as root,
 # or with password-less sudo); otherwise those tests are skipped and say why, and fail under CI=true.
 REDIS_SERVER := /usr/bin/redis-server
 PG_INITDB    := /usr/lib/postgresql/15/bin/initdb

@@ -382,7 +382,27 @@ def comparison_sections(c: dict[str, Any]) -> list[str]:
         parts += resp_ab.section(cmp["resp_client"])
     if cmp.get("redis"):
         parts += redis_section(cmp["redis"])
+    if cmp.get("redis_cluster"):
+        parts += redis_cluster_section(cmp["redis_cluster"])
     return parts
+
+
+def redis_cluster_section(c: dict[str, Any]) -> list[str]:
+    one, three = c["one_shard"], c["three_shards"]
+    return ["## The Redis Cluster ceiling", "",
+            "`bench/redis_cluster_ceiling.py`: the same requests sent to a Redis Cluster as the ext_proc sends "
+            "them there (the key record read first, then each script on its organisation's shard), "
+            f"{one['requests']:,} requests of 48 organisations, {one['concurrency']} callers at once, primaries "
+            "only (append-only, fsync every second):", "",
+            md_table(["per served request", "one primary", "three primaries"], [
+                ["Redis calls", f"{one['calls_per_request']}", f"{three['calls_per_request']}"],
+                ["the primaries' CPU, summed", f"{one['redis_us_per_request']} µs", f"{three['redis_us_per_request']} µs"],
+                ["the busiest primary's share of the calls", f"{one['busiest_primary_share']}",
+                 f"{three['busiest_primary_share']}"],
+                ["the cluster saturates at", f"**≈ {one['saturates_at_rps']:,} requests/s**",
+                 f"**≈ {three['saturates_at_rps']:,} requests/s**"],
+                ["requests/s through one client here", f"{one['client_rps_here']:,}", f"{three['client_rps_here']:,}"]]),
+            ""]
 
 
 def redis_section(r: dict[str, Any]) -> list[str]:
@@ -421,5 +441,6 @@ Each starts what it needs, alternates its variants over `--rounds` and prints on
 figures are not kept here (earlier ones are in git history): `python -m bench.event_loop` (the ext_proc
 on asyncio or uvloop), `python -m bench.message_cost` (what each ext_proc message costs Envoy),
 `python -m bench.refusal_cost` (logging a refused request), `python -m bench.sse_relay` (the Lua relay in
-LuaJIT), and the three `make bench` runs too: `python -m bench.grpc_servers`, `python -m bench.resp_ab`,
-`python -m bench.redis_ceiling`."""
+LuaJIT), `python -m bench.relay_ab` (two relays in Envoy beside the minimal ext_proc), and the four `make bench`
+runs too: `python -m bench.grpc_servers`, `python -m bench.resp_ab`, `python -m bench.redis_ceiling`,
+`python -m bench.redis_cluster_ceiling`."""

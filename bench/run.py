@@ -26,6 +26,7 @@ from typing import Any, Callable
 from . import fixtures as fx
 from . import cpu_split, grpc_servers, long_streams, profiling, report, resp_ab, rounds
 from .redis_ceiling import ceiling
+from . import redis_cluster_ceiling
 from .load import SCENARIOS, check, write_bodies, wrk
 from .procs import BUSY, Procs, cpu_busy, drain, settle
 from .systems import (ROOT, System, direct, ensure_litellm, launch_litellm, litellm_ready, start_bare,
@@ -291,6 +292,7 @@ def compare(args: argparse.Namespace, tmp: Path, procs: Procs, stamp: str) -> di
         return {"mode": "quick" if quick else "full", "cell_seconds": secs, "rounds": n_rounds, "systems": results,
                 "litellm_note": litellm_note, "profile": prof, "long_streams": ls, "long_profile": ls_prof,
                 "redis": aside("Redis ceiling", ceiling), "grpc_servers": grpc,
+                "redis_cluster": aside("Redis Cluster ceiling", redis_cluster_ceiling.shards),
                 "resp_client": aside("RESP client A/B", lambda: resp_ab.measure(n_rounds, log)),
                 "stream_chunks_per_reply": fx.STREAM_CHUNKS,
                 "cells": [{"id": c, "scenario": s, "conns": n} for c, s, n in cells]}

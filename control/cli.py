@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from core import key_limits
 from core.catalog import CatalogError
 from core.cost import micro_to_pln
 from core.settings_base import PORT_OFFSETS, SettingsError
@@ -23,6 +24,7 @@ from core.urls import RedisUrlError
 from .admin import Admin, AdminError, CreditLimit, pln_to_micro
 from .console.launch import ConfigError
 from .embedded import StartError, write_private
+from .ksef import cli as ksef_cli
 from .settings import Settings
 
 
@@ -276,7 +278,7 @@ async def status(s: Settings) -> dict[str, dict[str, Any]]:
         finally:
             if r is not None:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(r.aclose(close_connection_pool=True), 0.1)
+                    await asyncio.wait_for(r.aclose(), 0.1)
 
     sims: list[tuple[str, int]] = []
     if s.run_sim:
@@ -394,10 +396,18 @@ def main(argv: list[str] | None = None) -> int:
                     " (GATEWAY_CREDIT_LIMIT_PLN's)")
     add_inventory_commands(org, "org")
     key = sub.add_parser("key").add_subparsers(dest="sub", required=True)
-    key.add_parser("create").add_argument("org")
+    kc = key.add_parser("create"); kc.add_argument("org")
     key.add_parser("revoke").add_argument("key_id")
-    kl = key.add_parser("limits"); kl.add_argument("key_id")
-    kl.add_argument("--rpm", type=int, required=True, help="requests per minute for this key alone")
+    kl = key.add_parser("limits", help="set the key's own limits (at least one flag; none lifts a limit)")
+    kl.add_argument("key_id")
+    kl.add_argument("--rpm", type=int, help="requests per minute for this key alone")
+    for kp in (kc, kl):
+        kp.add_argument("--monthly-limit", metavar="PLN", help="the most the key may spend in a calendar month"
+                        " (Europe/Warsaw), in PLN; none: no limit")
+        kp.add_argument("--models", metavar="A,B", help="the only aliases the key may use, comma-separated;"
+                        " none: every alias")
+        kp.add_argument("--expires", metavar="YYYY-MM-DD", help="the last day the key works (Europe/Warsaw);"
+                        " none: never")
     add_inventory_commands(key, "key")
     bal = sub.add_parser("balance").add_subparsers(dest="sub", required=True)
     bc = bal.add_parser("credit"); bc.add_argument("org"); bc.add_argument("pln")
@@ -419,7 +429,10 @@ def main(argv: list[str] | None = None) -> int:
     us = sub.add_parser("usage"); us.add_argument("org"); us.add_argument("--limit", type=int, default=50)
     us.add_argument("--status", default="", help="ok, errors, or a status code (e.g. 429)")
     us.add_argument("--request-id", default="", help="the request id of a reply or an error")
-    for sp in [*sub.choices.values(), *org.choices.values(), *key.choices.values(), *bal.choices.values(), ca]:
+    invoices = sub.add_parser("invoices").add_subparsers(dest="sub", required=True)
+    ksef_cli.add_command(invoices)
+    for sp in [*sub.choices.values(), *org.choices.values(), *key.choices.values(), *bal.choices.values(), ca,
+               *invoices.choices.values()]:
         sp.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["sim"]:  # every option after "sim" is the simulator's own (python -m sim --help)
@@ -512,14 +525,20 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
         if limit is not None:
             await a.set_credit_limit(args.org, limit)  # the limits in force printed by _inventory_cmd
     elif c == "key" and sc == "create":
-        kid, k = await a.create_key(args.org)
-        _print(args, {"id": kid, "key": k}, f"{kid}\n{k}\n(the key is shown once; store it now)")
+        kid, k = await a.create_key(args.org, limits=_key_limits(args))
+        shown = await a.key_limits(kid)
+        _print(args, {**shown, "key": k}, f"{kid}\n{k}\n(the key is shown once; store it now)"
+               + "".join(f"\n{line}" for line in key_limit_lines(shown, only_set=True)))
     elif c == "key" and sc == "revoke":
         await a.revoke_key(args.key_id)
         _print(args, {"id": args.key_id, "revoked": True}, "revoked")
     elif c == "key" and sc == "limits":
-        await a.set_key_limits(args.key_id, args.rpm)
-        _print(args, {"id": args.key_id, "rpm": args.rpm}, "ok")
+        change = _key_limits(args)
+        if args.rpm is None and change.empty:
+            raise AdminError("give at least one of --rpm, --monthly-limit, --models, --expires")
+        await a.set_key_limits(args.key_id, args.rpm, change)
+        shown = await a.key_limits(args.key_id)
+        _print(args, shown, "\n".join(key_limit_lines(shown)))
     elif c == "balance" and sc == "credit":
         new = await a.credit(args.org, pln_to_micro(args.pln), ref=args.ref)
         b = await a.balance(args.org)
@@ -531,6 +550,9 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
         _print(args, b, f"{b['balance_pln']} PLN{apart}; {_credit_text(b)}")
     elif c == "reconcile":
         return await _reconcile(args, a)
+    elif c == "invoices" and sc == "ksef":
+        docs = await ksef_cli.run(a.pool, args.org)
+        _print(args, docs, "\n".join(map(ksef_cli.line, docs)) or "no invoices yet")
     elif c == "usage":
         rows = await a.usage(args.org, args.limit, status=args.status, request_id=args.request_id)
         lines = [f"{r['started_at']}  {r['request_id']}  {r['alias'] or '-':<12} {r['status']}"
@@ -554,6 +576,27 @@ async def _reconcile(args: argparse.Namespace, a: Admin) -> int:
 
 
 _CREDIT_FIELDS = ("paid", "credit_limit_micro_pln", "credit_limit_pln", "credit_limit_own", "held_micro_pln")
+
+
+def _key_limits(args: argparse.Namespace) -> key_limits.Change:
+    """--monthly-limit, --models and --expires as a change of the key's limits (AdminError: malformed)."""
+    try:
+        return key_limits.parse(args.monthly_limit, args.models, args.expires)
+    except ValueError as e:
+        raise AdminError(str(e)) from None
+
+
+def key_limit_lines(k: dict[str, Any], only_set: bool = False) -> list[str]:
+    """A key's own limits and spend this month, one line each (``only_set``: only the limits it has)."""
+    lines = [("monthly limit", None if k["monthly_limit_pln"] is None else f"{k['monthly_limit_pln']} PLN"),
+             ("models", None if k["models"] is None else ",".join(k["models"])),
+             ("expires", None if k["expires"] is None else f"{k['expires']} (the last day it works, Europe/Warsaw)")]
+    if only_set:
+        return [f"{name:<14}{value}" for name, value in lines if value is not None]
+    rpm = "the organisation's" if k["rpm"] is None else str(k["rpm"])
+    return [f"{'rpm':<14}{rpm}",
+            *(f"{name:<14}{value if value is not None else 'none'}" for name, value in lines),
+            f"{'spent':<14}{k['spent_this_month_pln']} PLN this month"]
 
 
 def _credit_limit(text: str) -> CreditLimit:

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-import redis.asyncio as aioredis
 
+from core.redis_client import AnyRedis, layout_of
 from core import redis_keys as rk
 from core.cost import micro_to_pln
 
-from .admin import AdminError
+from .admin import AdminError, key_limits_view
 
 
 @dataclass(frozen=True)
@@ -35,19 +35,20 @@ def limits_in_force(rpm: int | None, concurrency: int | None, d: Defaults) -> di
             else "GATEWAY_DEFAULT_CONCURRENCY"}
 
 
-async def _balances(pool: asyncpg.Pool, r: aioredis.Redis, org_ids: list[str]) -> dict[str, int]:
+async def _balances(pool: asyncpg.Pool, r: AnyRedis, org_ids: list[str]) -> dict[str, int]:
     """Each organisation's live balance (micro-PLN): Redis's where it is cached, else the ledger's sum."""
     rows = await pool.fetch("SELECT org_id, COALESCE(SUM(amount_micro_pln), 0) AS s FROM ledger"
                             " WHERE org_id = ANY($1::text[]) GROUP BY org_id", org_ids)
     ledger = {r_["org_id"]: int(r_["s"]) for r_ in rows}
+    layout = layout_of(r)
     async with r.pipeline(transaction=False) as p:
         for o in org_ids:
-            p.hget(rk.org(o), "balance")
+            p.hget(layout.org(o), "balance")
         cached = await p.execute()
     return {o: int(c) if c is not None else ledger.get(o, 0) for o, c in zip(org_ids, cached)}
 
 
-async def list_orgs(pool: asyncpg.Pool, r: aioredis.Redis, d: Defaults) -> list[dict[str, Any]]:
+async def list_orgs(pool: asyncpg.Pool, r: AnyRedis, d: Defaults) -> list[dict[str, Any]]:
     """Every organisation, oldest first, with its balance, limits in force and number of active keys."""
     rows = await pool.fetch(
         "SELECT o.id, o.name, o.status, o.rpm, o.concurrency, o.created_at,"
@@ -57,7 +58,7 @@ async def list_orgs(pool: asyncpg.Pool, r: aioredis.Redis, d: Defaults) -> list[
     return [_org(row, balances[row["id"]], d) for row in rows]
 
 
-async def show_org(pool: asyncpg.Pool, r: aioredis.Redis, org_id: str, d: Defaults) -> dict[str, Any]:
+async def show_org(pool: asyncpg.Pool, r: AnyRedis, org_id: str, d: Defaults) -> dict[str, Any]:
     row = await pool.fetchrow(
         "SELECT o.id, o.name, o.status, o.rpm, o.concurrency, o.created_at,"
         " (SELECT count(*) FROM api_keys k WHERE k.org_id = o.id AND k.revoked_at IS NULL) AS active_keys"
@@ -76,15 +77,17 @@ def _org(row: asyncpg.Record, balance: int, d: Defaults) -> dict[str, Any]:
 
 async def list_keys(pool: asyncpg.Pool, org_id: str, d: Defaults) -> list[dict[str, Any]]:
     """The organisation's keys, oldest first (revoked ones too): id, the key's first characters, name,
-    its own requests-per-minute limit (null: none) and the one in force.  Never the key."""
+    its own requests-per-minute limit (null: none) and the one in force, its own limits (monthly, models,
+    expiry: null for none).  Never the key."""
     org = await pool.fetchrow("SELECT rpm FROM orgs WHERE id = $1", org_id)
     if org is None:
         raise AdminError(f"no such organisation: {org_id}")
-    rows = await pool.fetch("SELECT id, prefix, name, rpm, created_at, revoked_at FROM api_keys"
-                            " WHERE org_id = $1 ORDER BY created_at, id", org_id)
+    rows = await pool.fetch("SELECT id, prefix, name, rpm, created_at, revoked_at, monthly_limit_micro_pln, models,"
+                            " expires_at FROM api_keys WHERE org_id = $1 ORDER BY created_at, id", org_id)
     fallback = org["rpm"] if org["rpm"] is not None else d.rpm
     return [{"id": k["id"], "prefix": k["prefix"], "name": k["name"], "rpm": k["rpm"],
              "rpm_in_force": k["rpm"] if k["rpm"] is not None else fallback,
+             **key_limits_view(k["monthly_limit_micro_pln"], k["models"], k["expires_at"]),
              "created_at": k["created_at"].isoformat(),
              "revoked_at": k["revoked_at"].isoformat() if k["revoked_at"] else None} for k in rows]
 
@@ -120,4 +123,7 @@ def keys_table(keys: list[dict[str, Any]]) -> str:
     return "\n".join(f"{k['id']}  {k['prefix']}…  rpm {k['rpm_in_force']:<6}"
                      f"{' (own)' if k['rpm'] is not None else '      '}  "
                      f"{'revoked ' + k['revoked_at'] if k['revoked_at'] else 'active'}  {k['name'] or '-'}"
+                     + (f"  monthly limit {k['monthly_limit_pln']} PLN" if k["monthly_limit_pln"] else "")
+                     + (f"  models {','.join(k['models'])}" if k["models"] else "")
+                     + (f"  expires {k['expires']}" if k["expires"] else "")
                      for k in keys) or "no keys yet (gateway key create ORG)"

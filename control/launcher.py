@@ -286,10 +286,11 @@ class Stack:
     async def _check_redis(self, timeout: float = 10.0) -> None:
         """Redis takes REDIS_URL's credentials: refused, or not reachable in ``timeout`` seconds, is a
         StartError naming Redis and the URL (its password masked)."""
-        from core.resp import RespClient, RespSetupError
+        from core.resp import RespSetupError
+        from core.resp_cluster import client_from_url
         from core.urls import RedisUrlError, mask
         try:
-            client = RespClient.from_url(self.redis_url)
+            client = client_from_url(self.redis_url)
             try:  # any error but a refusal at login: down, slow, or not Redis
                 await _reach(lambda: client.call("PING"), f"Redis at {mask(self.redis_url)} is not reachable",
                              "REDIS_URL", timeout, retry=(Exception,), fatal=(RespSetupError,))

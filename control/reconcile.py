@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import asyncpg
-import redis.asyncio as aioredis
 
+from core.redis_client import AnyRedis, layout_of
 from core import redis_keys as rk
 
 
@@ -31,29 +31,32 @@ class Drift:
         return asdict(self)
 
 
-async def _queued(r: aioredis.Redis) -> dict[str, int]:
+async def _queued(r: AnyRedis) -> dict[str, int]:
     out: dict[str, int] = {}
-    last = "-"
-    while True:
-        batch: Any = await r.xrange(rk.USAGE_STREAM, min=last, count=1000)
-        for entry_id, fields in batch:
-            if entry_id == last:
-                continue
-            try:
-                rec = json.loads(fields[b"r"])
-                out[rec["org_id"]] = out.get(rec["org_id"], 0) + int(rec["cost_micro_pln"])
-            except (KeyError, ValueError, TypeError):
-                continue
-        if len(batch) < 1000:
-            return out
-        last = batch[-1][0]
+    for stream in layout_of(r).streams():  # a cluster's: one per shard
+        last = "-"
+        while True:
+            batch: Any = await r.xrange(stream, min=last, count=1000)
+            for entry_id, fields in batch:
+                if entry_id == last:
+                    continue
+                try:
+                    rec = json.loads(fields[b"r"])
+                    out[rec["org_id"]] = out.get(rec["org_id"], 0) + int(rec["cost_micro_pln"])
+                except (KeyError, ValueError, TypeError):
+                    continue
+            if len(batch) < 1000:
+                break
+            last = batch[-1][0]
+    return out
 
 
-async def reconcile(pool: asyncpg.Pool, r: aioredis.Redis, apply: bool) -> list[Drift]:
+async def reconcile(pool: asyncpg.Pool, r: AnyRedis, apply: bool) -> list[Drift]:
     """The organisations whose cached balance is apart from what the ledger says it should be."""
     cached: dict[str, int] = {}
-    async for name in r.scan_iter(match=rk.ORG + "*", count=1000):
-        org = name.decode().removeprefix(rk.ORG)
+    layout = layout_of(r)
+    async for name in r.scan_iter(match=rk.ORG + "*", count=1000):  # a cluster's: every primary's
+        org = layout.org_of(name.decode())
         balance = await r.hget(name, "balance")
         if balance is not None:
             cached[org] = int(balance)
@@ -72,6 +75,6 @@ async def reconcile(pool: asyncpg.Pool, r: aioredis.Redis, apply: bool) -> list[
         drift = redis_balance - (ledger.get(org, 0) - queued)
         if drift:
             if apply:
-                await r.hincrby(rk.org(org), "balance", -drift)
+                await r.hincrby(layout.org(org), "balance", -drift)
             out.append(Drift(org, redis_balance, ledger.get(org, 0), queued, drift, apply))
     return out

@@ -230,6 +230,64 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX model_changes_unmailed ON model_changes (id) WHERE mailed_at IS NULL;
     """,
+    # 11: a key's own limits (docs/limits.md, "Key limits"): a monthly spending cap (micro-PLN, a calendar
+    # month in Europe/Warsaw), the aliases it may use (NULL: all), the moment it stops working (NULL:
+    # never), and the month whose near-the-cap e-mail went out to the owners (once a month)
+    """
+    ALTER TABLE api_keys ADD COLUMN monthly_limit_micro_pln bigint CHECK (monthly_limit_micro_pln > 0);
+    ALTER TABLE api_keys ADD COLUMN models text[] CHECK (cardinality(models) > 0);
+    ALTER TABLE api_keys ADD COLUMN expires_at timestamptz;
+    ALTER TABLE api_keys ADD COLUMN limit_mailed_month text;
+    """,
+    # 12: each invoice as an FA(3) structured invoice and its way to KSeF, a queue that survives restarts
+    # (control/ksef/store.py): recorded when the invoice is issued, made and sent by the console's loop
+    """
+    CREATE TABLE ksef_documents (
+      number text PRIMARY KEY,
+      org_id text NOT NULL REFERENCES orgs(id),
+      state text NOT NULL DEFAULT 'new' CHECK (state IN ('new', 'kept', 'queued', 'sent', 'rejected')),
+      xml bytea,
+      issued_on date,
+      seller_nip text,
+      offline boolean NOT NULL DEFAULT false,
+      attempts integer NOT NULL DEFAULT 0,
+      next_at timestamptz,
+      ksef_ref text,
+      ksef_number text UNIQUE,
+      problem text,
+      created_at timestamptz NOT NULL DEFAULT now(),
+      sent_at timestamptz,
+      CHECK (state IN ('new', 'rejected') OR (xml IS NOT NULL AND issued_on IS NOT NULL AND seller_nip IS NOT NULL)),
+      CHECK ((state = 'sent') = (ksef_number IS NOT NULL))
+    );
+    CREATE INDEX ksef_documents_due ON ksef_documents (next_at) WHERE state = 'queued';
+    CREATE INDEX ksef_documents_org ON ksef_documents (org_id, created_at DESC);
+    """,
+    # 13: a third role, billing (top-ups, invoices and usage; no keys: control/console/roles.py), for
+    # memberships and invitations; existing owners and members keep theirs
+    """
+    ALTER TABLE memberships DROP CONSTRAINT memberships_role_check;
+    ALTER TABLE memberships ADD CONSTRAINT memberships_role_check CHECK (role IN ('owner', 'member', 'billing'));
+    ALTER TABLE invites DROP CONSTRAINT invites_role_check;
+    ALTER TABLE invites ADD CONSTRAINT invites_role_check CHECK (role IN ('owner', 'member', 'billing'));
+    """,
+    # 14: two-factor sign-in (control/console/totp.py): each account's TOTP secret once confirmed (the one
+    # being enrolled apart), the last 30-second step whose code it took (never the same code twice), its
+    # one-time recovery codes as hashes; an organisation whose owners require it of everyone
+    """
+    ALTER TABLE users ADD COLUMN totp_secret text;
+    ALTER TABLE users ADD COLUMN totp_pending text;
+    ALTER TABLE users ADD COLUMN totp_last_step bigint NOT NULL DEFAULT 0;
+    ALTER TABLE users ADD COLUMN totp_enabled_at timestamptz;
+    ALTER TABLE users ADD CONSTRAINT users_totp_both CHECK ((totp_secret IS NULL) = (totp_enabled_at IS NULL));
+    CREATE TABLE recovery_codes (
+      user_id text NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+      code_hash text NOT NULL,
+      used_at timestamptz,
+      PRIMARY KEY (user_id, code_hash)
+    );
+    ALTER TABLE orgs ADD COLUMN require_2fa boolean NOT NULL DEFAULT false;
+    """,
 ]
 
 

@@ -20,6 +20,8 @@ class Admission:
 
     identity: Identity | None
     error: ApiError | None
+    # the aliases the key may use (None: every one); told by an authentication-only admission (the model list)
+    aliases: tuple[str, ...] | None = None
 
     @property
     def admitted(self) -> bool:

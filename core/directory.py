@@ -9,6 +9,8 @@ from typing import Any
 
 import asyncpg
 
+from .key_limits import month_start, next_month_start
+
 
 class Directory:
     def __init__(self, pool: asyncpg.Pool, timeout: float = 3.0) -> None:
@@ -20,9 +22,19 @@ class Directory:
             return await conn.fetchrow(query, arg, timeout=self.timeout)
 
     async def key(self, key_hash: str) -> dict[str, Any] | None:
+        """The key's cache entry: its id, organisation, rate and own limits (core/redis_keys.py)."""
         row = await self._row(
-            "SELECT id, org_id AS org, rpm FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL", key_hash)
+            "SELECT id, org_id AS org, rpm, monthly_limit_micro_pln AS cap, array_to_string(models, ',') AS models,"
+            " floor(extract(epoch FROM expires_at))::bigint AS exp"
+            " FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL", key_hash)
         return None if row is None else dict(row)
+
+    async def key_spend(self, org_id: str, key_id: str, now: float) -> int:
+        """What the key's requests that started in the Warsaw month of ``now`` cost (micro-PLN)."""
+        async with self.pool.acquire(timeout=self.timeout) as conn:
+            spent = await conn.fetchval(KEY_SPEND_SQL, org_id, key_id, month_start(now), next_month_start(now),
+                                        timeout=self.timeout)
+        return int(spent)
 
     async def org(self, org_id: str) -> dict[str, Any]:
         """The organisation's cache entry: status, limits, balance, and what its credit limit follows
@@ -52,3 +64,7 @@ PAID_SQL = ("(EXISTS (SELECT 1 FROM ledger p WHERE p.org_id = o.id AND p.amount_
 # the organisation ``o``'s own credit limit as the cache holds it: micro-PLN, "none" or "default"
 CLIMIT_SQL = ("CASE WHEN o.credit_unlimited THEN 'none'"
               " ELSE COALESCE(o.credit_limit_micro_pln::text, 'default') END")
+
+# what the requests of the key $2 of the organisation $1 that started in a month ($3 to $4) cost, micro-PLN
+KEY_SPEND_SQL = ("SELECT COALESCE(SUM(cost_micro_pln), 0)::bigint FROM usage_records"
+                 " WHERE org_id = $1 AND key_id = $2 AND started_at >= $3 AND started_at < $4")

@@ -8,7 +8,7 @@ Pure: no I/O.  ``ApiError`` is the one value every rule returns to reject a requ
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 # code -> (HTTP status, type)
 TABLE: dict[str, tuple[int, str]] = {
@@ -37,6 +37,9 @@ class ApiError:
     message: str
     param: str | None = None
     retry_after: int | None = None
+    # the alias a refused request named, where the refusal came after it was found: a key allowed other
+    # aliases only is told model_not_found instead (extproc/exchange.py), not that the alias exists
+    alias: str | None = field(default=None, compare=False)
 
     @property
     def status(self) -> int:
@@ -49,6 +52,11 @@ class ApiError:
     def body(self, request_id: str) -> bytes:
         return json.dumps({"error": {"message": self.message, "type": self.type, "code": self.code,
                                      "param": self.param, "request_id": request_id}}, separators=(",", ":")).encode()
+
+
+def naming(err: ApiError, alias: str) -> ApiError:
+    """``err`` for a request that named ``alias``."""
+    return replace(err, alias=alias)
 
 
 def _invalid(message: str, param: str | None = None) -> ApiError:
@@ -88,6 +96,34 @@ def over_balance(cost_pln: str, available_pln: str, fits: int | None, choices: i
     with_n = f" with n = {choices}" if choices > 1 else ""
     return ApiError("insufficient_quota", head + f"; the largest max_tokens it allows{with_n} is {fits}. "
                     "Ask for fewer tokens, or top up to continue.")
+
+
+def key_limit_reached(limit_micro: int) -> ApiError:
+    """402 for a key whose spend this month (with its requests in flight) reached its monthly limit."""
+    return ApiError("insufficient_quota", f"This API key has reached its monthly spending limit of "
+                    f"{_pln(limit_micro)} PLN; an owner of the organisation can raise it, or it starts again "
+                    "on the 1st of next month (Europe/Warsaw).")
+
+
+def over_key_limit(cost_pln: str, left_pln: str, limit_micro: int, fits: int | None, choices: int) -> ApiError:
+    """402 for a request whose worst case (``cost_pln``) is more than what is left (``left_pln``) of its
+    key's monthly spending limit; ``fits`` as for ``over_balance``."""
+    head = (f"This request could cost up to {cost_pln} PLN, more than the {left_pln} PLN left this month of "
+            f"this API key's monthly spending limit of {_pln(limit_micro)} PLN")
+    if fits is None:
+        return ApiError("insufficient_quota", head + "; send less input, or ask an owner to raise the limit.")
+    if fits < 1:
+        return ApiError("insufficient_quota", head + ", even with max_tokens 1; ask an owner to raise the limit.")
+    with_n = f" with n = {choices}" if choices > 1 else ""
+    return ApiError("insufficient_quota", head + f"; the largest max_tokens it allows{with_n} is {fits}. "
+                    "Ask for fewer tokens, or ask an owner to raise the limit.")
+
+
+def _pln(micro: int) -> str:
+    """An amount as the messages name it: PLN with two decimals, more only where it has them."""
+    whole, fraction = divmod(micro, 1_000_000)
+    digits = f"{fraction:06d}".rstrip("0")
+    return f"{whole}.{digits.ljust(2, '0')}"
 
 
 # ---- the request body (core/rules.py) ----

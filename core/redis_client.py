@@ -6,18 +6,53 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.sentinel import Sentinel, SentinelManagedSSLConnection
 from redis.backoff import ExponentialBackoff
 from redis.asyncio.retry import Retry
 
+from .redis_keys import CLUSTER, ONE, Layout
 from .urls import RedisTarget, parse_redis
 
+AnyRedis = aioredis.Redis | RedisCluster
+_CLUSTER_TLS = {"ssl_ca_certs", "ssl_cert_reqs", "ssl_certfile", "ssl_check_hostname", "ssl_keyfile"}
 
-def redis_client(url: str, size: int) -> aioredis.Redis:
+
+def layout_of(r: AnyRedis) -> Layout:
+    """The key layout (core/redis_keys.py) of the Redis ``r`` speaks to: one Redis, or a cluster."""
+    return CLUSTER if isinstance(r, RedisCluster) else ONE
+
+
+def redis_client(url: str, size: int) -> AnyRedis:
     """redis-py for everything but the request path's two scripts, opened from the same reading of
     REDIS_URL as the request path's client (core/urls.py), so that both log in alike.  A restarted
     Redis leaves dead pooled connections: a failed call is retried on a new one.  The pool waits for a
     free connection rather than failing when every one is busy; it is small and opened whole at start,
-    so that a process's descriptors do not grow under load."""
+    so that a process's descriptors do not grow under load.  A cluster (redis+cluster://) gets redis-py's
+    cluster client, ``size`` connections at most to each node; Sentinel (redis+sentinel://) its primary's
+    client, which asks the sentinels again when the primary fails."""
+    target = parse_redis(url)
+    if target.cluster:
+        opts = _redis_py_options(target)
+        del opts["db"], opts["host"], opts["port"]
+        opts.pop("connection_class", None)
+        # redis-py's cluster client takes fewer TLS parameters than its Redis does
+        opts = {k: v for k, v in opts.items() if not k.startswith("ssl_") or k in _CLUSTER_TLS}
+        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in target.seeds], max_connections=size,
+                            socket_timeout=2, socket_connect_timeout=2, ssl=target.tls is not None,
+                            retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2), **opts)
+    if target.sentinel:
+        opts = _redis_py_options(target)
+        del opts["host"], opts["port"]
+        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+            list(target.seeds), sentinel_kwargs={"password": target.sentinel_password, "socket_timeout": 2},
+            socket_timeout=2, socket_connect_timeout=2, health_check_interval=10,
+            retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2),
+            retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError])
+        if "connection_class" in opts:  # TLS: the primary's connections, the sentinels' stay plain
+            opts["connection_class"] = SentinelManagedSSLConnection
+        primary: aioredis.Redis = sentinel.master_for(target.service, max_connections=size, **opts)
+        return primary
     return aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool(
         max_connections=size, timeout=5, socket_timeout=2, socket_connect_timeout=2,
         health_check_interval=10, retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2),

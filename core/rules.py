@@ -105,7 +105,8 @@ def _alias(doc: dict[str, Any], catalog: Catalog, capability: str) -> Alias | Ap
     if alias is None:
         return errors.MODEL_NOT_FOUND
     if capability not in alias.capabilities:
-        return errors.wrong_capability("chat completions" if capability == CHAT else "embeddings")
+        return errors.naming(errors.wrong_capability("chat completions" if capability == CHAT else "embeddings"),
+                             alias.id)
     return alias
 
 
@@ -148,6 +149,11 @@ def prepare_chat(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str | Non
     alias = _alias(doc, catalog, CHAT)
     if isinstance(alias, ApiError):
         return alias
+    prepared = _prepare_chat(doc, alias, pick)
+    return errors.naming(prepared, alias.id) if isinstance(prepared, ApiError) else prepared
+
+
+def _prepare_chat(doc: dict[str, Any], alias: Alias, pick: Callable[[Alias], str | None]) -> Prepared | ApiError:
     messages = doc.get("messages")
     if not isinstance(messages, list) or not messages:
         return errors.MESSAGES_REQUIRED
@@ -199,6 +205,12 @@ def prepare_embeddings(raw: bytes, catalog: Catalog, pick: Callable[[Alias], str
     alias = _alias(doc, catalog, EMBEDDINGS)
     if isinstance(alias, ApiError):
         return alias
+    prepared = _prepare_embeddings(doc, alias, pick)
+    return errors.naming(prepared, alias.id) if isinstance(prepared, ApiError) else prepared
+
+
+def _prepare_embeddings(doc: dict[str, Any], alias: Alias,
+                        pick: Callable[[Alias], str | None]) -> Prepared | ApiError:
     inp = doc.get("input")
     if isinstance(inp, str):
         inputs = [inp]

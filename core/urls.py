@@ -6,6 +6,15 @@
     redis://[[user]:password@]host[:port][/db][?query]      plain TCP
     rediss://[[user]:password@]host[:port][/db][?query]     TLS
     unix://[[user]:password@]/path/to/redis.sock[?db=N&password=...]
+    redis+cluster://[[user]:password@]host:port[,host:port...][?query]   a Redis Cluster (its seeds)
+    rediss+cluster://...                                                  the same over TLS
+    redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db][?sentinel_password=...]
+    rediss+sentinel://...                                                 the primary over TLS
+
+A cluster's seeds are any of its nodes: the client asks one of them for the cluster's slots
+(``CLUSTER SLOTS``) and follows the cluster from there.  A cluster has no database number.  A
+Sentinel URL names the sentinels and the service they watch (``sentinel monitor <service> ...``); the
+user and password are the Redis's, the sentinels are asked with ``sentinel_password`` when given.
 
 User names and passwords are percent-decoded; ``?db=`` wins over the path's number; ``?username=`` and
 ``?password=`` are taken when the URL's authority has none.  TLS is set by redis-py's parameter names
@@ -23,7 +32,7 @@ from __future__ import annotations
 import re
 import ssl
 from dataclasses import dataclass, field
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 _TLS_PARAMS = frozenset({"ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile", "ssl_password",
                          "ssl_cert_reqs", "ssl_check_hostname"})
@@ -44,7 +53,7 @@ def mask(url: str) -> str:
         colon = url.find(":", start, at)  # user:password@ (everything from the first colon on is hidden)
         if colon >= 0:
             url = url[:colon + 1] + "***" + url[at:]
-    return re.sub(r"([?&\s](?:ssl_)?password=)[^&#\s]*", r"\1***", url)
+    return re.sub(r"([?&\s](?:ssl_|sentinel_)?password=)[^&#\s]*", r"\1***", url)
 
 
 class RedisUrlError(ValueError):
@@ -84,6 +93,74 @@ class RedisTarget:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     tls: Tls | None = None
+    seeds: tuple[tuple[str, int], ...] = ()  # a cluster's nodes to start from, or the sentinels
+    service: str = ""  # the service the sentinels watch ("": no Sentinel)
+    sentinel_password: str | None = field(default=None, repr=False)
+
+    @property
+    def cluster(self) -> bool:
+        return bool(self.seeds) and not self.service
+
+    @property
+    def sentinel(self) -> bool:
+        return bool(self.service)
+
+
+def _seeds(url: str, netloc: str) -> tuple[tuple[str, int], ...]:
+    """host:port[,host:port...] of a cluster URL's authority (after any user:password@)."""
+    out = []
+    for part in netloc.rpartition("@")[2].split(","):
+        host, sep, port = part.strip().rpartition(":")
+        if not sep:
+            host, port = port, "6379"
+        host = host.strip("[]")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise RedisUrlError(f"REDIS_URL {mask(url)}: a cluster's seeds are host:port[,host:port...]")
+        out.append((host, int(port)))
+    return tuple(out)
+
+
+def _read_as(url: str, plain: str) -> RedisTarget:
+    """``plain`` (a redis(s):// URL made of ``url``) read; an error names ``url``."""
+    try:
+        return parse_redis(plain)
+    except RedisUrlError as e:
+        raise RedisUrlError(str(e).replace(mask(plain), mask(url))) from None
+
+
+def _cluster(url: str, scheme: str) -> RedisTarget:
+    """A cluster URL: its seeds, and the login and TLS read as for its first seed's redis(s):// URL."""
+    parts = urlsplit(url)
+    seeds = _seeds(url, parts.netloc)
+    if parts.path.strip("/") or "db" in parse_qs(parts.query):
+        raise RedisUrlError(f"REDIS_URL {mask(url)}: a cluster has no database number")
+    login = parts.netloc.rpartition("@")[0]
+    host = f"[{seeds[0][0]}]" if ":" in seeds[0][0] else seeds[0][0]
+    first = _read_as(url, f"{scheme}://{login + '@' if login else ''}{host}:{seeds[0][1]}"
+                     + (f"?{parts.query}" if parts.query else ""))
+    return RedisTarget(url, host=first.host, port=first.port, username=first.username, password=first.password,
+                       tls=first.tls, seeds=seeds)
+
+
+def _sentinel(url: str, scheme: str) -> RedisTarget:
+    """A Sentinel URL: the sentinels, the service (the path's first part), and the login, database and TLS
+    read as for a redis(s):// URL of the first sentinel with the rest of the path."""
+    parts = urlsplit(url)
+    sentinels = _seeds(url, parts.netloc)
+    service, _, db = parts.path.strip("/").partition("/")
+    if not service:
+        raise RedisUrlError(f"REDIS_URL {mask(url)}: a Sentinel URL names its service: "
+                            "redis+sentinel://host:port[,host:port]/service")
+    query = parse_qs(parts.query, keep_blank_values=True)
+    sentinel_password = query.pop("sentinel_password", [""])[0] or None
+    login = parts.netloc.rpartition("@")[0]
+    host = f"[{sentinels[0][0]}]" if ":" in sentinels[0][0] else sentinels[0][0]
+    rest = "&".join(f"{k}={quote(v[0])}" for k, v in query.items())
+    first = _read_as(url, f"{scheme}://{login + '@' if login else ''}{host}:{sentinels[0][1]}/{db}"
+                     + (f"?{rest}" if rest else ""))
+    return RedisTarget(url, host=first.host, port=first.port, db=first.db, username=first.username,
+                       password=first.password, tls=first.tls, seeds=sentinels, service=unquote(service),
+                       sentinel_password=sentinel_password)
 
 
 def _bool(name: str, value: str) -> bool:
@@ -93,14 +170,19 @@ def _bool(name: str, value: str) -> bool:
 
 
 def parse_redis(url: str) -> RedisTarget:
+    scheme = url.partition("://")[0]
+    if scheme in ("redis+cluster", "rediss+cluster"):
+        return _cluster(url, scheme.partition("+")[0])
+    if scheme in ("redis+sentinel", "rediss+sentinel"):
+        return _sentinel(url, scheme.partition("+")[0])
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as e:
         raise RedisUrlError(f"REDIS_URL {mask(url)} is not a URL: {e}") from None
-    scheme = parts.scheme
     if scheme not in ("redis", "rediss", "unix"):
-        raise RedisUrlError(f"REDIS_URL {mask(url)} must start with redis://, rediss:// or unix://")
+        raise RedisUrlError(f"REDIS_URL {mask(url)} must start with redis://, rediss://, unix:// or "
+                            "redis+cluster://")
     query: dict[str, str] = {}
     for name, values in parse_qs(parts.query, keep_blank_values=True).items():
         if name not in _PARAMS:

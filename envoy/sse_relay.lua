@@ -10,7 +10,9 @@
 -- one output token per event with content: extproc/observer.py) comes as the last chunk before [DONE].
 -- The ext_proc reads the same bytes for billing (core/sse.py), without holding them; what both count
 -- is one table of cases (tests/sse_cases.py) run against each.  It works on bytes; only an event that
--- carries a usage object is taken apart, by a small JSON scanner (Envoy's Lua has no JSON library).
+-- carries a usage object is taken apart, by a small JSON scanner (Envoy's Lua has no JSON library), and
+-- vLLM's own usage chunk is told by one pattern.  Its plain searches begin on a letter, not a quote
+-- (``find_quoted``): LuaJIT's plain search stops at each byte equal to the needle's first.
 -- The common case, whole events in vLLM's shape, goes straight on (``Relay:feed``), and Envoy's access
 -- log counts the chunks it took (relay_chunks, relay_common).
 --
@@ -248,7 +250,7 @@ local function count_content(block)
     pos = q
   end
   if compact == spaced then return compact end
-  return (space or find(block, '"usage": ', 1, true)) and spaced or compact
+  return (space or find_quoted(block, 'usage": ', 1)) and spaced or compact
 end
 
 -- Whether every event of an LF-framed block is one "data: " line and a blank line (what vLLM writes).
@@ -277,10 +279,25 @@ end
 
 -- A "usage": null member (sent on every chunk by some servers) taken out: the interface shows usage only on the
 -- final chunk, and only when it was asked for.
-local function drop_null_usage(block)
-  if not (find(block, '"usage":null', 1, true) or find(block, '"usage": null', 1, true)) then return block end
+local function drop_null_usage(block, from)
+  if not (find_quoted(block, 'usage":null', from) or find_quoted(block, 'usage": null', from)) then return block end
   block = gsub(block, ',%s*"usage"%s*:%s*null', "")
   return (gsub(block, '"usage"%s*:%s*null%s*,%s*', ""))
+end
+
+-- the bytes of s, as a list (a loop: LuaJIT does not compile a table built of byte's many results)
+local function bytes(s)
+  local out = {}
+  for k = 1, #s do out[k] = byte(s, k) end
+  return out
+end
+
+-- whether the bytes after s[j] are ``bytes`` (a list of bytes): compared one by one, without a string made
+local function follows(s, j, bytes)
+  for k = 1, #bytes do
+    if byte(s, j + k) ~= bytes[k] then return false end
+  end
+  return true
 end
 
 local Relay = {}
@@ -298,27 +315,31 @@ function Relay.new(upstream_model, alias, show_usage, prompt_estimate, input_pri
     input_price = tonumber(input_price or "0") or 0, output_price = tonumber(output_price or "0") or 0,
     -- the chunks fed (empty ones aside), and those the common case took (``feed``)
     chunks = 0, common = 0,
-    compact = 'model":' .. upstream_model, renamed = '"model":' .. alias,
+    tail = bytes(':' .. upstream_model), renamed = '"model":' .. alias,
     model = '"model"%s*:%s*' .. escape_pattern(upstream_model),
     alias = gsub('"model":' .. alias, "%%", "%%%%"),
   }, Relay)
 end
 
--- The alias in place of the upstream model: plain searches for compact JSON (vLLM's; a pattern tried at
--- every byte costs several times more), the pattern only where a "model" member has spaces around its colon.
+-- The alias in place of the upstream model, in one pass over the block's "model" members: a plain search
+-- each (a pattern tried at every byte costs several times more), vLLM's compact JSON renamed as it goes;
+-- a "model" member with a space around its colon sends the whole block to the pattern.
 function Relay:rename(block)
-  if find(block, '"model" ', 1, true) or find(block, '"model": ', 1, true) then
-    return (gsub(block, self.model, self.alias))
-  end
-  local out, pos, compact = {}, 1, self.compact
+  local out, pos, from, tail, renamed = nil, 1, 1, self.tail, self.renamed
   while true do
-    local i, j = find_quoted(block, compact, pos)
+    local i, j = find_quoted(block, 'model"', from)
     if i == nil then break end
-    out[#out + 1] = sub(block, pos, i - 1)
-    out[#out + 1] = self.renamed
-    pos = j + 1
+    local c = byte(block, j + 1)
+    if c == 32 or (c == 58 and byte(block, j + 2) == 32) then return (gsub(block, self.model, self.alias)) end
+    from = j + 1
+    if c == 58 and follows(block, j, tail) then
+      out = out or {}
+      out[#out + 1] = sub(block, pos, i - 1)
+      out[#out + 1] = renamed
+      pos, from = j + #tail + 1, j + #tail + 1
+    end
   end
-  if pos == 1 then return block end
+  if out == nil then return block end
   out[#out + 1] = sub(block, pos)
   return table.concat(out)
 end
@@ -397,9 +418,11 @@ end
 -- A block of whole events, each one "data: " line (``raw``: as the model server framed them): the usage
 -- where the interface wants it, the alias put in.
 function Relay:relay(block, raw)
-  if find_quoted(block, 'usage"', 1) then
-    block = drop_null_usage(block)
-    local at = find_usage(block, 1)
+  local u = find_quoted(block, 'usage"', 1)
+  if u ~= nil then
+    local dropped = drop_null_usage(block, u)
+    if dropped ~= block then block, u = dropped, 1 end
+    local at = find_usage(block, u)
     if at ~= nil or self.held ~= nil then block = self:take_usage(block, at) end
   elseif self.held ~= nil then
     block = self:take_usage(block, nil)
@@ -476,7 +499,21 @@ function Relay:take_usage(block, at)
   return table.concat(out)
 end
 
+-- vLLM's own usage chunk as a whole event (ids without escapes, choices [], a usage of three whole
+-- numbers, its place captured): what ``usage_event`` makes of it, told by one anchored pattern instead
+-- of its JSON scanner
+local VLLM_USAGE = '^data: {"id":"[^"\\]*","object":"chat%.completion%.chunk","created":%d+,"model":"[^"\\]*",'
+  .. '"choices":%[%],"usage":(){"prompt_tokens":%d+,"[a-z_]+":%d+,"[a-z_]+":%d+}()}\n\n$'
+
 function Relay:usage_event(event)
+  local vllm, _, ua, ub = find(event, VLLM_USAGE)
+  if vllm ~= nil then  -- the final report (any earlier one is stale), shown (when asked) priced
+    self.held, self.reported = nil, true
+    if not self.show then return "" end
+    local usage = sub(event, ua, ub - 1)
+    local prompt, completion = usage_tokens(usage)
+    return sub(event, 1, ua - 1) .. self:priced(usage, prompt, completion) .. sub(event, ub)
+  end
   local data = event_data(event)
   local m = data and items(data, 1, true)
   if m == nil then return event end
@@ -549,7 +586,7 @@ function envoy_on_response(handle)
     ctx_field(ctx, "x"))
   for chunk in handle:bodyChunks() do
     local n = chunk:length()
-    chunk:setBytes(relay:feed(n > 0 and chunk:getBytes(0, n) or ""))
+    if n > 0 then chunk:setBytes(relay:feed(chunk:getBytes(0, n))) end
   end
   -- the stream ended: how many chunks the common case took, for Envoy's access log (relay_chunks,
   -- relay_common)

@@ -192,9 +192,13 @@ class Gateway:
         log.error("%s could not be handed to Redis for an hour: kept on disk for the next start", what,
                   extra={"request_id": request_id})
 
-    def models_body(self) -> bytes:
-        """The model list, rendered at most once a second (prices change at whole seconds)."""
+    def models_body(self, aliases: tuple[str, ...] | None = None) -> bytes:
+        """The model list, rendered at most once a second (prices change at whole seconds); for a key
+        allowed some aliases only (``aliases``), those of them offered."""
         now = int(self.clock())
+        if aliases is not None:
+            return _json({"object": "list", "data": [a.model_object(now) for a in self.catalog.aliases.values()
+                                                     if a.id in aliases and a.offered_at(now)]})
         cached = self._models
         if cached is None or cached[0] != now or cached[1] is not self.catalog:
             body = _json({"object": "list", "data": [a.model_object(now) for a in self.catalog.aliases.values()
@@ -396,11 +400,12 @@ class Exchange:
         if adm.error is not None:
             return self._reject(adm.error)
         if self.method == "GET" and self.path == _MODELS_PATH:
-            return self._ok(self.gw.models_body())
+            return self._ok(self.gw.models_body(adm.aliases))
         if self.method == "GET" and self.path.startswith(_MODELS_PATH + "/"):
             # the id as the client meant it: percent-encoding undone (RFC 3986; /v1/models/%65mbed is embed)
             alias = self.gw.catalog.aliases.get(unquote(self.path[len(_MODELS_PATH) + 1:]))
-            if alias is None or not alias.offered_at(self.gw.clock()):
+            if (alias is None or not alias.offered_at(self.gw.clock())
+                    or (adm.aliases is not None and alias.id not in adm.aliases)):
                 return self._reject(MODEL_NOT_FOUND)
             return self._ok(_json(alias.model_object(self.gw.clock())))
         return self._reject(UNSUPPORTED_ENDPOINT)
@@ -436,6 +441,8 @@ class Exchange:
             self.prepared = None
             return self._reject(adm.error)
         if isinstance(prepared, ApiError):
+            if prepared.alias is not None and adm.aliases is not None and prepared.alias not in adm.aliases:
+                return self._reject(MODEL_NOT_FOUND)  # an alias the key may not use, as if it did not exist
             return self._reject(prepared)
         assert adm.identity is not None  # admitted
         refusal = self.gw.policies.check(prepared, adm.identity)
@@ -459,20 +466,22 @@ class Exchange:
             if cached is not None:
                 self.admission = cached
                 return cached
-        pending, hold = "", None
+        pending, hold, alias = "", None, ""
         if limits:  # a prepared request: journalled, its worst case held (README, "Billing")
             assert self.prepared is not None
             pending = self._pending()
             hold = worst_case(self.prepared, self.prepared.alias.prices_at(self.started))
+            alias = self.prepared.alias.id
         # from now, not the request's start: Envoy's message timeout runs from the message that brought
         # us here (a chunked body may come seconds after the headers)
         deadline = self.gw.clock() + self.gw.dependency_budget_s
         try:
             async with asyncio.timeout(self.gw.dependency_budget_s):
-                for _ in range(3):
+                for _ in range(4):  # a key, its organisation and its month's spend may be missing
                     try:
                         adm = await self.gw.store.admit(self.key_hash, self.request_id, limits=limits,
-                                                        pending=pending, deadline=deadline, hold=hold)
+                                                        pending=pending, deadline=deadline, hold=hold,
+                                                        alias=alias, now=self.started)
                     except Miss as miss:
                         await self._fill(miss)
                         continue
@@ -502,6 +511,13 @@ class Exchange:
         own, left behind when the budget runs out: a connection of a hung PostgreSQL cannot be given back
         to the pool promptly, and the client must not wait for that."""
         assert self.key_hash is not None
+        if miss.what == "spend":
+            assert miss.key_id is not None and miss.org_id is not None
+            spend = asyncio.ensure_future(self.gw.directory.key_spend(miss.org_id, miss.key_id, self.started))
+            spend.add_done_callback(_forget)
+            await asyncio.wait((spend,))
+            await self.gw.store.fill_spend(miss.org_id, miss.key_id, miss.month, spend.result())
+            return
         if miss.what == "key":
             metrics.labelled(metrics.KEY_LOOKUPS, "miss").inc()
             read: Awaitable[dict[str, Any] | None] = self.gw.directory.key(self.key_hash)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.cost import Prices, cost_micro_pln, micro_to_pln
-from core.errors import QUOTA_HELD, ApiError, over_balance
+from core.errors import QUOTA_HELD, ApiError, key_limit_reached, over_balance, over_key_limit
 from core.rules import Prepared
 
 # The most one request holds: a request whose worst case is more (an n of millions) is refused wherever a
@@ -42,6 +42,14 @@ class WorstCase:
             return QUOTA_HELD
         fits = None if self.max_tokens == 0 else self.largest_max_tokens(available)
         return over_balance(micro_to_pln(self.cost), micro_to_pln(available), fits, self.choices)
+
+    def key_refusal(self, left: int, limit: int) -> ApiError:
+        """402 for a request whose worst case does not fit what is ``left`` of its key's monthly ``limit``
+        (the limit less this month's spend and the key's requests in flight); it names the key's limit."""
+        if left <= 0:
+            return key_limit_reached(limit)
+        fits = None if self.max_tokens == 0 else self.largest_max_tokens(left)
+        return over_key_limit(micro_to_pln(self.cost), micro_to_pln(left), limit, fits, self.choices)
 
 
 def worst_case(p: Prepared, prices: Prices) -> WorstCase:

@@ -6,6 +6,10 @@ It runs as a process of its own, ``python -m extproc.usage_writer`` (the launche
 Kubernetes manifests start one), so that its batches never hold up a request in an ext_proc's loop.
 It also bills the requests that a stopped ext_proc left in flight (``reap``).  On SIGTERM it writes
 what is queued, then exits.
+
+On a Redis Cluster the stream is one per shard (core/redis_keys.py): each is read with the same consumer
+group, and one batch takes from all of them (read in turn, none waiting); each entry is acknowledged
+in its own shard after the commit.
 """
 from __future__ import annotations
 
@@ -21,7 +25,6 @@ import asyncpg
 import redis.exceptions
 
 from core.decisions import UsageRecord
-from core.redis_keys import USAGE_STREAM
 from core.usage_writer_settings import WriterSettings
 from . import metrics
 from .process import run, until_stopped
@@ -68,6 +71,12 @@ CLAIM_IDLE_MS = 15000  # a dead writer's pending entries are claimed this long a
 BUSY = 16  # records in one batch from which the writer waits longer for the next
 DEAD_IDLE_MS = 60000  # a consumer that has not read for this long and holds no entry is a dead writer's
 PRUNE_EVERY_S = 10.0
+
+# An entry's acknowledgement and deletion at once (one key: the same on one Redis and on a cluster's shard).
+_ACK = """
+redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 2))
+return redis.call('XDEL', KEYS[1], unpack(ARGV, 2))
+"""
 
 # The group's consumers that hold no pending entry and have not read for ARGV[3] ms, other than ARGV[2]
 # (this writer), removed in one step: a consumer that reads between a look and its removal cannot lose
@@ -118,30 +127,45 @@ class UsageWriter:
         self._suspects: dict[str, float] = {}  # request id -> when its owner was first seen gone
         self.pool = pool
         self.consumer = f"{socket.gethostname()}-{os.getpid()}"
+        self.streams = store.layout.streams()
+        self._recovering = set(self.streams)
+        self._ack = self.r.register_script(_ACK)
 
     async def _ensure_group(self) -> None:
-        try:
-            await self.r.xgroup_create(USAGE_STREAM, GROUP, id="0", mkstream=True)
-        except redis.exceptions.ResponseError as e:
-            if "BUSYGROUP" not in str(e):
-                raise
+        for stream in self.streams:
+            try:
+                await self.r.xgroup_create(stream, GROUP, id="0", mkstream=True)
+            except redis.exceptions.ResponseError as e:
+                if "BUSYGROUP" not in str(e):
+                    raise
 
-    async def _take(self, claim: bool) -> list[tuple[bytes, dict[bytes, bytes] | None]]:
+    async def _take_all(self, claim: bool) -> list[tuple[str, list[tuple[bytes, dict[bytes, bytes] | None]]]]:
+        """Each stream's entries (``_take``): one stream waits for new ones, several are read in turn, none
+        waiting (each is a short command on its shard's primary; the pool holds a few connections a node)."""
+        if len(self.streams) == 1:
+            return [(self.streams[0], await self._take(self.streams[0], claim, block=200))]
+        taken = [(s, await self._take(s, claim, block=None)) for s in self.streams]
+        return [(s, t) for s, t in taken if t]
+
+    async def _take(self, stream: str, claim: bool,
+                    block: int | None) -> list[tuple[bytes, dict[bytes, bytes] | None]]:
         """First what this consumer left pending (a batch that failed), then a dead one's, then new; the
         first two are looked for only after a failure and once a second, not on every batch.  An entry
         deleted after it was read comes back without fields."""
         entries: Any = []
-        if self._recover:
-            own: Any = await self.r.xreadgroup(GROUP, self.consumer, {USAGE_STREAM: "0"}, count=BATCH)
+        if self._recover or stream in self._recovering:
+            own: Any = await self.r.xreadgroup(GROUP, self.consumer, {stream: "0"}, count=BATCH)
             entries = own[0][1] if own else []
-            self._recover = bool(entries)
+            if entries:
+                self._recovering.add(stream)
+            else:
+                self._recovering.discard(stream)
         if not entries and claim:
-            claimed: Any = await self.r.xautoclaim(USAGE_STREAM, GROUP, self.consumer, CLAIM_IDLE_MS,
+            claimed: Any = await self.r.xautoclaim(stream, GROUP, self.consumer, CLAIM_IDLE_MS,
                                                    start_id="0-0", count=BATCH)
             entries = claimed[1] if claimed else []
         if not entries:
-            res: Any = await self.r.xreadgroup(GROUP, self.consumer, {USAGE_STREAM: ">"}, count=BATCH,
-                                               block=200)
+            res: Any = await self.r.xreadgroup(GROUP, self.consumer, {stream: ">"}, count=BATCH, block=block)
             entries = res[0][1] if res else []
         return [e for e in entries if e]
 
@@ -168,14 +192,17 @@ class UsageWriter:
         periodic = now - self._last_reap > 1.0
         if periodic:
             self._last_reap = now
-            metrics.RECORDS_QUEUED.set(await self.r.xlen(USAGE_STREAM))  # before PostgreSQL: set while it is down
+            # before PostgreSQL: set while it is down
+            metrics.RECORDS_QUEUED.set(sum([await self.r.xlen(s) for s in self.streams]))
             await self.reap()
         if now - self._last_prune > PRUNE_EVERY_S:
             self._last_prune = now
-            if gone := await prune(self.r, USAGE_STREAM, GROUP, self.consumer, DEAD_IDLE_MS):
-                log.info("removed %d idle consumer(s) holding no entry from the usage group: %s", len(gone),
-                         ", ".join(gone))
-        entries = await self._take(claim=periodic)
+            for stream in self.streams:
+                if gone := await prune(self.r, stream, GROUP, self.consumer, DEAD_IDLE_MS):
+                    log.info("removed %d idle consumer(s) holding no entry from the usage group: %s", len(gone),
+                             ", ".join(gone))
+        self._recover, taken = False, await self._take_all(claim=periodic)
+        entries = [e for _, es in taken for e in es]
         if not entries:
             return 0
         records = [f[b"r"] for _, f in entries if f]
@@ -186,10 +213,8 @@ class UsageWriter:
         ids = [i for i, _ in entries]  # acknowledged all, those without fields too
         for i in ids:  # an entry's id is "<ms>-<n>", the time it was queued: the request's end
             metrics.WRITE_LAG.observe(max(0.0, now_ms - int(i.split(b"-", 1)[0])) / 1000)
-        async with self.r.pipeline(transaction=True) as p:
-            p.xack(USAGE_STREAM, GROUP, *ids)
-            p.xdel(USAGE_STREAM, *ids)
-            await p.execute()
+        for stream, es in taken:
+            await self._ack(keys=[stream], args=[GROUP, *(i for i, _ in es)])
         return len(entries)
 
     async def run(self) -> None:

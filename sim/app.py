@@ -638,6 +638,8 @@ class Simulator:
                 data = frame_event(ev.data, knobs)
                 step = knobs.write_bytes or len(data)
                 for at in range(0, len(data), step):
+                    if at:  # a piece apart from the last one, as a slow network delivers it
+                        await asyncio.sleep(0.001)
                     await resp.write(data[at:at + step])
                 rec.completion_tokens += ev.tokens
                 rec.events_sent += 1

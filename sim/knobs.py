@@ -25,7 +25,8 @@ knob                   type        effect
                                    event and a comment line inside it
 ``multiline``          bool        stream: each JSON document over several
                                    ``data:`` lines (cut after its commas)
-``write_bytes``        int>=1      stream: write each event in pieces of this size
+``write_bytes``        int>=1      stream: write each event in pieces of this size,
+                                   1 ms apart
 ``usage_shape``        string      stream: how the usage is sent, as ``vllm`` does
                                    (default: its own chunk, ``choices: []``),
                                    ``sglang`` (the same, ``"usage":null`` on every

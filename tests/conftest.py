@@ -26,9 +26,12 @@ from control.launcher import Stack, free_port_base
 from control.settings import Settings
 from core.settings_base import PORT_OFFSETS, SPAN
 from core.redis_client import redis_client
+from core.redis_keys import CLUSTER, ONE, Layout
+from core.urls import parse_redis
 
 
 free_base = free_port_base
+SELLER = ("Bramka Modeli sp. z o.o.", "5213017228", "ul. Marszałkowska 1, 00-624 Warszawa")  # the suite's invoices' seller
 SIM = PORT_OFFSETS["simulators"]  # the first simulator's port: base + SIM
 
 
@@ -181,15 +184,27 @@ class Gateway:
         """``fn`` run on a short-lived synchronous Redis client of the stack's Redis (to observe, never to
         stand in for it)."""
         import redis as sync_redis
-        r = sync_redis.Redis.from_url(self.stack.redis_url)
+        target = parse_redis(self.stack.redis_url)
+        if target.cluster:
+            r: Any = sync_redis.RedisCluster(startup_nodes=[sync_redis.cluster.ClusterNode(h, p) for h, p in target.seeds],
+                                             password=target.password)
+        elif target.sentinel:
+            r = sync_redis.sentinel.Sentinel(list(target.seeds)).master_for(target.service, password=target.password)
+        else:
+            r = sync_redis.Redis.from_url(self.stack.redis_url)
         try:
             return fn(r)
         finally:
             r.close()
 
+    @property
+    def layout(self) -> Layout:
+        """Where the stack's Redis keeps an organisation's keys (core/redis_keys.py): one Redis or a cluster."""
+        return CLUSTER if parse_redis(self.stack.redis_url).cluster else ONE
+
     def slots_held(self, org_id: str) -> int:
         """Requests of the organisation admitted and not finished (its concurrency slots, gw:c:<org>)."""
-        return int(self.redis(lambda r: r.zcard("gw:c:" + org_id)))
+        return int(self.redis(lambda r: r.zcard(self.layout.in_flight(org_id))))
 
     def usage_backlog(self, org_id: str) -> dict[str, Any]:
         """What of the organisation can still come to PostgreSQL: its requests in flight or left for the
@@ -197,8 +212,9 @@ class Gateway:
         not yet written (the writer deletes what it wrote)."""
         def look(r: Any) -> dict[str, Any]:
             tag = f'"org_id":"{org_id}"'.encode()
-            in_flight = [v[:120] for v in r.hvals("gw:if") if v.split(b"|", 2)[1] == org_id.encode()]
-            queued = [i for i, f in r.xrange("gw:usage") if tag in f.get(b"r", b"")]
+            shard = self.layout.tag(org_id)
+            in_flight = [v[:120] for v in r.hvals(self.layout.journal(shard)) if v.split(b"|", 2)[1] == org_id.encode()]
+            queued = [i for i, f in r.xrange(self.layout.stream(shard)) if tag in f.get(b"r", b"")]
             return {"in_flight": in_flight, "queued": queued}
         return dict(self.redis(look))
 
@@ -261,8 +277,12 @@ def running_stack(prefix: str, catalog: Callable[[int], dict[str, Any]] = make_c
 
 @pytest.fixture(scope="session")
 def gateway() -> Iterator[Gateway]:
-    with running_stack("gw-test-", default_rpm=100000, default_concurrency=1000) as gw:
+    # a seller whose details make valid FA(3) documents (tests/fa3_schema.py checks every one issued)
+    with running_stack("gw-test-", default_rpm=100000, default_concurrency=1000, seller_name=SELLER[0],
+                       seller_nip=SELLER[1], seller_address=SELLER[2]) as gw:
         yield gw
+        from fa3_schema import made_documents
+        made_documents(gw)  # every invoice the suite issued became a valid FA(3) document
 
 
 @pytest.fixture(scope="session")

@@ -59,7 +59,8 @@ class FakeStore:
     holds: list[WorstCase | None] = field(default_factory=list)  # each admission's worst case (the real script holds it)
 
     async def admit(self, key_hash: str, request_id: str, *, limits: bool, pending: str = "",
-                    deadline: float | None = None, hold: WorstCase | None = None) -> Admission:
+                    deadline: float | None = None, hold: WorstCase | None = None, alias: str = "",
+                    now: float | None = None) -> Admission:
         self.deadlines.append(deadline)
         self.holds.append(hold)
         if key_hash in self.revoked:

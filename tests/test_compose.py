@@ -362,3 +362,34 @@ def test_every_healthcheck_times_out_before_the_next_one(services: dict[str, dic
     assert {"postgres", "redis", "envoy", "extproc"} <= set(checked), sorted(checked)
     for name, hc in checked.items():
         assert seconds(hc["timeout"]) < seconds(hc["interval"]), (name, hc)
+
+
+def test_the_redis_cluster_option_validates_and_every_process_names_the_cluster(tmp_path: Path) -> None:
+    """compose.redis-cluster.yaml over compose.yaml: six durable cluster nodes with the password, the
+    `redis` service forming the cluster and healthy once it is, and every process's REDIS_URL the
+    cluster's (read as the processes read it)."""
+    from core.urls import parse_redis
+    if not DOCKER_COMPOSE.exists():
+        pytest.skip(f"{DOCKER_COMPOSE} is missing (Debian's docker-compose; `make compose` installs it)")
+    for f in (COMPOSE, ROOT / "compose.redis-cluster.yaml", DOCKERFILE):
+        (tmp_path / f.name).write_text(f.read_text())
+    done = subprocess.run([str(DOCKER_COMPOSE), "-f", "compose.yaml", "-f", "compose.redis-cluster.yaml",
+                           "--project-directory", str(tmp_path), "config"], env={"PATH": "/usr/bin:/bin", **REQUIRED},
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    services = yaml.safe_load(done.stdout)["services"]
+    for name in ("envoy", "migrate", "extproc", "usage-writer", "console"):
+        t = parse_redis(services[name]["environment"]["REDIS_URL"])
+        assert t.cluster and t.password == "redis-s3cret", name
+        assert {h for h, _ in t.seeds} <= {f"redis-{n}" for n in range(1, 7)}, name
+    for n in range(1, 7):
+        argv = services[f"redis-{n}"]["command"]
+        for flag, value in [("--cluster-enabled", "yes"), ("--appendonly", "yes"), ("--maxmemory-policy", "noeviction"),
+                            ("--requirepass", "redis-s3cret"), ("--masterauth", "redis-s3cret")]:
+            assert argv[argv.index(flag) + 1] == value, (n, flag)
+        assert services["redis"]["depends_on"][f"redis-{n}"]["condition"] == "service_healthy"
+    former = " ".join(services["redis"]["command"])
+    assert "--cluster create" in former and "--cluster-replicas 1" in former
+    assert "cluster_state:ok" in " ".join(services["redis"]["healthcheck"]["test"])
+    for name in ("extproc", "usage-writer", "console"):  # they wait for the cluster formed
+        assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy"

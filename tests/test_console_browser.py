@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
+import httpx
 import openai
 import pytest
 
@@ -236,3 +237,79 @@ def test_first_call_from_what_the_pages_show_on_a_phone(gateway: Gateway, browse
     assert _too_wide(polish, con, PAGES_SIGNED_OUT) == {}
     assert polish.locator("html").get_attribute("lang") == "pl"
     polish.context.close()
+
+
+PHONE_PAGES = ["/", "/keys", "/usage", "/billing", "/members", "/account/security", "/changelog", "/docs/api"]
+
+
+def test_every_table_keeps_time_status_and_cost_in_view_on_a_phone(gateway: Gateway, browser: Any) -> None:
+    """At 390 px, on every signed-in page, each table row is a card whose every cell (time, status and
+    cost above all) lies inside the screen and inside its card, with its column's name beside it; the
+    organisation has requests, a paid top-up with its invoice, a pending invitation and a key."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(1) as ex:  # Playwright's sync API keeps an event loop in this thread
+        session = ex.submit(_phone_organisation, gateway).result()
+
+    for lang in ("en", "pl"):
+        ctx = browser.new_context(viewport={"width": 390, "height": 844})
+        ctx.add_cookies([{"name": "gw_session", "value": session, "url": gateway.console},
+                         {"name": "lang", "value": lang, "url": gateway.console}])
+        page = ctx.new_page()
+        page.set_default_timeout(15_000)
+        kept: dict[str, set[str]] = {}
+        for path in PHONE_PAGES:
+            page.goto(gateway.console + path)
+            assert page.evaluate("document.documentElement.scrollWidth") <= 390, (lang, path)
+            out = page.evaluate("""() => {
+              const bad = [], labels = [];
+              for (const td of document.querySelectorAll('main table td')) {
+                const cell = td.getBoundingClientRect(), card = td.closest('tr').getBoundingClientRect();
+                if (cell.width === 0) continue;
+                if (cell.left < 0 || cell.right > window.innerWidth || cell.left < card.left - 0.5
+                    || cell.right > card.right + 0.5 || cell.top < card.top - 0.5 || cell.bottom > card.bottom + 0.5)
+                  bad.push([td.dataset.label || td.textContent.slice(0, 30), cell.left, cell.right, card.left, card.right]);
+                if (td.dataset.label) labels.push(td.dataset.label);
+              }
+              const heads = [...document.querySelectorAll('main table th')].filter(th => th.getBoundingClientRect().height > 0);
+              return {bad, labels, heads: heads.length};
+            }""")
+            assert out["bad"] == [], (lang, path, out["bad"])
+            assert out["heads"] == 0, (lang, path)  # the column's name is beside each value instead
+            kept[path] = set(out["labels"])
+        if lang == "en":  # the data the organisation has shows up, with the labels of the columns kept in view
+            assert {"Time", "Status", "Cost"} <= kept["/"] and {"Time", "Status", "Cost"} <= kept["/usage"]
+            assert {"Date", "Amount", "Issued", "Gross", "Started", "State"} <= kept["/billing"]
+            assert {"Day", "Cost"} <= kept["/usage"] and "Created" in kept["/keys"] and "Expires" in kept["/members"]
+        page.goto(gateway.console + "/usage")
+        row = page.locator("#requests tr[data-request]").first
+        box, card = row.locator("td.num").last.bounding_box(), row.bounding_box()
+        assert box is not None and card is not None and 0 <= box["x"] and box["x"] + box["width"] <= 390
+        assert card["x"] <= box["x"] and box["x"] + box["width"] <= card["x"] + card["width"]
+        if lang == "en":
+            shot(page, "40-usage-cards-390")
+        ctx.close()
+
+
+def _phone_organisation(gw: Gateway) -> str:
+    """An organisation with two requests, a paid top-up with its invoice, a pending invitation and a
+    key; its owner's session."""
+    from test_console_billing import sandbox, start_topup
+    from test_console_keys_usage import create_key
+    from test_console_support import signed_up
+
+    c, _, org = signed_up(gw, "Telefon sp. z o.o.")
+    _, key = create_key(c, "phone key with a rather long name")
+    for _ in range(2):
+        r = httpx.post(gw.v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                       json={"model": "polish-pro", "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 200
+    c.get("/billing")
+    assert c.post("/billing/details", {"name": "Telefon sp. z o.o.", "nip": "526-025-02-74",
+                                       "address": "ul. Długa 1, 00-001 Warszawa"}).status_code == 303
+    pid = start_topup(c, "12,34")
+    r = httpx.post(gw.console + "/payments/notify/sandbox", json=sandbox(gw).notification(pid, 12_340_000, True))
+    assert r.json() == {"status": "paid", "credited": True}
+    c.get("/members")
+    assert c.post("/members/invite", {"email": new_email(), "role": "billing"}).status_code == 303
+    wait_for(lambda: len(gw.sql("SELECT 1 FROM usage_records WHERE org_id = $1", org)) == 2, timeout=10)
+    return c.jar["gw_session"]

@@ -51,6 +51,10 @@ FORMS: list[tuple[str, str, tuple[str, ...]]] = [
     ("POST", "/billing/low-balance", ("threshold",)),
     ("POST", "/billing/details", ("name", "nip", "address", "person")),
     ("POST", "/members/invite", ("email", "role")),
+    ("POST", "/members/2fa", ("require",)),
+    ("POST", "/login/2fa", ("code",)),
+    ("POST", "/account/security/enable", ("code",)),
+    ("POST", "/account/security/disable", ("code",)),
     ("POST", "/org/switch", ("org",)),
     ("POST", "/lang", ("lang", "next")),
 ]
@@ -60,6 +64,7 @@ PATHS: list[tuple[str, str, tuple[str, ...]]] = [
     ("GET", "/reset/{}", ()), ("POST", "/reset/{}", ("password",)),
     ("GET", "/invite/{}", ()), ("POST", "/invite/{}", ("password",)),
     ("POST", "/keys/{}/revoke", ()), ("POST", "/members/{}/remove", ("keep_keys",)),
+    ("POST", "/members/{}/role", ("role",)),
     ("POST", "/members/invites/{}/revoke", ()),
     ("GET", "/billing/payment/{}", ()), ("POST", "/billing/payment/{}/cancel", ()),
     ("POST", "/billing/payment/{}/retry", ()), ("GET", "/billing/return/{}", ("cancelled",)),

@@ -14,6 +14,7 @@ import pypdf
 import pytest
 
 from conftest import Gateway, wait_for
+from fa3_schema import made_documents
 from control.console.invoices import nip_valid, pln_text, split_gross
 from test_console_billing import sandbox, start_topup
 from test_console_support import mails, signed_up
@@ -59,6 +60,8 @@ def test_a_paid_top_up_gets_an_invoice_with_the_buyers_details(gateway: Gateway)
     assert (inv["gross_grosze"], inv["net_grosze"], inv["vat_grosze"], inv["vat_pct"]) == (12_300, 10_000, 2_300, 23)
     assert (inv["buyer_name"], inv["buyer_nip"], inv["buyer_person"]) == ("Piekarnia Kowalski sp. z o.o.",
                                                                          "5260250274", False)
+    [doc] = made_documents(gateway, [inv["number"]])  # its FA(3) document, valid (KSeF not configured: kept)
+    assert doc["state"] == "kept" and b"<NIP>5260250274</NIP>" in doc["xml"] and b"<P_15>123.00</P_15>" in doc["xml"]
     # a repeated notification issues nothing more
     sb = sandbox(gateway)
     httpx.post(gateway.console + "/payments/notify/sandbox", json=sb.notification(pid, 123_000_000, True))
@@ -109,6 +112,7 @@ def test_numbers_are_gap_free_under_concurrent_payments(gateway: Gateway) -> Non
     assert every == list(range(1, len(every) + 1))  # the whole year's sequence: no gap, no repeat
     [counter] = gateway.sql("SELECT last FROM invoice_counters WHERE year = $1", year)
     assert counter["last"] == len(every)
+    assert len(made_documents(gateway, [r["number"] for r in rows])) == 12
 
 
 def test_a_private_person_needs_no_nip(gateway: Gateway) -> None:
@@ -119,6 +123,8 @@ def test_a_private_person_needs_no_nip(gateway: Gateway) -> None:
     pid = _pay(gateway, "10,50", c)
     [inv] = gateway.sql("SELECT * FROM invoices WHERE payment_id = $1", pid)
     assert (inv["buyer_person"], inv["buyer_nip"], inv["gross_grosze"]) == (True, None, 1_050)
+    [doc] = made_documents(gateway, [inv["number"]])
+    assert b"<BrakID>1</BrakID>" in doc["xml"] and b"<P_15>10.50</P_15>" in doc["xml"]
     r = c.get(f"/billing/invoices/{inv['id']}.pdf")
     text = pypdf.PdfReader(io.BytesIO(r.content)).pages[0].extract_text()
     assert "osoba prywatna" in text and "Jan Kowalski" in text

@@ -548,3 +548,24 @@ def test_every_probe_times_out_before_the_next_one(objects: dict[tuple[str, str]
     assert len(probes) >= 6, probes
     for name, container, kind, p in probes:
         assert p["timeoutSeconds"] < p.get("periodSeconds", 10), (name, container, kind, p)
+
+
+@pytest.mark.parametrize("option,shape", [("redis-cluster", "cluster"), ("redis-sentinel", "sentinel")])
+def test_the_redis_options_patch_the_secret_with_a_url_the_gateway_reads(option: str, shape: str,
+                                                                         objects: dict[tuple[str, str], dict[str, Any]]) -> None:
+    """deploy/k8s/<option>: a kustomize Component whose one patch gives gateway-secrets a REDIS_URL of a
+    cluster or of Sentinel (TLS, the CA the pods mount); the patched Secret is still a valid one."""
+    import kubernetes_validate
+    from core.urls import parse_redis
+    comp = yaml.safe_load((K8S / option / "kustomization.yaml").read_text())
+    assert comp["kind"] == "Component" and comp["apiVersion"] == "kustomize.config.k8s.io/v1alpha1"
+    [patch] = comp["patches"]
+    assert patch["target"] == {"kind": "Secret", "name": "gateway-secrets"}
+    change = yaml.safe_load(patch["patch"])
+    secret = get(objects, "Secret", "gateway-secrets")
+    patched = {**secret, "stringData": {**secret["stringData"], **change["stringData"]}}
+    kubernetes_validate.validate(patched, "1.29.0", strict=True)
+    t = parse_redis(patched["stringData"]["REDIS_URL"])
+    assert getattr(t, shape) and len(t.seeds) == 3 and t.tls is not None
+    assert t.tls.ca_certs == "/etc/gateway-certs/redis-ca.pem"
+    assert set(change["stringData"]) == {"REDIS_URL"}

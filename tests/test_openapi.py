@@ -503,3 +503,15 @@ def test_fuzz_every_operation(fuzz_schema: Any, doc: dict[str, Any], method: str
         case.validate_response(response, checks=checks)
 
     run()
+
+
+def test_the_reference_page_shows_the_real_address_in_the_pages_language(gateway: Gateway) -> None:
+    """The servers' ``{base_url}`` is this gateway's own address; the heading and the page's title are
+    in the page's language (the descriptions stay the document's English)."""
+    base = f"http://{gateway.stack.s.gateway_host}:{gateway.stack.s.gateway_port}"
+    for lang, heading, title in (("en", "API reference", "API reference · LLM gateway"),
+                                 ("pl", "Dokumentacja API", "Dokumentacja API · Bramka LLM")):
+        page = httpx.get(gateway.console + "/docs/api", cookies={"lang": lang}).text
+        assert "{base_url}" not in page and f"<li><code>{base}</code>" in page, lang
+        assert f"<h1>{heading} <span" in page and f"<title>{title}</title>" in page, lang
+        assert "Language-model inference service" not in page.split("</h1>")[0]

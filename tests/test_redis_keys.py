@@ -49,3 +49,29 @@ def test_scripts_carry_the_layouts_prefixes() -> None:
     with pytest.raises(AssertionError):
         rk.lua("redis.call('GET', '@NOPE@')")
     assert rk.key("abc") == "gw:k:abc" and rk.org("o1") == "gw:o:o1" and rk.heartbeat("h") == "gw:hb:h"
+
+
+def test_one_redis_keeps_the_plain_layout() -> None:
+    assert not rk.ONE.cluster and rk.ONE.tag("o1") == ""
+    assert (rk.ONE.org("o1"), rk.ONE.in_flight("o1"), rk.ONE.journal(""), rk.ONE.streams()) == (
+        "gw:o:o1", "gw:c:o1", "gw:if", ["gw:usage"])
+
+
+def test_a_clusters_shards_spread_over_the_slots_and_hold_an_organisations_keys() -> None:
+    """Shard i's tag hashes into the i-th sixteenth of the slots; every key of an organisation (and its
+    shard's journal and stream) is in its shard's slot; the organisations spread over the shards."""
+    from redis.crc import key_slot
+    tags = rk.CLUSTER.tags
+    assert len(set(tags)) == rk.SHARDS == 16
+    for i, tag in enumerate(tags):
+        assert i * 1024 <= key_slot(tag.encode()) < (i + 1) * 1024
+    orgs = [f"org_{n:04x}" for n in range(400)]
+    counts = {t: sum(1 for o in orgs if rk.CLUSTER.tag(o) == t) for t in tags}
+    assert min(counts.values()) >= 10  # none empty, none hoarding
+    for org in orgs[:50]:
+        tag = rk.CLUSTER.tag(org)
+        slot = key_slot(tag.encode())
+        names = [rk.CLUSTER.org(org), rk.CLUSTER.in_flight(org), rk.CLUSTER.journal(tag), rk.CLUSTER.stream(tag),
+                 rk.RATE + tag + "key_1:123", rk.CANCELLED + tag + "req"]
+        assert {key_slot(n.encode()) for n in names} == {slot}
+        assert rk.CLUSTER.org_of(rk.CLUSTER.org(org)) == org and rk.ONE.org_of(rk.ONE.org(org)) == org

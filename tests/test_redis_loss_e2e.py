@@ -14,7 +14,9 @@ from typing import Iterator
 import httpx
 import pytest
 
-from conftest import Gateway, running_stack, wait_for
+from conftest import Gateway, assert_error, running_stack, wait_for
+from control.admin import Admin
+from core.key_limits import Change
 from test_drain_e2e import _streams
 
 
@@ -93,3 +95,26 @@ def test_reconcile_finds_and_mends_a_balance_apart_from_the_ledger(gw: Gateway) 
     assert int(gw.redis(lambda r: r.hget("gw:o:" + org, "balance"))) == ledger
     again = _reconcile(gw)
     assert again.returncode == 0 and not [d for d in json.loads(again.stdout) if d["org"] == org], again.stdout
+
+
+def test_a_key_at_its_monthly_limit_stays_there_when_redis_loses_its_data(gw: Gateway) -> None:
+    """A key's spend this month is counted in Redis; a Redis emptied refills it from PostgreSQL's usage
+    records, so the cap holds (docs/limits.md, "Key limits")."""
+    async def make(a: Admin) -> tuple[str, str, str]:
+        org = await a.create_org("capped", 10_000_000)
+        kid, key = await a.create_key(org, limits=Change(monthly_limit=15))
+        return org, kid, key
+    org, kid, key = gw.admin(make)
+    h = {"Authorization": f"Bearer {key}"}
+    tiny = {"model": "polish-fast", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    codes = [httpx.post(gw.v1 + "/chat/completions", headers=h, json=tiny, timeout=30).status_code for _ in range(8)]
+    assert codes[0] == 200 and codes[-1] == 402, codes
+    wait_for(lambda: gw.usage_drained(org), timeout=10, interval=0.1)
+    gw.redis(lambda r: r.flushall())
+    r = httpx.post(gw.v1 + "/chat/completions", headers=h, json=tiny, timeout=30)
+    err = assert_error(r, 402, "insufficient_quota", "insufficient_quota")
+    assert "monthly spending limit of 0.000015 PLN" in err["message"]
+    spent = gw.sql("SELECT sum(cost_micro_pln)::bigint AS s FROM usage_records WHERE key_id = $1", kid)[0]["s"]
+    assert 0 < spent <= 15
+    month = gw.redis(lambda r: r.keys(f"gw:ks:{kid}:*"))
+    assert len(month) == 1 and int(gw.redis(lambda r: r.hget(month[0], "spent"))) == spent  # from PostgreSQL

@@ -269,3 +269,36 @@ def test_a_refused_login_stops_the_process_saying_why(server: tuple[int, str], m
     out = r.stdout + r.stderr
     assert r.returncode == 2 and "unsupported parameter 'socket_timeout'" in out, out[-2000:]
     assert "s3cret" not in out and ENC not in out and "Traceback" not in out
+
+
+def test_a_cluster_url_gives_its_seeds_and_one_login() -> None:
+    t = parse_redis(f"redis+cluster://{USER}:{ENC}@10.0.0.1:7000,10.0.0.2:7001,[::1]:7002")
+    assert t.cluster and t.seeds == (("10.0.0.1", 7000), ("10.0.0.2", 7001), ("::1", 7002))
+    assert (t.host, t.port, t.username, t.password, t.db, t.tls) == ("10.0.0.1", 7000, USER, PASSWORD, 0, None)
+    t = parse_redis("rediss+cluster://:pw@h1:7000,h2?ssl_cert_reqs=none&ssl_check_hostname=false")
+    assert t.seeds == (("h1", 7000), ("h2", 6379)) and t.password == "pw"
+    assert t.tls is not None and t.tls.cert_reqs == ssl.CERT_NONE and t.tls.check_hostname is False
+    assert not parse_redis("redis://h:1/0").cluster
+    for url, why in [("redis+cluster://:pw@h:1/2", "no database number"),
+                     ("redis+cluster://:pw@h:1?db=2", "no database number"),
+                     ("redis+cluster://:pw@h:1,h:x", "host:port"), ("redis+cluster://:pw@h:1,", "host:port"),
+                     ("redis+cluster://:pw@h:1?ssl_ca_certs=/ca.pem", "needs rediss://")]:
+        with pytest.raises(RedisUrlError, match=why) as e:
+            parse_redis(url)
+        assert "pw" not in str(e.value) and ":***@" in str(e.value)
+
+
+def test_a_sentinel_url_gives_its_sentinels_service_and_the_primarys_login() -> None:
+    t = parse_redis(f"redis+sentinel://{USER}:{ENC}@10.0.0.1:26379,10.0.0.2:26380/gw-primary/3"
+                    "?sentinel_password=sp%40ss")
+    assert t.sentinel and not t.cluster and t.service == "gw-primary" and t.db == 3
+    assert t.seeds == (("10.0.0.1", 26379), ("10.0.0.2", 26380))
+    assert (t.username, t.password, t.sentinel_password) == (USER, PASSWORD, "sp@ss")
+    assert parse_redis("rediss+sentinel://s:26379/gw?ssl_cert_reqs=none").tls is not None
+    assert mask("redis+sentinel://:pw@s:1/gw?sentinel_password=sp") == "redis+sentinel://:***@s:1/gw?sentinel_password=***"
+    for url, why in [("redis+sentinel://:pw@s:26379", "names its service"),
+                     ("redis+sentinel://:pw@s:26379/gw/x", "number"),
+                     ("redis+sentinel://:pw@s:26379/gw?socket_timeout=1", "socket_timeout")]:
+        with pytest.raises(RedisUrlError, match=why) as e:
+            parse_redis(url)
+        assert "pw" not in str(e.value) and ":***@" in str(e.value)

@@ -58,6 +58,34 @@ def test_usage_chunk_removed_when_not_asked() -> None:
     assert len(events) == 5 and relay.usage == (11, 2)
 
 
+@pytest.mark.parametrize("usage_event", [
+    # vLLM's own usage chunk, which the relay tells by one pattern ...
+    b'{"id":"c1","object":"chat.completion.chunk","created":1,"model":"up-pro","choices":[],'
+    b'"usage":{"prompt_tokens":11,"completion_tokens":2,"total_tokens":13}}',
+    b'{"id":"c1","object":"chat.completion.chunk","created":1,"model":"up-pro","choices":[],'
+    b'"usage":{"prompt_tokens":11,"total_tokens":13,"completion_tokens":2}}',
+    # ... and near ones its JSON scanner reads
+    b'{"id":"c\\"1","object":"chat.completion.chunk","created":1,"model":"up-pro","choices":[],'
+    b'"usage":{"prompt_tokens":11,"completion_tokens":2,"total_tokens":13}}',
+    b'{"id":"c1","object":"chat.completion.chunk","created":1,"model":"up-pro","choices":[],'
+    b'"usage":{"prompt_tokens":11,"prompt_tokens_details":null,"completion_tokens":2,"total_tokens":13}}',
+    b'{"id":"c1","object":"chat.completion.chunk","created":1,"model":"up-pro","choices":[],'
+    b'"usage":{"prompt_tokens":11,"completion_tokens":2,"total_tokens":13},"system_fingerprint":"x"}',
+])
+@pytest.mark.parametrize("show_usage", [True, False])
+def test_the_usage_chunk_of_vllm_and_near_shapes_is_shown_or_taken_out_alike(usage_event: bytes,
+                                                                           show_usage: bool) -> None:
+    content = _event({"id": "c1", "model": "up-pro", "choices": [{"index": 0, "delta": {"content": "x"}}]})
+    usage = b"data: " + usage_event + b"\n\n"
+    relay = StreamRelay("up-pro", "polish-pro", show_usage=show_usage, prompt_estimate=5)
+    out = relay.feed(content + usage + b"data: [DONE]\n\n")
+    end = usage.index(b"}", usage.index(b'"usage":{'))  # shown with what the request is billed last
+    priced = usage[:end] + b',"cost_micro_pln":%d' % cost_micro_pln(11, 2, PRICES) + usage[end:]
+    renamed = [e.replace(b'"model":"up-pro"', b'"model":"polish-pro"') for e in (content, priced)]
+    assert out == renamed[0] + (renamed[1] if show_usage else b"") + b"data: [DONE]\n\n"
+    assert relay.usage == (11, 2)
+
+
 def test_broken_stream_has_no_usage_and_counts_content() -> None:
     data = _stream()
     cut = data.index(b"finish_reason\":\"stop")
@@ -74,6 +102,23 @@ def test_spaced_json_from_another_server_is_handled_too() -> None:
     assert all(e["model"] == "polish-pro" for e in events[:-1])  # type: ignore[index]
     assert all("usage" not in e for e in events[:-1])  # type: ignore[operator]
     assert relay.usage == (11, 2) and relay.content_events == 2
+
+
+@pytest.mark.parametrize("spaced", [b'"model": "up-pro"', b'"model" :"up-pro"', b'"model" : "up-pro"'])
+def test_a_spaced_model_member_after_compact_ones_renames_them_all(spaced: bytes) -> None:
+    """The relay renames compact "model" members as it passes them; one with a space around its colon
+    later in the same chunk sends the whole chunk to the pattern, the compact ones before it included.
+    A "model" naming another model and the name inside a content string stay as they came."""
+    compact = _event({"model": "up-pro", "choices": [{"delta": {"content": 'x "model":"up-pro"'}}]})
+    other = _event({"model": "up-pro-2", "choices": []})
+    chunk = compact + other + b'data: {' + spaced + b',"choices":[]}\n\n' + compact
+    out = StreamRelay("up-pro", "polish-pro", show_usage=False).feed(chunk)
+    models = [e["model"] for e in _events(out)]  # type: ignore[index]
+    assert models == ["polish-pro", "up-pro-2", "polish-pro", "polish-pro"]
+    assert _events(out)[0]["choices"][0]["delta"]["content"] == 'x "model":"up-pro"'  # type: ignore[index]
+    compact_only = StreamRelay("up-pro", "polish-pro", show_usage=False).feed(compact + other + compact)
+    assert compact_only == compact.replace(b'"model":"up-pro"', b'"model":"polish-pro"', 1) + other + \
+        compact.replace(b'"model":"up-pro"', b'"model":"polish-pro"', 1)
 
 
 # ---- framing: any SSE line ending, comments, multi-line data, any cut ------------

@@ -18,7 +18,8 @@ from core.resp import RespClient
 from extproc import usage_writer
 from core.redis_client import redis_client
 from extproc.store import Store
-from extproc.usage_writer import GROUP, USAGE_STREAM, UsageWriter, prune
+from core.redis_keys import USAGE_STREAM
+from extproc.usage_writer import GROUP, UsageWriter, prune
 
 
 def test_dead_consumers_without_entries_are_removed(gateway: Gateway) -> None:

@@ -12,7 +12,8 @@ from aiohttp import web
 from control.admin import Admin
 from core.redis_client import redis_client
 
-from . import i18n, logs, low_balance, model_changes
+from .background import every
+from . import einvoices, i18n, key_caps, logs, low_balance, model_changes
 from .listener import BODY_MAX, GUARD, Guard, guard_mw, serve
 from .mail import Mailer
 from .payments import make_provider
@@ -134,7 +135,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 def make_app(settings: ConsoleSettings) -> web.Application:
-    from .pages import api_docs, auth, billing, changelog, dev, keys, language, members, usage
+    from .pages import api_docs, auth, billing, changelog, dev, key_limits, keys, language, members, security, usage
     app = web.Application(middlewares=[logs.request_id_mw, guard_mw, lang_mw, session_mw, errors_mw, inputs_mw,
                                        csrf_mw], client_max_size=BODY_MAX)
     app[GUARD] = Guard(settings)
@@ -145,8 +146,11 @@ def make_app(settings: ConsoleSettings) -> web.Application:
         secret = load_secret(settings.console_secret, settings.state)
         app[CONSOLE] = Console(settings, pool, r, Admin(pool, r, settings.credit_limit_micro), Store(pool), Mailer(settings),
                                make_provider(settings, secret), secret, templates())
-        watchers = [asyncio.create_task(low_balance.watch(app[CONSOLE])),
-                    asyncio.create_task(model_changes.watch(app[CONSOLE]))]
+        c, every_s = app[CONSOLE], settings.low_balance_check_s
+        watchers = [asyncio.create_task(every(every_s, lambda: low_balance.check_once(c), "low-balance check")),
+                    asyncio.create_task(every(every_s, lambda: model_changes.mail_once(c), "model-change mail")),
+                    asyncio.create_task(every(every_s, lambda: key_caps.check_once(c), "key limit check")),
+                    asyncio.create_task(einvoices.worker(app[CONSOLE]).watch())]
         yield
         for w in watchers:
             w.cancel()
@@ -159,7 +163,7 @@ def make_app(settings: ConsoleSettings) -> web.Application:
     app.on_response_prepare.append(logs.on_prepare)
     app.router.add_get("/healthz", healthz)
     app.router.add_static("/static", HERE / "static")
-    for mod in (auth, keys, usage, billing, members, dev, api_docs, changelog, language):
+    for mod in (auth, security, keys, key_limits, usage, billing, members, dev, api_docs, changelog, language):
         app.add_routes(mod.routes)
     return app
 

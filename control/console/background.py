@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Coroutine
+from typing import Any, Awaitable, Callable, Coroutine
 
 log = logging.getLogger("console.background")
 
@@ -30,3 +30,14 @@ class Background:
         """On shutdown: let the work under way finish (bounded)."""
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout)
+
+
+async def every(seconds: float, once: Callable[[], Awaitable[Any]], what: str) -> None:
+    """``once()`` every ``seconds`` for the console's lifetime; a failure (a database or Redis outage) is
+    logged by kind and tried again next time."""
+    while True:
+        try:
+            await once()
+        except Exception as e:  # noqa: BLE001
+            log.warning("%s failed: %s", what, type(e).__name__)
+        await asyncio.sleep(seconds)

@@ -16,6 +16,8 @@ from typing import Any
 
 import asyncpg
 
+from control.ksef import store as ksef_store
+from control.ksef.qr import Mark
 from core.catalog import WARSAW
 
 from .settings import ConsoleSettings
@@ -87,17 +89,19 @@ async def issue_for_payment(pool: asyncpg.Pool, payment_id: str) -> tuple[asyncp
             " ON CONFLICT (year) DO UPDATE SET last = invoice_counters.last + 1 RETURNING last", issued.year)
         gross = grosze(pay["amount_micro_pln"])
         net, vat = split_gross(gross)
-        return await conn.fetchrow(
+        inv = await conn.fetchrow(
             "INSERT INTO invoices (id, number, year, seq, org_id, payment_id, issued_at, gross_grosze, net_grosze,"
             " vat_grosze, vat_pct, buyer_name, buyer_nip, buyer_address, buyer_person)"
             " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) RETURNING *",
             "inv_" + secrets.token_hex(8), f"FV/{issued.year}/{seq:06d}", issued.year, seq, pay["org_id"],
             payment_id, issued, gross, net, vat, VAT_PCT, org["billing_name"] or org["name"],
-            org["billing_nip"], org["billing_address"], bool(org["billing_person"])), True
+            org["billing_nip"], org["billing_address"], bool(org["billing_person"]))
+        await ksef_store.enqueue(conn, inv["number"], inv["org_id"])  # its FA(3) document, for KSeF
+        return inv, True
 
 
-def render_pdf(inv: Any, seller: Seller) -> bytes:
-    """The invoice as a PDF (A4, one page)."""
+def render_pdf(inv: Any, seller: Seller, ksef: Mark | None = None) -> bytes:
+    """The invoice as a PDF (A4, one page), with its KSeF QR code when it has one."""
     from importlib.util import find_spec
 
     from fpdf import FPDF
@@ -134,4 +138,6 @@ def render_pdf(inv: Any, seller: Seller) -> bytes:
         pdf.ln(gap)
     line(7, f"Do zapłaty: {pln_text(inv['gross_grosze'])} (zapłacono)", "B", 11)
     line(6, f"Płatność: {inv['payment_id']}", "", 9)
+    if ksef is not None:
+        ksef.draw(pdf)
     return bytes(pdf.output())

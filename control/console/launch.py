@@ -8,6 +8,7 @@ from pathlib import Path
 
 from control.procs import Proc, http_ok, port_open
 
+from .invoices import nip_valid
 from .settings import ConsoleSettings
 
 # where the stores, the state and the catalog are: the stack's (``Stack.child_env``), not a Settings' own
@@ -26,6 +27,8 @@ def payment_provider(s: ConsoleSettings) -> str:
 def refusal(s: ConsoleSettings) -> str | None:
     """Why the console must not start with these settings (one line), or None.  Mail capture and the
     sandbox payment provider exist only in development mode (GATEWAY_DEV=1)."""
+    if why := s.ksef_refusal(bool(s.seller_name and s.seller_address and nip_valid(s.seller_nip))):
+        return why
     provider = payment_provider(s)
     if provider not in ("", "sandbox", "p24"):
         return f"GATEWAY_PAYMENT_PROVIDER must be p24 (or sandbox in development mode), not {provider!r}"

@@ -7,7 +7,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+
+from core.redis_client import AnyRedis
 
 from core.redis_keys import CONSOLE_LIMITS
 
@@ -26,6 +28,7 @@ class Limit:
 
 LOGIN_EMAIL = Limit("login:email", 5, 15 * 60)     # failed log-ins per address ...
 LOGIN_IP = Limit("login:ip", 30, 15 * 60)          # ... and per client address, in 15 minutes
+CODE_USER = Limit("2fa:user", 5, 15 * 60)          # failed second-step codes per account (and LOGIN_IP's)
 RESET_EMAIL = Limit("reset:email", 3, 3600)        # reset mails per address per hour
 RESET_IP = Limit("reset:ip", 30, 3600)
 SIGNUP_EMAIL = Limit("signup:email", 3, 3600)      # sign-up mails per address per hour
@@ -46,9 +49,10 @@ def trial_client(per_day: int) -> Limit:
     return Limit("trial:client", per_day, TRIAL_CLIENT_WINDOW_S)
 
 
-async def hit(r: aioredis.Redis, *checks: tuple[Limit, str]) -> bool:
+async def hit(r: AnyRedis, *checks: tuple[Limit, str]) -> bool:
     """Count one attempt against every (limit, subject); True when all are still within their limit."""
-    async with r.pipeline(transaction=True) as p:
+    # each counter's SET and INCR in a row (one Redis: in one transaction; a cluster's keys are in many slots)
+    async with r.pipeline(transaction=not isinstance(r, RedisCluster)) as p:
         for limit, subject in checks:
             key = limit.key(subject)
             p.set(key, 0, ex=limit.window_s, nx=True)
@@ -57,13 +61,13 @@ async def hit(r: aioredis.Redis, *checks: tuple[Limit, str]) -> bool:
     return all(int(n) <= limit.max for n, (limit, _) in zip(res[1::2], checks))
 
 
-async def confirmation_mail(r: aioredis.Redis, email: str) -> bool:
+async def confirmation_mail(r: AnyRedis, email: str) -> bool:
     """May a confirmation mail go to ``email`` now?  Counted only when it may: asking again within
     the 5 minutes does not use up the day's five."""
     return await hit(r, (CONFIRM_MAIL, email)) and await hit(r, (CONFIRM_MAIL_DAY, email))
 
 
-async def forget(r: aioredis.Redis, limit: Limit, subject: str) -> None:
+async def forget(r: AnyRedis, limit: Limit, subject: str) -> None:
     """The subject's count starts again (a successful log-in)."""
     await r.delete(limit.key(subject))
 
@@ -71,7 +75,7 @@ async def forget(r: aioredis.Redis, limit: Limit, subject: str) -> None:
 _UNDO = "if redis.call('exists', KEYS[1]) == 1 then return redis.call('decr', KEYS[1]) end return 0"
 
 
-async def undo(r: aioredis.Redis, limit: Limit, subject: str) -> None:
+async def undo(r: AnyRedis, limit: Limit, subject: str) -> None:
     """Take back one attempt that turned out not to count (a successful log-in from that address);
     a counter that expired meanwhile is not re-created."""
     await r.eval(_UNDO, 1, limit.key(subject))

@@ -4,14 +4,10 @@ only after the balance has risen back to the threshold).  Off the request path, 
 several console instances (the ``UPDATE … WHERE low_balance_mailed_at IS NULL`` decides who sends)."""
 from __future__ import annotations
 
-import asyncio
-import logging
 
 from . import i18n, limits, mail
 from .store import owner_emails
 from .web import Console
-
-log = logging.getLogger("console.low_balance")
 
 
 async def check_once(c: Console) -> int:
@@ -40,13 +36,3 @@ async def check_once(c: Console) -> int:
             await c.mailer.send(owner, subject, text)
             sent += 1
     return sent
-
-
-async def watch(c: Console) -> None:
-    """Runs for the console's lifetime."""
-    while True:
-        try:
-            await check_once(c)
-        except Exception as e:  # noqa: BLE001 - a database or Redis outage: try again next time
-            log.warning("low-balance check failed: %s", type(e).__name__)
-        await asyncio.sleep(c.settings.low_balance_check_s)

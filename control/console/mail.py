@@ -11,7 +11,7 @@ import smtplib
 import ssl
 from email.message import EmailMessage
 
-from .i18n import _, money, when
+from .i18n import _, money, money_exact, when
 from .settings import ConsoleSettings
 
 log = logging.getLogger("console.mail")
@@ -95,6 +95,15 @@ def low_balance(org_name: str, balance_micro: int, threshold_micro: int, link: s
               "When it reaches zero the API answers 402 until it is topped up. Top up here:\n\n{link}\n\n"
               "This message is sent once each time the balance falls under the threshold.\n")
             .format(org=org_name, balance=money(balance_micro), threshold=money(threshold_micro), link=link))
+
+
+def key_near_limit(org_name: str, key_name: str, spent_micro: int, limit_micro: int, link: str) -> tuple[str, str]:
+    return (_("API key near its monthly limit: {key}").format(key=key_name),
+            _("The API key \"{key}\" of \"{org}\" has spent {spent} this month, of its monthly limit of {limit}.\n\n"
+              "When it reaches the limit the API answers its requests with 402 until the next month (Polish time)"
+              " or until an owner raises the limit here:\n\n{link}\n\n"
+              "This message is sent once a month for each key.\n")
+            .format(key=key_name, org=org_name, spent=money_exact(spent_micro), limit=money(limit_micro), link=link))
 
 
 def paid(amount_micro: int, number: str, link: str) -> tuple[str, str]:

@@ -5,13 +5,9 @@ one mail per owner per change even with several console instances (the ``UPDATE 
 NULL`` decides who sends)."""
 from __future__ import annotations
 
-import asyncio
-import logging
 
 from . import i18n, mail
 from .web import Console
-
-log = logging.getLogger("console.model_changes")
 
 
 async def mail_once(c: Console) -> int:
@@ -32,13 +28,3 @@ async def mail_once(c: Console) -> int:
                 subject, text = mail.model_change(row["alias"], row["effective"], row["before"], row["after"],
                                                   f"{c.base_url}/changelog")
             sent += await c.mailer.send(owner["email"], subject, text)
-
-
-async def watch(c: Console) -> None:
-    """Runs for the console's lifetime."""
-    while True:
-        try:
-            await mail_once(c)
-        except Exception as e:  # noqa: BLE001 - a database outage: try again next time
-            log.warning("model-change mail failed: %s", type(e).__name__)
-        await asyncio.sleep(c.settings.low_balance_check_s)

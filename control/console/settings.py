@@ -1,14 +1,15 @@
-"""The console's settings: its address and secret, mail, payments, the seller on invoices, the low-balance
-check and the trial credit (the launcher composes them with the other processes' in ``control.settings``)."""
+"""The console's settings: its address and secret, mail, payments, the seller on invoices (KSeF's are in
+``control.ksef.settings``), the low-balance check and the trial credit (the launcher composes them with the other processes' in ``control.settings``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from control.ksef.settings import KsefSettings
 from core.settings_base import SharedSettings, env, port
 
 
 @dataclass(frozen=True)
-class ConsoleSettings(SharedSettings):
+class ConsoleSettings(SharedSettings, KsefSettings):
     console_port: int = port("GATEWAY_CONSOLE_PORT")        # console web app; 0 = GATEWAY_PORT + its PORT_OFFSETS
     console_url: str = env("GATEWAY_CONSOLE_URL", "")         # public address of the console (links, payments)
     console_secret: str = env("GATEWAY_CONSOLE_SECRET", "")   # CSRF/signing secret; empty = generated in state dir
@@ -43,6 +44,11 @@ class ConsoleSettings(SharedSettings):
     @property
     def smtp_capture_port(self) -> int:
         return self.port_of("smtp_capture")
+
+    @property
+    def gateway_base_url(self) -> str:
+        """The gateway's address as the pages show it (the API's paths start with /v1 under it)."""
+        return f"http://{self.gateway_host}:{self.gateway_port}"
 
     @property
     def console_base_url(self) -> str:

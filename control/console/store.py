@@ -12,6 +12,7 @@ from typing import Any, AsyncIterator
 import asyncpg
 
 from .i18n import _
+from .roles import Capability, may
 from .security import token_hash
 
 SESSION_DAYS = 7
@@ -29,10 +30,14 @@ class Viewer:
     org_name: str
     role: str
     session_token: str
+    must_enrol: bool = False  # the organisation requires two-factor sign-in, which this account has not set up
 
     @property
     def owner(self) -> bool:
         return self.role == "owner"
+
+    def may(self, capability: Capability) -> bool:
+        return may(self.role, capability)
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,10 @@ async def owner_emails(pool: asyncpg.Pool, org_id: str) -> list[tuple[str, str]]
     rows = await pool.fetch("SELECT u.email, u.lang FROM memberships m JOIN users u ON u.id = m.user_id"
                             " WHERE m.org_id = $1 AND m.role = 'owner' ORDER BY u.email", org_id)
     return [(r["email"], r["lang"]) for r in rows]
+
+
+async def _owners(conn: Any, org_id: str) -> int:
+    return int(await conn.fetchval("SELECT count(*) FROM memberships WHERE org_id = $1 AND role = 'owner'", org_id))
 
 
 class Store:
@@ -184,8 +193,21 @@ class Store:
 
     async def members(self, org_id: str) -> list[asyncpg.Record]:
         return list(await self.pool.fetch(
-            "SELECT u.id, u.email, m.role, m.created_at FROM memberships m JOIN users u ON u.id = m.user_id"
+            "SELECT u.id, u.email, m.role, m.created_at, u.totp_secret IS NOT NULL AS two_factor"
+            " FROM memberships m JOIN users u ON u.id = m.user_id"
             " WHERE m.org_id = $1 ORDER BY m.created_at", org_id))
+
+    async def set_role(self, org_id: str, user_id: str, role: str) -> str | None:
+        """The member's new role, or why not (``not_found``, ``last_owner``: an organisation keeps an owner)."""
+        async with self.pool.acquire() as c, c.transaction():
+            await c.execute("SELECT 1 FROM orgs WHERE id = $1 FOR UPDATE", org_id)  # one change at a time
+            was = await c.fetchval("SELECT role FROM memberships WHERE org_id = $1 AND user_id = $2", org_id, user_id)
+            if was is None:
+                return "not_found"
+            if was == "owner" and role != "owner" and await _owners(c, org_id) <= 1:
+                return "last_owner"
+            await c.execute("UPDATE memberships SET role = $3 WHERE org_id = $1 AND user_id = $2", org_id, user_id, role)
+        return None
 
     async def remove_member(self, org_id: str, user_id: str, revoke_keys: bool) -> Removal:
         """The membership and its sessions end; with ``revoke_keys`` the keys the member created in the
@@ -197,11 +219,8 @@ class Store:
                                     org_id, user_id)
             if role is None:
                 return Removal("not_found")
-            if role == "owner":
-                owners = await c.fetchval("SELECT count(*) FROM memberships WHERE org_id = $1 AND role = 'owner'",
-                                          org_id)
-                if owners <= 1:
-                    return Removal("last_owner")
+            if role == "owner" and await _owners(c, org_id) <= 1:
+                return Removal("last_owner")
             await c.execute("DELETE FROM memberships WHERE org_id = $1 AND user_id = $2", org_id, user_id)
             await c.execute("DELETE FROM console_sessions WHERE org_id = $1 AND user_id = $2", org_id, user_id)
             revoked = [] if not revoke_keys else [r["id"] for r in await c.fetch(
@@ -217,11 +236,13 @@ class Store:
 
     async def viewer(self, token: str) -> Viewer | None:
         r = await self.pool.fetchrow(
-            "SELECT s.user_id, u.email, s.org_id, o.name AS org_name, m.role FROM console_sessions s"
+            "SELECT s.user_id, u.email, s.org_id, o.name AS org_name, m.role,"
+            " o.require_2fa AND u.totp_secret IS NULL AS must_enrol FROM console_sessions s"
             " JOIN users u ON u.id = s.user_id JOIN orgs o ON o.id = s.org_id"
             " JOIN memberships m ON m.user_id = s.user_id AND m.org_id = s.org_id"
             " WHERE s.token_hash = $1 AND s.expires_at > now()", token_hash(token))
-        return None if r is None else Viewer(r["user_id"], r["email"], r["org_id"], r["org_name"], r["role"], token)
+        return None if r is None else Viewer(r["user_id"], r["email"], r["org_id"], r["org_name"], r["role"], token,
+                                           r["must_enrol"])
 
     async def switch_org(self, token: str, user_id: str, org_id: str) -> bool:
         r = await self.pool.execute(

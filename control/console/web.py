@@ -1,6 +1,7 @@
 """What every page shares: the console's dependencies, the viewer, rendering, CSRF and redirects."""
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 from dataclasses import dataclass, field
@@ -10,7 +11,7 @@ from urllib.parse import quote, urlsplit
 
 import asyncpg
 import jinja2
-import redis.asyncio as aioredis
+from core.redis_client import AnyRedis
 from aiohttp import web
 
 from control.admin import Admin
@@ -21,12 +22,14 @@ from .background import Background
 from .i18n import N_
 from .mail import Mailer
 from .payments import Provider
-from .security import csrf_token
+from .roles import REFUSALS, Capability
+from .security import csrf_token, sub_key
 from .settings import ConsoleSettings
 from .store import Store, Viewer
 
 HERE = Path(__file__).resolve().parent
 SESSION_COOKIE = "gw_session"
+PENDING_COOKIE = "gw_2fa"  # a password proved right, the second step to come (``totp.Pending``)
 ANON_COOKIE = "gw_anon"
 
 MESSAGES = {
@@ -44,9 +47,15 @@ MESSAGES = {
                           " the API."),
     "no_trial_disposable": N_("No trial credit for addresses at disposable-mail services. Top up to use the API."),
     "key_revoked": N_("The key is revoked; the gateway refuses it from now on."),
+    "key_limits_saved": N_("Saved: the key's limits apply to its next request."),
     "key_form_used": N_("That form was already sent and its key created (a key is shown only once); "
                         "nothing new was created. Create another key below if you need one."),
     "invited": N_("The invitation is sent."),
+    "2fa_required": N_("Your organisation requires two-factor sign-in: set it up to go on."),
+    "2fa_off": N_("Two-factor sign-in is off."),
+    "2fa_org_on": N_("Everyone in the organisation now signs in with a second factor."),
+    "2fa_org_off": N_("The organisation no longer requires a second factor."),
+    "role_changed": N_("The role is changed; it applies from the member's next page."),
     "member_removed": N_("The member is removed; the keys they created still work."),
     "member_removed_keys_revoked": N_("The member is removed and the keys they created are revoked."),
     "invite_revoked": N_("The invitation is withdrawn."),
@@ -58,7 +67,7 @@ MESSAGES = {
 }
 
 # The words the database holds (roles, ledger entries, payment states) as the pages show them.
-TERMS = {"owner": N_("owner"), "member": N_("member"), "topup": N_("top-up"), "trial": N_("trial credit"),
+TERMS = {"owner": N_("owner"), "member": N_("member"), "billing": N_("billing"), "topup": N_("top-up"), "trial": N_("trial credit"),
          "correction": N_("correction"), "usage": N_("usage"), "pending": N_("pending"), "paid": N_("paid"),
          "failed": N_("failed"), "cancelled": N_("cancelled")}
 
@@ -71,7 +80,7 @@ def term(word: str) -> str:
 class Console:
     settings: ConsoleSettings
     pool: asyncpg.Pool
-    redis: aioredis.Redis
+    redis: AnyRedis
     admin: Admin
     store: Store
     mailer: Mailer
@@ -79,6 +88,7 @@ class Console:
     secret: bytes
     templates: jinja2.Environment
     background: Background = field(default_factory=Background)
+    ksef_wake: asyncio.Event = field(default_factory=asyncio.Event)  # an invoice issued: KSeF's loop starts at once
 
     @property
     def base_url(self) -> str:
@@ -90,6 +100,11 @@ CONSOLE: web.AppKey[Console] = web.AppKey("console", Console)
 
 def console(request: web.Request) -> Console:
     return request.app[CONSOLE]
+
+
+def pending_key(c: Console) -> bytes:
+    """What signs the pending second step's cookie."""
+    return sub_key(c.secret, "2fa-pending")
 
 
 def templates() -> jinja2.Environment:
@@ -117,18 +132,27 @@ def viewer(request: web.Request) -> Viewer | None:
     return request.get("viewer")
 
 
-def need_viewer(request: web.Request) -> Viewer:
+SECURITY_PAGE = "/account/security"
+
+
+def need_viewer(request: web.Request, *, enrolling: bool = False) -> Viewer:
+    """The signed-in viewer, else off to log in.  One whose organisation requires two-factor sign-in
+    that they have not set up is sent to set it up (``enrolling``: the pages that do that, and those
+    that leave)."""
     v = viewer(request)
     if v is None:
         nxt = request.path_qs if request.method == "GET" else "/"
         raise web.HTTPSeeOther("/login?next=" + quote(nxt, safe="/"))
+    if v.must_enrol and not enrolling:
+        raise web.HTTPSeeOther(SECURITY_PAGE + "?msg=2fa_required")
     return v
 
 
-def need_owner(request: web.Request) -> Viewer:
+def need(request: web.Request, capability: Capability) -> Viewer:
+    """The signed-in viewer whose role has ``capability`` (``roles.GRANTS``), else the 403 page."""
     v = need_viewer(request)
-    if not v.owner:
-        raise_page(request, 403, i18n._("Only the organisation's owners can see this page."))
+    if not v.may(capability):
+        raise_page(request, 403, i18n._(REFUSALS[capability]))
     return v
 
 

@@ -17,7 +17,7 @@ import yaml
 from aiohttp import web
 from markupsafe import Markup
 
-from ..web import HERE, render
+from ..web import HERE, console, render
 
 routes = web.RouteTableDef()
 
@@ -51,7 +51,7 @@ async def openapi_json(request: web.Request) -> web.Response:
 @routes.get("/docs/api")
 async def api_reference(request: web.Request) -> web.Response:
     doc, _ = load_document()
-    return render(request, "api_docs.html", api=reference(doc))
+    return render(request, "api_docs.html", api=reference(doc, console(request).settings.gateway_base_url))
 
 
 # ---------------------------------------------------------------- the view model (pure)
@@ -229,8 +229,17 @@ def _schema(doc: dict[str, Any], name: str, s: dict[str, Any]) -> dict[str, Any]
             "extras": extras}
 
 
-def reference(doc: dict[str, Any]) -> dict[str, Any]:
-    """The page's view model, plain dicts and lists (the template's ``op.path`` reads ``op["path"]``)."""
+def server_url(server: dict[str, Any], base_url: str) -> str:
+    """A server's address with its variables filled in: ``{base_url}`` with this gateway's own address,
+    any other with its default."""
+    values = {name: str(v.get("default", "")) for name, v in (server.get("variables") or {}).items()}
+    values["base_url"] = base_url
+    return re.sub(r"\{([A-Za-z0-9_]+)\}", lambda m: values.get(m.group(1), m.group(0)), str(server.get("url", "")))
+
+
+def reference(doc: dict[str, Any], base_url: str) -> dict[str, Any]:
+    """The page's view model, plain dicts and lists (the template's ``op.path`` reads ``op["path"]``);
+    ``base_url``: the gateway's address, for the servers' ``{base_url}``."""
     info = doc.get("info", {})
     default_security = [n for req in doc.get("security", []) for n in req]
     ops = [_operation(doc, path, method, item, default_security)
@@ -244,7 +253,7 @@ def reference(doc: dict[str, Any]) -> dict[str, Any]:
     return {
         "title": info.get("title", "API"), "version": str(info.get("version", "")),
         "description": markdown(info.get("description")),
-        "servers": [(s.get("url", ""), s.get("description", "")) for s in doc.get("servers", [])],
+        "servers": [(server_url(s, base_url), s.get("description", "")) for s in doc.get("servers", [])],
         "security": [(name, f"{s.get('type', '')} {s.get('scheme', '')}".strip(), markdown(s.get("description")))
                      for name, s in (comps.get("securitySchemes") or {}).items()],
         "operations": ops, "schemas": [_schema(doc, name, s) for name, s in (comps.get("schemas") or {}).items()],

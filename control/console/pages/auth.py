@@ -10,8 +10,9 @@ from .. import limits, mail, trial
 from ..i18n import LANG_COOKIE, YEAR_S, N_, _, lang
 from ..security import hashed, new_token, password_matches, password_problem
 from ..store import SESSION_DAYS, name_problem, normal_email, valid_email
+from ..totp import PENDING_S, Pending
 from ..trial import NoTrial
-from ..web import SESSION_COOKIE, Console, client_ip, console, cookie, need_viewer, raise_page, render, safe_next, see_other, viewer
+from ..web import PENDING_COOKIE, SESSION_COOKIE, pending_key, Console, client_ip, console, cookie, need_viewer, raise_page, render, safe_next, see_other, viewer
 
 routes = web.RouteTableDef()
 
@@ -48,9 +49,9 @@ async def send_confirmation(request: web.Request, user_id: str, email: str) -> b
 
 @routes.get("/")
 async def overview(request: web.Request) -> web.Response:
-    v = viewer(request)
-    if v is None:
+    if viewer(request) is None:
         see_other("/login")
+    v = need_viewer(request)
     c = console(request)
     bal = await c.admin.balance(v.org_id)
     recent = await c.pool.fetch("SELECT started_at, alias, status, cost_micro_pln, estimated FROM usage_records"
@@ -59,7 +60,7 @@ async def overview(request: web.Request) -> web.Response:
     trial = await c.pool.fetchval("SELECT amount_micro_pln FROM ledger WHERE org_id = $1 AND kind = 'trial'"
                                   " ORDER BY created_at LIMIT 1", v.org_id)
     return render(request, "overview.html", balance=bal["balance_micro_pln"], recent=recent, nkeys=nkeys,
-                  trial=trial, gateway=f"http://{c.settings.gateway_host}:{c.settings.gateway_port}/v1")
+                  trial=trial, gateway=c.settings.gateway_base_url + "/v1")
 
 
 @routes.get("/signup")
@@ -181,6 +182,10 @@ async def login(request: web.Request) -> web.Response:
     if user["verified_at"] is None:
         sent = await send_confirmation(request, user["id"], email)
         see_other("/login?msg=" + ("unverified" if sent else "unverified_sent_lately"))
+    if user["totp_secret"] is not None:  # the second step first (pages/security.py)
+        resp = web.HTTPSeeOther("/login/2fa")
+        cookie(resp, PENDING_COOKIE, Pending.start(user["id"], nxt, user["lang"]).seal(pending_key(c)), PENDING_S)
+        raise resp
     return await start_session(request, user["id"], None, nxt, user["lang"])
 
 
@@ -242,7 +247,7 @@ async def new_password(request: web.Request) -> web.Response:
 
 @routes.post("/org/switch")
 async def switch_org(request: web.Request) -> web.Response:
-    v = need_viewer(request)
+    v = need_viewer(request, enrolling=True)
     org = str((await request.post()).get("org", ""))
     if not await console(request).store.switch_org(v.session_token, v.user_id, org):
         raise_page(request, 403, _("You are not a member of that organisation."))

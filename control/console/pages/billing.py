@@ -14,11 +14,11 @@ from babel.numbers import format_decimal
 
 from control.admin import AdminError, pln_to_micro
 
-from .. import billing, invoices
+from .. import billing, einvoices, invoices
 from ..i18n import _, lang, money
 from ..payments import BadNotification, Payment, PaymentError
 from ..store import Viewer, name_problem
-from ..web import console, dev_only, load_catalog, need_owner, need_viewer, raise_page, render, see_other
+from ..web import console, dev_only, load_catalog, need, raise_page, render, see_other
 
 routes = web.RouteTableDef()
 log = logging.getLogger("console.billing")
@@ -47,7 +47,7 @@ def _prices(request: web.Request) -> list[dict[str, object]]:
 
 @routes.get("/billing")
 async def billing_page(request: web.Request) -> web.Response:
-    v = need_owner(request)
+    v = need(request, "billing")
     c = console(request)
     bal = await c.admin.balance(v.org_id)
     pid = request.query.get("payment", "")
@@ -65,8 +65,10 @@ async def billing_page(request: web.Request) -> web.Response:
                       "SELECT * FROM payments WHERE org_id = $1 ORDER BY created_at DESC LIMIT 20", v.org_id),
                   amounts=AMOUNTS, watched=watched, outcome=outcome, provider=c.provider.name,
                   low_balance_text=threshold_text(org["low_balance_micro_pln"]), details=org,
-                  invoices=await c.pool.fetch("SELECT id, number, issued_at, gross_grosze FROM invoices"
-                                              " WHERE org_id = $1 ORDER BY issued_at DESC LIMIT 50", v.org_id),
+                  invoices=await c.pool.fetch("SELECT i.id, i.number, i.issued_at, i.gross_grosze, d.state AS ksef_state,"
+                                              " d.ksef_number, d.xml IS NOT NULL AS fa3 FROM invoices i LEFT JOIN"
+                                              " ksef_documents d ON d.number = i.number WHERE i.org_id = $1"
+                                              " ORDER BY i.issued_at DESC LIMIT 50", v.org_id),
                   min_pln=billing.MIN_TOPUP_PLN, max_pln=billing.MAX_TOPUP_PLN)
 
 
@@ -111,7 +113,7 @@ async def _payment(request: web.Request, v: Viewer) -> asyncpg.Record:
 
 @routes.post("/billing/topup")
 async def topup(request: web.Request) -> web.Response:
-    v = need_owner(request)
+    v = need(request, "billing")
     micro = await _form_micro(request, "amount") or 0
     if not billing.MIN_TOPUP_PLN * 1_000_000 <= micro <= billing.MAX_TOPUP_PLN * 1_000_000 or micro % 10_000:
         raise_page(request, 400, _("Choose an amount from {min} to {max} (at most 2 decimal places).")
@@ -126,7 +128,7 @@ LOW_BALANCE_MAX_PLN = 100_000
 async def set_details(request: web.Request) -> web.Response:
     """The organisation's billing details for its invoices: a company (name, NIP checked by its
     checksum, address) or a private person (name, address).  Invoices already issued keep theirs."""
-    v = need_owner(request)
+    v = need(request, "billing")
     form = await request.post()
     person = form.get("person") == "1"
     name = str(form.get("name", "")).strip()
@@ -149,20 +151,34 @@ async def set_details(request: web.Request) -> web.Response:
 
 @routes.get("/billing/invoices/{invoice_id}.pdf")
 async def invoice_pdf(request: web.Request) -> web.Response:
-    v = need_owner(request)
+    v = need(request, "billing")
     inv = await console(request).pool.fetchrow("SELECT * FROM invoices WHERE id = $1 AND org_id = $2",
                                                 request.match_info["invoice_id"], v.org_id)
     if inv is None:
         raise_page(request, 404, _("There is no such invoice in this organisation."))
-    pdf = invoices.render_pdf(inv, invoices.Seller.of(console(request).settings))
+    pdf = invoices.render_pdf(inv, invoices.Seller.of(console(request).settings),
+                              await einvoices.mark(console(request), inv["number"]))
     return web.Response(body=pdf, content_type="application/pdf", headers={
         "Content-Disposition": f'attachment; filename="{inv["number"].replace("/", "-")}.pdf"'})
+
+
+@routes.get("/billing/invoices/{invoice_id}.xml")
+async def invoice_fa3(request: web.Request) -> web.Response:
+    """The invoice's FA(3) structured document (what KSeF has, or would have)."""
+    v = need(request, "billing")
+    doc = await console(request).pool.fetchrow(
+        "SELECT d.number, d.xml FROM invoices i JOIN ksef_documents d ON d.number = i.number"
+        " WHERE i.id = $1 AND i.org_id = $2 AND d.xml IS NOT NULL", request.match_info["invoice_id"], v.org_id)
+    if doc is None:
+        raise_page(request, 404, _("There is no such invoice in this organisation."))
+    return web.Response(body=bytes(doc["xml"]), content_type="application/xml", charset="utf-8", headers={
+        "Content-Disposition": f'attachment; filename="{doc["number"].replace("/", "-")}.xml"'})
 
 
 @routes.post("/billing/low-balance")
 async def set_low_balance(request: web.Request) -> web.Response:
     """The owner's threshold for the low-balance e-mail (PLN; empty: no e-mail)."""
-    v = need_owner(request)
+    v = need(request, "billing")
     micro = await _form_micro(request, "threshold")
     if micro is not None and (not 0 < micro <= LOW_BALANCE_MAX_PLN * 1_000_000 or micro % 10_000):
         raise_page(request, 400, _("Enter a threshold from {min} to {max} (at most 2 decimal places), or nothing"
@@ -178,7 +194,7 @@ async def cancel_payment(request: web.Request) -> web.Response:
     """Give up on a pending top-up (the buyer left the provider's page).  Should the provider still
     report it paid, it is credited all the same: money received is never lost."""
     c = console(request)
-    pid = (await _payment(request, need_owner(request)))["id"]
+    pid = (await _payment(request, need(request, "billing")))["id"]
     await c.pool.execute("UPDATE payments SET status = 'cancelled' WHERE id = $1 AND status = 'pending'", pid)
     see_other(f"/billing?payment={pid}")
 
@@ -186,7 +202,7 @@ async def cancel_payment(request: web.Request) -> web.Response:
 @routes.post("/billing/payment/{payment_id}/retry")
 async def retry_payment(request: web.Request) -> web.Response:
     """A new top-up of the same amount as one that was cancelled or failed."""
-    v = need_owner(request)
+    v = need(request, "billing")
     row = await _payment(request, v)
     if row["status"] not in ("failed", "cancelled"):
         see_other(f"/billing?payment={row['id']}")
@@ -196,13 +212,13 @@ async def retry_payment(request: web.Request) -> web.Response:
 @routes.get("/billing/return/{payment_id}")
 async def payment_return(request: web.Request) -> web.Response:
     """The buyer's browser comes back: this credits nothing, it only shows the payment's state."""
-    pid = (await _payment(request, need_viewer(request)))["id"]
+    pid = (await _payment(request, need(request, "billing")))["id"]
     see_other(f"/billing?payment={pid}" + ("&cancelled=1" if request.query.get("cancelled") else ""))
 
 
 @routes.get("/billing/payment/{payment_id}")
 async def payment_status(request: web.Request) -> web.Response:
-    row = await _payment(request, need_viewer(request))
+    row = await _payment(request, need(request, "billing"))
     return web.json_response({"id": row["id"], "status": row["status"], "amount_micro_pln": row["amount_micro_pln"]})
 
 
@@ -226,6 +242,7 @@ async def notify(request: web.Request) -> web.Response:
         # credit and the invoice are both once per payment); its e-mail goes out off this answer
         inv, created = await invoices.issue_for_payment(c.pool, paid)
         if created and inv is not None:
+            c.ksef_wake.set()  # its FA(3) document made and sent now
             c.background.run(billing.mail_invoice(c.pool, c.mailer, c.base_url, inv, invoices.Seller.of(c.settings)),
                              "invoice mail")
     return web.json_response(result)
@@ -237,7 +254,7 @@ async def _sandbox_payment(request: web.Request) -> asyncpg.Record:
     dev_only(request)  # free money: development mode, loopback only
     if console(request).provider.name != "sandbox":
         raise web.HTTPNotFound()
-    return await _payment(request, need_viewer(request))
+    return await _payment(request, need(request, "billing"))
 
 
 @routes.get("/sandbox/pay/{payment_id}")

@@ -6,19 +6,26 @@ import secrets
 
 from aiohttp import web
 
+from core.key_limits import expiry_day
+
 from ..i18n import _
 from ..store import Viewer, name_problem
-from ..web import console, load_catalog, need_viewer, raise_page, render, see_other
+from ..web import console, load_catalog, need, raise_page, render, see_other
 
 routes = web.RouteTableDef()
 
 
 async def _keys(request: web.Request, org_id: str) -> list[dict[str, object]]:
-    rows = await console(request).pool.fetch(
+    """The organisation's keys, active first, each with its own limits and (active ones) its spend this month."""
+    c = console(request)
+    rows = await c.pool.fetch(
         "SELECT k.id, k.name, k.prefix, k.created_at, k.revoked_at, k.created_by, u.email AS creator,"
+        " k.monthly_limit_micro_pln AS cap, k.models, k.expires_at,"
         " (SELECT max(u.started_at) FROM usage_records u WHERE u.org_id = k.org_id AND u.key_id = k.id) AS last_used"
         " FROM api_keys k LEFT JOIN users u ON u.id = k.created_by WHERE k.org_id = $1 ORDER BY k.revoked_at IS NOT NULL, k.created_at DESC", org_id)
-    return [dict(r) for r in rows]
+    spend = await c.admin.key_spend(org_id, [r["id"] for r in rows if r["revoked_at"] is None])
+    return [{**r, "spent": spend.get(r["id"]),
+             "expires": None if r["expires_at"] is None else expiry_day(r["expires_at"])} for r in rows]
 
 
 def may_revoke(v: Viewer, created_by: str | None) -> bool:
@@ -46,12 +53,12 @@ async def _page(request: web.Request, v: Viewer, *, status: int = 200, new_key: 
 
 @routes.get("/keys")
 async def keys_page(request: web.Request) -> web.Response:
-    return await _page(request, need_viewer(request))
+    return await _page(request, need(request, "keys"))
 
 
 @routes.post("/keys")
 async def create_key(request: web.Request) -> web.Response:
-    v = need_viewer(request)
+    v = need(request, "keys")
     form = await request.post()
     name = str(form.get("name", "")).strip(" ")
     problem = name_problem(name, _("key's name"))
@@ -70,7 +77,7 @@ async def create_key(request: web.Request) -> web.Response:
 
 @routes.post("/keys/{key_id}/revoke")
 async def revoke_key(request: web.Request) -> web.Response:
-    v = need_viewer(request)
+    v = need(request, "keys")
     c = console(request)
     kid = request.match_info["key_id"]
     row = await c.pool.fetchrow("SELECT created_by FROM api_keys WHERE id = $1 AND org_id = $2", kid, v.org_id)

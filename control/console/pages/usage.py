@@ -18,7 +18,7 @@ from core.cost import micro_to_pln
 from core.decisions import UsageRecord
 
 from ..i18n import DATE_HINT, _, day, day_short, money_exact, ngettext, parse_day
-from ..web import console, load_catalog, need_viewer, render
+from ..web import console, load_catalog, need, render
 
 routes = web.RouteTableDef()
 PAGE_ROWS = 500
@@ -152,7 +152,7 @@ async def _live(request: web.Request, org_id: str, f: Filters) -> dict[str, Any]
 
 @routes.get("/usage")
 async def usage_page(request: web.Request) -> web.Response:
-    v = need_viewer(request)
+    v = need(request, "usage")
     c = console(request)
     f = Filters.of(request.query)
     keys = await c.pool.fetch("SELECT id, name, prefix FROM api_keys WHERE org_id = $1 ORDER BY created_at", v.org_id)
@@ -169,7 +169,7 @@ async def _aliases(request: web.Request, org_id: str) -> set[str]:
 
 @routes.get("/usage/live")
 async def usage_live(request: web.Request) -> web.Response:
-    v = need_viewer(request)
+    v = need(request, "usage")
     f = Filters.of(request.query)
     if f.problems:  # the page itself shows them beside the filters; its refresh keeps what it shows
         return render(request, "error.html", status=400, error=" ".join(f.problems))
@@ -212,7 +212,7 @@ def csv_value(name: str, row: Any) -> object:
 
 @routes.get("/usage.csv")
 async def usage_csv(request: web.Request) -> web.Response:
-    v = need_viewer(request)
+    v = need(request, "usage")
     f = Filters.of(request.query)
     if f.problems:
         raise web.HTTPBadRequest(text=" ".join(f.problems))

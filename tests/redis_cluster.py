@@ -1,0 +1,124 @@
+"""A Redis Cluster on loopback for the tests: Debian's redis-server, three primaries and a replica of each
+(``redis-cli --cluster create``, redis-tools comes with redis-server), a node timeout of one second so that
+a killed primary's replica takes over within a few seconds."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import redis
+
+from conftest import wait_for
+
+REDIS_SERVER = Path("/usr/bin/redis-server")
+REDIS_CLI = Path("/usr/bin/redis-cli")
+PASSWORD = "cl:u/st@r"
+
+
+def missing() -> str:
+    return ", ".join(str(p) for p in (REDIS_SERVER, REDIS_CLI) if not os.access(p, os.X_OK))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Cluster:
+    ports: list[int]
+    procs: dict[int, subprocess.Popen[bytes]]
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://:cl%3Au%2Fst%40r@" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
+
+    def client(self, port: int) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=port, password=PASSWORD, socket_timeout=2)
+
+    def info(self, port: int) -> dict[str, str]:
+        with self.client(port) as r:
+            text = r.execute_command("CLUSTER", "INFO").decode()
+        return dict(line.split(":", 1) for line in text.split() if ":" in line)
+
+    def primary_of(self, slot: int) -> int:
+        """The port of the primary that serves ``slot`` (as a live node sees it)."""
+        live = next(p for p in self.ports if self.procs[p].poll() is None)
+        with self.client(live) as r:
+            for start, end, primary, *_ in r.execute_command("CLUSTER", "SLOTS"):
+                if start <= slot <= end:
+                    return int(primary[1])
+        raise AssertionError(f"no node serves slot {slot}")
+
+    def healthy(self) -> bool:
+        return all(self.info(p).get("cluster_state") == "ok" for p in self.ports if self.procs[p].poll() is None)
+
+    def kill(self, port: int) -> None:
+        self.procs[port].send_signal(signal.SIGKILL)
+        self.procs[port].wait()
+
+
+@contextlib.contextmanager
+def redis_cluster() -> Iterator[Cluster]:
+    d = Path(tempfile.mkdtemp(prefix="redis-cluster-"))
+    ports = [free_port() for _ in range(6)]
+    procs: dict[int, subprocess.Popen[bytes]] = {}
+    try:
+        for port in ports:
+            (d / str(port)).mkdir()
+            (d / str(port) / "redis.conf").write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {d / str(port)}\nsave \"\"\nappendonly no\ndaemonize no\n"
+                f"cluster-enabled yes\ncluster-port {free_port()}\ncluster-config-file nodes.conf\n"
+                f"cluster-node-timeout 1000\n"
+                f"requirepass \"{PASSWORD}\"\nmasterauth \"{PASSWORD}\"\nloglevel warning\n")
+            with (d / str(port) / "log").open("wb") as log:
+                procs[port] = subprocess.Popen([str(REDIS_SERVER), str(d / str(port) / "redis.conf")], stdout=log,
+                                               stderr=subprocess.STDOUT, start_new_session=True)
+        cluster = Cluster(ports, procs)
+        wait_for(lambda: all(_answers(cluster, p) for p in ports), timeout=20)
+        subprocess.run([str(REDIS_CLI), "-a", PASSWORD, "--no-auth-warning", "--cluster", "create",
+                        *(f"127.0.0.1:{p}" for p in ports), "--cluster-replicas", "1", "--cluster-yes"],
+                       check=True, capture_output=True, timeout=60)
+        wait_for(cluster.healthy, timeout=30, interval=0.1)
+        # every replica in sync with its primary: a failover has something to take over
+        wait_for(lambda: all(_synced(cluster, p) for p in ports), timeout=30, interval=0.1)
+        yield cluster
+    finally:
+        stop(procs, d)
+
+
+def _answers(cluster: Cluster, port: int) -> bool:
+    try:
+        with cluster.client(port) as r:
+            return bool(r.ping())
+    except redis.exceptions.ConnectionError:
+        return False
+
+
+def _synced(cluster: Cluster, port: int) -> bool:
+    with cluster.client(port) as r:
+        info = r.info("replication")
+    return bool(info["role"] == "master" or info.get("master_link_status") == "up")
+
+
+def stop(procs: dict[int, subprocess.Popen[bytes]], d: Path) -> None:
+    """Every server of ``procs`` ended (SIGTERM, SIGKILL after 10 s) and their directory removed."""
+    for p in procs.values():
+        if p.poll() is None:
+            p.terminate()
+    for p in procs.values():
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    shutil.rmtree(d, ignore_errors=True)
