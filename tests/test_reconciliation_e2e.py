@@ -61,16 +61,19 @@ def _one(c: httpx.Client, n: int) -> Seen | None:
     return Seen(rid, status, code, got, whole) if rid else None
 
 
-def _load(gw: Gateway, key: str, fault: Callable[[], None]) -> list[Seen]:
-    """``CLIENTS`` clients send back to back; ``fault`` strikes once 8 requests came back, and the load
-    goes on until 8 more were served whole after it (counted, not timed: a slow machine gets the same test)."""
+def _load(gws: list[Gateway], key: str, fault: Callable[[], None], clients: int = CLIENTS,
+          timeout: float = 60) -> list[Seen]:
+    """``clients`` clients spread over the instances ``gws`` send back to back; ``fault`` strikes once 8
+    requests came back, and the load goes on until 8 more were served whole after it (counted, not timed:
+    a slow machine gets the same test).  No request waits longer than ``timeout``: a hang is a failure."""
     seen: list[Seen] = []
     lock = threading.Lock()
     stop = threading.Event()
     errors: list[str] = []
 
     def worker(i: int) -> None:
-        with httpx.Client(base_url=gw.v1, headers={"Authorization": f"Bearer {key}"}, timeout=60) as c:
+        gw = gws[i % len(gws)]
+        with httpx.Client(base_url=gw.v1, headers={"Authorization": f"Bearer {key}"}, timeout=timeout) as c:
             n = i
             while not stop.is_set():
                 n += 1
@@ -87,14 +90,14 @@ def _load(gw: Gateway, key: str, fault: Callable[[], None]) -> list[Seen]:
         with lock:
             return sum(1 for s in seen if s.whole)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(CLIENTS)]
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
     try:
         wait_for(lambda: len(seen) >= 8, timeout=30, interval=0.02)
         fault()
         after = whole()
-        wait_for(lambda: whole() >= after + 8, timeout=60, interval=0.05)
+        wait_for(lambda: whole() >= after + 8, timeout=timeout, interval=0.05)
     finally:
         stop.set()
         for t in threads:
@@ -183,7 +186,7 @@ def cell(gw: Gateway, component: str, how: str) -> None:
     org, _, key = gw.new_org(1_000_000_000)
     before = gw.admin(lambda a: a.balance(org))["ledger_micro_pln"]
     t0 = time.monotonic()
-    seen = _load(gw, key, _fault(gw, component, how))
+    seen = _load([gw], key, _fault(gw, component, how))
     counts = _reconcile(gw, org, before, seen, reaped=(component, how) == ("extproc", "kill"))
     print(f"{component} {how}: {counts}, {time.monotonic() - t0:.1f} s")
 
