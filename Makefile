@@ -99,8 +99,12 @@ node-clients: $(STAMP)
 	    || echo "the Vercel AI SDK could not be installed: its client test will be skipped"; \
 	fi
 
+# The suite runs on TEST_WORKERS pytest-xdist workers (most of a test's time is spent waiting on its stack's
+# processes, so three keep two cores busy), each file's tests on one worker (--dist loadfile: a module's
+# stack is started once); `make test TEST_WORKERS=0` runs it in one process (docs/testing.md).
+TEST_WORKERS ?= 3
 test: $(STAMP) browser services prometheus compose litellm-env node-clients
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 # make bench [QUICK=1] [SOAK=seconds] [PROFILE=1]: see BENCHMARKS.md (bench/run.py).
 bench: $(STAMP)

@@ -54,6 +54,33 @@ def pytest_configure(config: pytest.Config) -> None:
     # A run stopped by SIGTERM (`kill`, a job's timeout) ends as Ctrl-C does: pytest then tears the
     # fixtures down, so the stacks' processes stop with it instead of outliving the run.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    config.addinivalue_line("markers", "alone: a test that holds the gateway to a wall-clock bound runs while no "
+                            "other worker runs a test (`make test`'s parallel workers)")
+
+
+@pytest.fixture(autouse=True)
+def _alone_or_together(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under parallel workers a test marked ``alone`` waits for the tests under way on the other workers to
+    end, and none starts until it has: a readers-writer file lock of this run, every test a reader, an
+    ``alone`` test the writer; the turnstile keeps the readers from starving the writer."""
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run_id is None:
+        yield
+        return
+    import fcntl
+    base = Path(tempfile.gettempdir()) / f"llm-gateway-tests-{run_id}"
+    with open(f"{base}.turnstile", "a") as gate, open(f"{base}.run", "a") as run:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        alone = request.node.get_closest_marker("alone") is not None
+        if alone:
+            fcntl.flock(run, fcntl.LOCK_EX)  # the tests under way end; new ones wait at the turnstile
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        if not alone:
+            fcntl.flock(run, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(run, fcntl.LOCK_UN)
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
@@ -332,6 +359,20 @@ def process(argv: list[str], log: Path, ready: Callable[[], Any],
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def accounts_lock() -> Iterator[None]:
+    """Held while a test adds an account to this machine (tests/test_nonroot_e2e.py) or checks that none
+    was added (tests/test_places_e2e.py): a file lock, so that `make test`'s parallel workers never run the
+    two at once."""
+    import fcntl
+    with open(Path(tempfile.gettempdir()) / "llm-gateway-tests-accounts.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def rate_window_with(seconds: float = 15.0) -> None:

@@ -114,6 +114,7 @@ def _reconcile(gateway: Gateway, org: str, sent: dict[str, int], late: frozenset
     assert bal["balance_micro_pln"] == bal["ledger_micro_pln"]
 
 
+@pytest.mark.alone  # the kill's window is timed (2 s): no other worker's test meanwhile (tests/conftest.py)
 @pytest.mark.parametrize("component", ["extproc", "usage-writer", "postgres", "redis"])
 def test_exactly_once_under_faults(gateway: Gateway, component: str) -> None:
     org, kid, key = gateway.new_org(1_000_000_000)

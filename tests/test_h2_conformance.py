@@ -484,6 +484,7 @@ def test_data_after_the_clients_end_resets_that_stream_only(server: Server, peer
 
 
 # ---- a peer that stops reading ---------------------------------------------------------------------------
+@pytest.mark.alone  # the server's memory read while it relays at full speed: no other worker's test meanwhile
 def test_a_peer_that_stops_reading_holds_its_handlers_not_the_servers_memory(
         server: Server, peers: Callable[..., Peer]) -> None:
     p = peers(wide_open=True, rcvbuf=32 * 1024)

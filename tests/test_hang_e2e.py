@@ -244,9 +244,12 @@ def test_a_postgresql_hang_under_load_bills_nothing_unserved_and_leaks_no_slot(s
 
 def test_envoys_own_message_timeout_is_a_spec_error(stack: Gateway) -> None:
     """The fallback: should the ext_proc itself stall past Envoy's message timeout, the client still gets
-    the interface's 500 internal_error with its request id, not Envoy's empty 504; and the request the ext_proc
-    admits when it resumes, whose answer Envoy no longer reads, is released and never billed."""
+    the interface's 500 internal_error with its request id, not Envoy's empty 504; and the resumed ext_proc,
+    which reads Envoy's reset of that call before it would admit the request (extproc/grpc_server.py), bills
+    nothing for it (the ledger holds only the later request's debit), sends nothing to a model server and
+    leaves no slot; a usage record of it, if any, says what its client saw."""
     org, _, key = stack.new_org(1_000_000)
+    before = stack.admin(lambda a: a.balance(org))["ledger_micro_pln"]
     extproc = stack.stack.procs["extproc"].popen.pid  # type: ignore[union-attr]
     got: list[Got] = []
     with httpx.Client(base_url=stack.v1, timeout=30) as c:
@@ -270,9 +273,11 @@ def test_envoys_own_message_timeout_is_a_spec_error(stack: Gateway) -> None:
     assert stack.sim_record(g.rid) is None
     rows = {r["request_id"]: r for r in stack.sql("SELECT * FROM usage_records WHERE org_id = $1", org)}
     assert set(rows) <= {later.rid, g.rid} and later.rid in rows
-    if g.rid in rows:  # listed as the client saw it (the ext_proc read it once it ran again), never billed
+    if g.rid in rows:  # listed as the client saw it
         assert (rows[g.rid]["status"], rows[g.rid]["error_code"], rows[g.rid]["cost_micro_pln"]) == (
             500, "internal_error", 0)
+    bal = stack.admin(lambda a: a.balance(org))
+    assert bal["ledger_micro_pln"] == before - rows[later.rid]["cost_micro_pln"] == bal["balance_micro_pln"]
     r = redis.Redis.from_url(stack.stack.redis_url)
     try:
         wait_for(lambda: r.zcard("gw:c:" + org) == 0 and r.hget("gw:if", g.rid) is None, timeout=10)

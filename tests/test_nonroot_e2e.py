@@ -23,7 +23,7 @@ import httpx
 import pytest
 import yaml
 
-from conftest import free_base, make_catalog
+from conftest import accounts_lock, free_base, make_catalog
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -46,19 +46,20 @@ def account() -> Iterator[tuple[pwd.struct_passwd, Path, str, dict[str, str]]]:
         return
     name = f"gwt{uuid.uuid4().hex[:8]}"
     home = Path("/tmp") / f"{name}-home"
-    subprocess.run(["useradd", "--create-home", "--home-dir", str(home), "--shell", "/bin/sh", "--user-group",
-                    name], check=True, capture_output=True)
-    try:
-        user = pwd.getpwnam(name)
-        python, extra_env = _own_venv(user, home)
-        work = home / "gateway"
-        work.mkdir()
-        os.chown(work, user.pw_uid, user.pw_gid)
-        yield user, work, python, extra_env
-    finally:
-        subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)  # only that account's processes
-        subprocess.run(["userdel", "--remove", name], capture_output=True)
-        shutil.rmtree(home, ignore_errors=True)
+    with accounts_lock():  # while tests/test_places_e2e.py checks that no account is added, none is
+        subprocess.run(["useradd", "--create-home", "--home-dir", str(home), "--shell", "/bin/sh", "--user-group",
+                        name], check=True, capture_output=True)
+        try:
+            user = pwd.getpwnam(name)
+            python, extra_env = _own_venv(user, home)
+            work = home / "gateway"
+            work.mkdir()
+            os.chown(work, user.pw_uid, user.pw_gid)
+            yield user, work, python, extra_env
+        finally:
+            subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)  # only that account's processes
+            subprocess.run(["userdel", "--remove", name], capture_output=True)
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def _linked_python(home: Path) -> tuple[str, dict[str, str]]:

@@ -27,7 +27,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from conftest import free_base
+from conftest import accounts_lock, free_base
 from docs_blocks import marked, sample_matches
 
 REPO = Path(__file__).resolve().parent.parent
@@ -135,6 +135,11 @@ def places() -> Iterator[list[Path]]:
 
 
 def test_make_run_from_private_folders_two_stacks_side_by_side(places: list[Path]) -> None:
+    with accounts_lock():  # no other test adds an account meanwhile
+        _two_stacks_side_by_side(places)
+
+
+def _two_stacks_side_by_side(places: list[Path]) -> None:
     a, b = places
     assert stat.S_IMODE(b.parent.stat().st_mode) == 0o700
     clones = [prepared_clone(a), prepared_clone(b)]

@@ -306,6 +306,7 @@ def _status_in_background(gw: Gateway) -> tuple[threading.Thread, list[tuple[int
     return t, got
 
 
+@pytest.mark.alone  # timed against 2 s: no other worker's test meanwhile (tests/conftest.py)
 def test_a_frozen_redis_is_down_within_2_s_everywhere_and_back_within_2_s(gw: Gateway) -> None:
     assert (health(gw), health(gw, "redis"), dependency_up(gw, "redis")) == ("SERVING", "SERVING", 1.0)
     with frozen(gw, "redis") as t0:
@@ -334,6 +335,7 @@ def test_a_frozen_redis_is_down_within_2_s_everywhere_and_back_within_2_s(gw: Ga
     print(f"redis frozen: NOT_SERVING after {down:.2f} s; SERVING {back:.2f} s after it resumed")
 
 
+@pytest.mark.alone  # timed against 2 s: no other worker's test meanwhile (tests/conftest.py)
 def test_a_frozen_postgresql_is_down_within_2_s_everywhere_and_back_within_2_s(gw: Gateway) -> None:
     """The ext_proc stays in rotation (requests of keys cached in Redis are served) and says which
     dependency it cannot reach."""
@@ -361,6 +363,7 @@ def test_a_frozen_postgresql_is_down_within_2_s_everywhere_and_back_within_2_s(g
     print(f"postgresql frozen: down after {down:.2f} s; back {back:.2f} s after it resumed")
 
 
+@pytest.mark.alone
 @pytest.mark.parametrize("name, rows", [("extproc", ("extproc", "metrics")), ("envoy", ("envoy",)),
                                         ("usage-writer", ("usage-writer",))])
 def test_status_answers_within_2_s_whatever_is_frozen(gw: Gateway, name: str, rows: tuple[str, ...]) -> None:
