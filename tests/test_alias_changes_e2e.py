@@ -156,8 +156,9 @@ def test_14_days_ahead_accepted_shown_on_the_changelog_and_mailed_once_to_each_o
 
     page = ConsoleClient(stack.console, lang="en").get("/changelog")
     assert page.status_code == 200
-    rows = [r for r in page.text.split("<tr")[1:] if "<td>advanced</td>" in r and "model behind" in r]
-    assert len(rows) == 1 and "<td>model behind the alias: up-adv 100% &rarr; up-adv 75%, up-pro 25%</td>" in rows[0] \
+    rows = [r for r in page.text.split("<tr")[1:] if '<td data-label="Model">advanced</td>' in r and "model behind" in r]
+    assert len(rows) == 1 and ('<td data-label="Change">model behind the alias: up-adv 100% &rarr; up-adv 75%, '
+                               'up-pro 25%</td>') in rows[0] \
         and 'class="tag">scheduled<' in rows[0], rows
 
     subject = {en: "Model change behind advanced from ", pl: "Zmiana modelu za advanced od "}
