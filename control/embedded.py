@@ -21,7 +21,6 @@ import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 CREDENTIALS = "credentials.json"
 PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
@@ -29,16 +28,6 @@ PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
 
 class StartError(RuntimeError):
     """A component could not start for a reason the operator can fix: one line saying what and how."""
-
-
-@contextlib.contextmanager
-def private_umask() -> Iterator[None]:
-    """Files and directories created inside are the owner's only."""
-    old = os.umask(0o077)
-    try:
-        yield
-    finally:
-        os.umask(old)
 
 
 def write_private(path: Path, text: str) -> None:

@@ -15,6 +15,7 @@ from core import errors
 from core.catalog import Catalog, CatalogError, load
 from core.endpoints import REGISTRY, Registry
 
+from .embedded import PRIVATE_DIR, write_private
 from .ports import extproc_workers
 from .settings import Settings
 
@@ -254,12 +255,10 @@ def clusters(cat: Catalog, s: Settings) -> list[dict[str, Any]]:
 def write_cds(cat: Catalog, s: Settings) -> Path:
     """Atomically replace the CDS file: a running Envoy picks the new clusters up without a restart."""
     d = s.state / "envoy"
-    d.mkdir(parents=True, exist_ok=True)
+    d.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
     path = d / "cds.yaml"
-    tmp = d / ".cds.yaml.tmp"
-    tmp.write_text(yaml.safe_dump({"version_info": str(os.getpid()) + "-" + str(os.times().elapsed),
-                                   "resources": clusters(cat, s)}, sort_keys=False))
-    os.replace(tmp, path)
+    write_private(path, yaml.safe_dump({"version_info": str(os.getpid()) + "-" + str(os.times().elapsed),
+                                        "resources": clusters(cat, s)}, sort_keys=False))
     return path
 
 
@@ -271,8 +270,8 @@ def write_config(s: Settings) -> Path:
 
 def write_bootstrap(s: Settings) -> Path:
     d = s.state / "envoy"
-    d.mkdir(parents=True, exist_ok=True)
-    (s.state / "logs").mkdir(parents=True, exist_ok=True)
+    d.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
+    (s.state / "logs").mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
     path = d / "bootstrap.yaml"
-    path.write_text(render_bootstrap(s))
+    write_private(path, render_bootstrap(s))
     return path

@@ -9,7 +9,7 @@ from pathlib import Path
 from core import catalog as catalog_mod
 from core.envoy_admin import drain
 
-from . import embedded, envoy_config
+from . import envoy_config
 from .settings import Settings
 
 __all__ = ["CatalogWatch", "drain"]
@@ -32,8 +32,7 @@ class CatalogWatch:
             return self.seen
 
     def apply(self) -> None:
-        with embedded.private_umask():
-            envoy_config.write_cds(catalog_mod.load(self.path), self.s)
+        envoy_config.write_cds(catalog_mod.load(self.path), self.s)
 
     def poll(self) -> str | None:
         """One look: None when unchanged, else one line saying what became of the change."""

