@@ -1,12 +1,14 @@
 """A Redis failover under load from several gateway instances: the load, and the instances' start."""
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import Callable
+from typing import Callable, Iterator
 
 
-from conftest import Gateway
+from conftest import Gateway, free_base, running_stack
 from control.launcher import Stack
+from control.settings import Settings
 from test_reconciliation_e2e import Seen, _load
 
 CLIENTS = 6  # two per instance of three
@@ -28,6 +30,27 @@ def start_all(stacks: list[Stack]) -> None:
         t.join()
     if failed:
         raise failed[0]
+
+
+@contextlib.contextmanager
+def instances(prefix: str, redis_url: str, n: int = 3) -> Iterator[list[Gateway]]:
+    """``n`` gateway instances on ``redis_url`` (each its own Envoy, ext_proc and usage writer): the first
+    with PostgreSQL and the simulators, the others on them, started side by side."""
+    with running_stack(prefix, redis_url=redis_url, default_rpm=100000, default_concurrency=1000) as first:
+        s = first.stack.s
+        others: list[Stack] = []
+        try:
+            for k in range(2, n + 1):
+                base = free_base()
+                others.append(Stack(Settings.from_env(
+                    gateway_port=base, metrics_port=base + 19, state_dir=f"{s.state}-{k}", catalog=s.catalog,
+                    database_url=first.stack.database_url, redis_url=redis_url, run_sim=False, dev=True,
+                    default_rpm=s.default_rpm, default_concurrency=s.default_concurrency)))
+            start_all(others)
+            yield [first, *(Gateway(o, 0) for o in others)]
+        finally:
+            for o in others:
+                o.stop()
 
 
 def load_through(gws: list[Gateway], key: str, fault: Callable[[], None]) -> list[Seen]:

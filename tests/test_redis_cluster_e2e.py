@@ -6,7 +6,7 @@ The request path's own client (core/resp_cluster.py) against the real cluster: a
 key's slot, follows MOVED and ASK.  Every key a request's scripts touch is in its organisation's shard
 slot (core/redis_keys.py); the shards' journals and usage streams are spread over the primaries, and the
 usage writers drain every one.  Then, under a mixed load from the three instances, the primary of the
-organisation's shard is SIGKILLed: its replica takes over, no request hangs (a client gets SPEC's 500 or
+organisation's shard is SIGKILLed: its replica takes over, no request hangs (a client gets the interface's 500 or
 is served), and afterwards each request is reconciled by its id (tests/test_reconciliation_e2e.py):
 nothing served lost, nothing billed twice, no slot or hold left, the balance equal to the ledger."""
 from __future__ import annotations
@@ -20,9 +20,7 @@ import httpx
 import pytest
 from redis.crc import key_slot
 
-from conftest import Gateway, assert_error, free_base, running_stack, wait_for
-from control.launcher import Stack
-from control.settings import Settings
+from conftest import Gateway, assert_error, wait_for
 from core import key_limits, redis_keys as rk
 from core.key_limits import Change
 from core.cost import Prices
@@ -33,7 +31,7 @@ from core.resp_cluster import ClusterClient, client_from_url
 from extproc.hold import WorstCase
 from extproc.store import Late, Store
 from redis_cluster import Cluster, missing, redis_cluster
-from failover import load_through, start_all
+from failover import instances, load_through
 from test_reconciliation_e2e import _reconcile
 
 if missing():
@@ -50,22 +48,8 @@ def cluster() -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def gws(cluster: Cluster) -> Iterator[list[Gateway]]:
-    """Three gateway instances on the cluster: the first with PostgreSQL and the simulators, two more on them."""
-    with running_stack("gw-cluster-", redis_url=cluster.url, default_rpm=100000, default_concurrency=1000) as first:
-        s = first.stack.s
-        others: list[Stack] = []
-        try:
-            for n in (2, 3):
-                base = free_base()
-                others.append(Stack(Settings.from_env(
-                    gateway_port=base, metrics_port=base + 19, state_dir=f"{s.state}-{n}", catalog=s.catalog,
-                    database_url=first.stack.database_url, redis_url=cluster.url, run_sim=False, dev=True,
-                    default_rpm=s.default_rpm, default_concurrency=s.default_concurrency)))
-            start_all(others)
-            yield [first, *(Gateway(o, 0) for o in others)]
-        finally:
-            for o in others:
-                o.stop()
+    with instances("gw-cluster-", cluster.url) as gws:
+        yield gws
 
 
 def test_the_own_client_routes_by_slot_and_follows_moved_and_ask(cluster: Cluster) -> None:

@@ -1,8 +1,8 @@
 """The gateway behind Sentinel (REDIS_URL redis+sentinel://sentinels/service, core/urls.py): a primary,
-its replica and three sentinels (Debian's redis-server), two gateway instances on them and one
-PostgreSQL.  Under a mixed load from both the primary is SIGKILLed: the sentinels promote the replica,
+its replica and three sentinels (Debian's redis-server), three gateway instances on them and one
+PostgreSQL.  Under a mixed load from all three the primary is SIGKILLed: the sentinels promote the replica,
 both clients of every process (the request path's own, core/resp_sentinel.py, and redis-py's) follow it,
-no request hangs (a client gets SPEC's 500 or is served), and afterwards each request is reconciled by
+no request hangs (a client gets the interface's 500 or is served), and afterwards each request is reconciled by
 its id (tests/test_reconciliation_e2e.py): nothing served lost, nothing billed twice, no slot or hold
 left, the balance equal to the ledger."""
 from __future__ import annotations
@@ -13,11 +13,9 @@ from typing import Iterator
 
 import pytest
 
-from conftest import Gateway, free_base, running_stack, wait_for
-from control.launcher import Stack
-from control.settings import Settings
+from conftest import Gateway
 from core import redis_keys as rk
-from failover import load_through, start_all
+from failover import instances, load_through
 from redis_cluster import missing
 from redis_sentinel import Sentinels, redis_sentinels
 from test_reconciliation_e2e import _reconcile
@@ -37,19 +35,8 @@ def sentinels() -> Iterator[Sentinels]:
 
 @pytest.fixture(scope="module")
 def gws(sentinels: Sentinels) -> Iterator[list[Gateway]]:
-    with running_stack("gw-sentinel-", redis_url=sentinels.url, default_rpm=100000,
-                       default_concurrency=1000) as first:
-        s = first.stack.s
-        base = free_base()
-        other = Stack(Settings.from_env(
-            gateway_port=base, metrics_port=base + 19, state_dir=f"{s.state}-2", catalog=s.catalog,
-            database_url=first.stack.database_url, redis_url=sentinels.url, run_sim=False, dev=True,
-            default_rpm=s.default_rpm, default_concurrency=s.default_concurrency))
-        try:
-            start_all([other])
-            yield [first, Gateway(other, 0)]
-        finally:
-            other.stop()
+    with instances("gw-sentinel-", sentinels.url) as gws:
+        yield gws
 
 
 def test_a_primary_killed_under_load_is_survived_and_every_request_reconciled(
