@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import pytest
 import redis
 
 from conftest import wait_for
@@ -25,6 +26,16 @@ PASSWORD = "cl:u/st@r"
 
 def missing() -> str:
     return ", ".join(str(p) for p in (REDIS_SERVER, REDIS_CLI) if not os.access(p, os.X_OK))
+
+
+def require_redis_server() -> None:
+    """At a test module's collection: Debian's redis-server and redis-cli are there, or the module is
+    skipped saying why, and under CI=true that is a collection error (CI must not pass without it)."""
+    if missing():
+        why = f"Debian's redis-server / redis-cli missing ({missing()}): run 'make services'"
+        if os.environ.get("CI", "").lower() == "true":
+            raise RuntimeError(why)
+        pytest.skip(why, allow_module_level=True)
 
 
 def free_port() -> int:

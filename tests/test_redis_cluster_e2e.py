@@ -12,7 +12,6 @@ nothing served lost, nothing billed twice, no slot or hold left, the balance equ
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from typing import Any, Iterator
 
@@ -30,15 +29,11 @@ from core.resp import RespError
 from core.resp_cluster import ClusterClient, client_from_url
 from extproc.hold import WorstCase
 from extproc.store import Late, Store
-from redis_cluster import Cluster, missing, redis_cluster
+from redis_cluster import Cluster, redis_cluster, require_redis_server
 from failover import instances, load_through
 from test_reconciliation_e2e import _reconcile
 
-if missing():
-    why = f"Debian's redis-server / redis-cli missing ({missing()}): run 'make services'"
-    if os.environ.get("CI", "").lower() == "true":
-        raise RuntimeError(why)  # collection error: CI must not pass without these tests
-    pytest.skip(why, allow_module_level=True)
+require_redis_server()
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:

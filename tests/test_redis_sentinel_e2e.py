@@ -7,7 +7,6 @@ its id (tests/test_reconciliation_e2e.py): nothing served lost, nothing billed t
 left, the balance equal to the ledger."""
 from __future__ import annotations
 
-import os
 import time
 from typing import Iterator
 
@@ -16,15 +15,11 @@ import pytest
 from conftest import Gateway
 from core import redis_keys as rk
 from failover import instances, load_through
-from redis_cluster import missing
+from redis_cluster import require_redis_server
 from redis_sentinel import Sentinels, redis_sentinels
 from test_reconciliation_e2e import _reconcile
 
-if missing():
-    why = f"Debian's redis-server missing ({missing()}): run 'make services'"
-    if os.environ.get("CI", "").lower() == "true":
-        raise RuntimeError(why)  # collection error: CI must not pass without these tests
-    pytest.skip(why, allow_module_level=True)
+require_redis_server()
 
 
 @pytest.fixture(scope="module")
