@@ -148,14 +148,16 @@ class Gateway:
             metrics.FINISHES_WAITING.dec()
         self._retry(once, "a usage record", p.request_id)
 
-    def finish_later(self, org_id: str, request_id: str, record: UsageRecord) -> None:
+    def finish_later(self, org_id: str, request_id: str, record: UsageRecord, answered: UsageRecord) -> None:
         """``finish`` after ``HAND_OVER_GRACE_S``, unless this process's stream watch took the request
-        meanwhile: a record that counts only if no other came first."""
+        meanwhile: a record that counts only if no other came first; ``answered`` in its place if Envoy's
+        access log says its ext_proc filter answered the client itself."""
         async def later() -> None:
             await asyncio.sleep(HAND_OVER_GRACE_S)
             if self.watched.pop(request_id, None) is not None:
                 return
-            await self.finish(org_id, request_id, record, first_only=True)
+            chosen = answered if await self.how_ended(request_id) == ANSWERED else record
+            await self.finish(org_id, request_id, chosen, first_only=True)
         self._background(later())
 
     def release(self, org_id: str, request_id: str) -> None:
@@ -704,7 +706,10 @@ class Exchange:
         else:
             facts = Facts(p.estimated_prompt_tokens, streamed=True, status=200, observed=False)
         record = self._record(decide(facts), org_id, adm.identity.key_id)
-        self.gw.finish_later(org_id, self.request_id, record)
+        # unless Envoy's message timeout answered the client in the headers' place (``access_log``)
+        answered = self._record(decide(Facts(p.estimated_prompt_tokens, status=500, code=INTERNAL_ERROR.code)),
+                                org_id, adm.identity.key_id)
+        self.gw.finish_later(org_id, self.request_id, record, answered)
 
     def _record(self, o: Outcome, org_id: str, key_id: str) -> UsageRecord:
         """The request's usage record; without ``prepared`` (refused before an alias was chosen) it has

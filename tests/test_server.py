@@ -156,11 +156,17 @@ def test_a_hand_over_cut_off_at_once_is_logged_as_envoys_502_unless_the_watch_bi
         assert store(gw).held() == 0
 
 
-def test_a_stream_whose_watch_never_finished_is_billed_the_estimated_input(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("answered", [False, True])
+def test_a_stream_whose_watch_never_finished_is_billed_the_estimated_input(monkeypatch: pytest.MonkeyPatch,
+                                                                            answered: bool) -> None:
     """The stream ended (the call's trailers phase) and no stream watch finished it in the grace (its
-    process died): billed the estimated input, as the reaper bills a request whose ext_proc died."""
+    process died): billed the estimated input, as the reaper bills a request whose ext_proc died; unless
+    Envoy's access log says its message timeout answered the client in the headers' place (Envoy paused
+    before it read the hand-over): then logged as that 500, billed nothing."""
     monkeypatch.setattr(exchange, "HAND_OVER_GRACE_S", 0.01)
     gw = gateway()
+    if answered:
+        store(gw).answered.add("rid-1")
 
     async def go() -> None:
         await Processor(gw).process(FakeCall(  # type: ignore[arg-type]
@@ -169,7 +175,9 @@ def test_a_stream_whose_watch_never_finished_is_billed_the_estimated_input(monke
         await asyncio.sleep(0.05)
     asyncio.run(go())
     [rec] = store(gw).records
-    assert (rec.status, rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (200, EST, 0, True)
+    assert (rec.status, rec.error_code, rec.prompt_tokens, rec.completion_tokens, rec.estimated,
+            rec.cost_micro_pln > 0) == ((500, "internal_error", 0, 0, False, False) if answered
+                                        else (200, "", EST, 0, True, True))
     assert store(gw).held() == 0
 
 
