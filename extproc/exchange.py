@@ -690,11 +690,11 @@ class Exchange:
         stream watch in this process saw the stream reach its end (looked for again ``WATCH_WAIT_S``
         later if it had not read its first copy yet; a client's next request is not refused for a stream
         that is over), and a finish of its own follows ``HAND_OVER_GRACE_S`` later, which counts only if
-        the stream watch's did not come first
-        (``Store.finish`` takes the first finish of a request): when the call ended right after the
-        hand-over, Envoy may have reset the client's stream before it read it (the client got 502 and the
-        stream watch saw nothing), recorded as that 502 at no cost; otherwise the stream watch's process
-        died with the stream, billed the estimated input as the reaper bills a request whose ext_proc died."""
+        the stream watch's did not come first (``Store.finish`` takes the first finish of a request):
+        when the call ended right after the hand-over, Envoy may have reset the client's stream before it
+        read it (the client got 502 and the stream watch saw nothing), recorded as that 502 at no cost;
+        otherwise the stream watch's process died with the stream, billed the estimated input as the
+        reaper bills a request whose ext_proc died."""
         p = self.prepared
         adm = self.admission
         if self.finished or p is None or adm is None or adm.identity is None:
