@@ -4,17 +4,22 @@ default main's, from git), wrk's stream cell (the 64-event burst, usage asked) a
 each in turn, the three alternated over ``--rounds`` (reversed every other round).  Reports, as medians
 over the rounds, each gateway's req/s over the minimal's of the same round, and the CPU µs per stream
 (utime + stime from /proc over the cell) of each Envoy and of its processor (the ext_proc; the
-minimal's grpcio processor): on a machine loaded by other work the CPU figures hold still where the
-req/s ratios swing.  ``python -m bench.relay_ab [--relay OTHER.lua] [--seconds 3] [--rounds 7]``; the last
-line printed is JSON."""
+minimal's grpcio processor), and of each gateway's Redis, usage writer and PostgreSQL (its backends
+included): on a machine loaded by other work the CPU figures hold still where the req/s ratios swing.
+``--template OTHER.yaml`` runs the first stack's Envoy on another envoy/envoy.yaml too (a filter taken
+out, say), and ``--python-from main`` its ext_proc and usage writer on that commit's Python (a change
+to them measured against it in the same run).  ``python -m bench.relay_ab [--relay OTHER.lua]
+[--template OTHER.yaml] [--python-from REF] [--seconds 3] [--rounds 7]``; the last line printed is JSON."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import control.envoy_config as envoy_config
 
@@ -26,9 +31,43 @@ from .systems import System, start_gateway, start_minimal
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def tree_cpu_s(pid: int) -> float:
+    """The CPU seconds of the process and of its living children (PostgreSQL's backends)."""
+    total = cpu_s(pid)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                total += cpu_s(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            pass  # gone meanwhile
+    return total
+
+
+@contextlib.contextmanager
+def python_of(ref: str | None, tmp: Path) -> Iterator[None]:
+    """Processes started meanwhile run ``ref``'s Python (its tree, from git, as their working directory:
+    ``python -m`` imports from there first); None: the tree's."""
+    if ref is None:
+        yield
+        return
+    where = tmp / "python-from"
+    where.mkdir()
+    archive = subprocess.run(["git", "archive", ref], cwd=ROOT, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
+    here = os.getcwd()
+    os.chdir(where)
+    try:
+        yield
+    finally:
+        os.chdir(here)
+
+
 def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--relay", type=Path, help="the other relay (default: main's envoy/sse_relay.lua)")
+    ap.add_argument("--template", type=Path, help="the first stack's Envoy template (default: the tree's)")
+    ap.add_argument("--python-from", metavar="REF", help="the first stack's ext_proc and usage writer from this "
+                    "commit (default: the tree's)")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--rounds", type=int, default=7)
     return ap.parse_args()
@@ -46,23 +85,33 @@ def main() -> None:
         systems: dict[str, System] = {"minimal": start_minimal(procs, tmp, up)}
         stacks = []
         try:
-            for name, relay in (("other relay", other), ("tree's relay", envoy_config.SSE_RELAY)):
+            tree = (envoy_config.SSE_RELAY, envoy_config.TEMPLATE)
+            for name, relay, template in (("other relay", other, args.template or tree[1]),
+                                          ("tree's relay", *tree)):
                 d = tmp / name.replace(" ", "-").replace("'", "")
                 d.mkdir()
-                envoy_config.SSE_RELAY = relay  # read when the stack renders Envoy's configuration
-                systems[name], stack = start_gateway(d, up)
+                # read when the stack renders Envoy's configuration
+                envoy_config.SSE_RELAY, envoy_config.TEMPLATE = relay, template
+                with python_of(args.python_from if name == "other relay" else None, tmp):
+                    systems[name], stack = start_gateway(d, up)
                 stacks.append(stack)
+                for part in ("redis", "usage-writer", "postgres"):
+                    popen = stack.procs[part].popen
+                    assert popen is not None
+                    systems[name].extra[part] = popen.pid
             for i in range(args.rounds):
                 for name in (list(systems) if i % 2 == 0 else list(systems)[::-1]):
                     s = systems[name]
                     assert s.envoy_pid is not None and s.pid is not None
                     wrk(s, SCENARIOS["stream"], 64, 1, bodies)  # warm-up
-                    pids = {"envoy_us": s.envoy_pid, "processor_us": s.pid}
-                    before = {k: cpu_s(v) for k, v in pids.items()}
+                    pids = {"envoy_us": s.envoy_pid, "processor_us": s.pid,
+                            **{f"{part}_us": s.extra[part] for part in ("redis", "usage-writer", "postgres")
+                               if part in s.extra}}
+                    before = {k: tree_cpu_s(v) for k, v in pids.items()}
                     r = wrk(s, SCENARIOS["stream"], 64, args.seconds, bodies)
                     n = max(1, r["requests"])
                     res = {"rps": round(r["rps"], 1), "errors": r["errors"],
-                           **{k: round((cpu_s(v) - before[k]) / n * 1e6, 1) for k, v in pids.items()}}
+                           **{k: round((tree_cpu_s(v) - before[k]) / n * 1e6, 1) for k, v in pids.items()}}
                     runs.setdefault(name, []).append(res)
                     print(f"round {i + 1} {name}: {json.dumps(res)}", flush=True)
         finally:
@@ -70,7 +119,7 @@ def main() -> None:
                 stack.stop()
     out: dict[str, Any] = {}
     for name, rs in runs.items():
-        row: dict[str, Any] = {k: statistics.median(r[k] for r in rs) for k in ("rps", "envoy_us", "processor_us")}
+        row: dict[str, Any] = {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "errors"}
         row["errors"] = sum(r["errors"] for r in rs)
         if name != "minimal":
             ratios = [r["rps"] / max(m["rps"], 1e-9) for r, m in zip(rs, runs["minimal"])]

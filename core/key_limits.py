@@ -17,9 +17,21 @@ _ALIAS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}")
 NONE: Literal["none"] = "none"
 
 
+# the month ``month`` named last: its first and its next month's first moment (epoch seconds), its name
+_MONTH: tuple[float, float, str] = (0.0, 0.0, "")
+
+
 def month(now: float) -> str:
-    """The Warsaw calendar month of a moment, as "YYYY-MM" (the key's spend counter of that month)."""
-    return dt.datetime.fromtimestamp(now, WARSAW).strftime("%Y-%m")
+    """The Warsaw calendar month of a moment, as "YYYY-MM" (the key's spend counter of that month).
+    Asked on every admission: the month's bounds are kept, and its name is made again only outside them
+    (a time zone's conversion and a strftime cost ~10 us)."""
+    global _MONTH
+    start, end, name = _MONTH
+    if start <= now < end:
+        return name
+    first = month_start(now)
+    _MONTH = (first.timestamp(), next_month_start(now).timestamp(), first.strftime("%Y-%m"))
+    return _MONTH[2]
 
 
 def month_start(now: float) -> dt.datetime:

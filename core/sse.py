@@ -2,8 +2,8 @@
 
 Envoy relays the stream to the client itself (envoy/sse_relay.lua: whole events, the alias put in, the
 usage chunk where the interface wants it); the ext_proc sees a copy of the same chunks, as they pass, and only
-counts: the events that carry a content piece (the output estimate of a stream without usage) and the
-usage the model server reported (the last report wins).  Fed raw byte chunks cut anywhere; only an event
+counts: the usage the model server reported (the last report wins) and, while it reported none, the events
+that carry a content piece (the output estimate of a stream without usage; billing reads no other).  Fed raw byte chunks cut anywhere; only an event
 that carries a usage object is ever JSON-parsed.
 
 Framing (the SSE format): lines end with LF, CRLF or CR; a blank line ends an event; lines starting
@@ -24,7 +24,8 @@ _USAGE = re.compile(rb'"usage":\s*\{')
 _CONTENT = re.compile(rb'"content":\s*"(?!")')
 # vLLM writes compact JSON: then plain byte searches do (several times cheaper than the regexes, which
 # stay for servers that put spaces after the colons).
-_C_CONTENT, _C_EMPTY, _C_USAGE = b'"content":"', b'"content":""', b'"usage":{'
+_C_CONTENT, _C_EMPTY = b'"content":"', b'"content":""'
+_AT_USAGE = b'"usage":'  # where ``_USAGE`` may match
 
 
 class StreamMeter:
@@ -53,31 +54,35 @@ class StreamMeter:
         self._count(data[: cut + 2])
 
     def _count(self, block: bytes) -> None:
+        # The usage first, from the block's end (the last report wins: in a burst it is a few hundred
+        # bytes from the end); the events with content, the output estimate, matter only to a stream
+        # without usage and are counted only while none was reported (each count scans the block).
+        at = block.rfind(_AT_USAGE)
+        while at >= 0:
+            if _USAGE.match(block, at) is not None:
+                start = block.rfind(_SEP, 0, at)
+                end = block.find(_SEP, at)
+                if self._read_usage(block[0 if start < 0 else start + 2:len(block) if end < 0 else end + 2]):
+                    return
+            at = block.rfind(_AT_USAGE, 0, at)
+        if self.usage is not None:
+            return
         if b'"content": ' in block or b'"usage": ' in block:  # spaced JSON (not vLLM's)
             self.content_events += len(_CONTENT.findall(block))
-            m = _USAGE.search(block)
-            at = -1 if m is None else m.start()
         else:
             self.content_events += block.count(_C_CONTENT) - block.count(_C_EMPTY)
-            at = block.find(_C_USAGE)
-        while at >= 0:
-            start = block.rfind(_SEP, 0, at)
-            start = 0 if start < 0 else start + 2
-            end = block.find(_SEP, at)
-            end = len(block) if end < 0 else end + 2
-            self._read_usage(block[start:end])
-            m = _USAGE.search(block, end)
-            at = -1 if m is None else m.start()
 
-    def _read_usage(self, event: bytes) -> None:
+    def _read_usage(self, event: bytes) -> bool:
+        """Whether the event reported a usage billing can read (then it is ``usage``)."""
         # the data of the (LF-framed) event: its ``data:`` lines joined by LF (none: not JSON either)
         data = b"\n".join([line[6:] if line.startswith(b"data: ") else line[5:]
                            for line in event.split(b"\n") if line.startswith(b"data:")])
         try:
             doc = json.loads(data)
         except ValueError:
-            return
-        if isinstance(doc, dict):
-            tokens = usage_json_tokens(doc.get("usage"))
-            if tokens is not None:
-                self.usage = tokens
+            return False
+        tokens = usage_json_tokens(doc.get("usage")) if isinstance(doc, dict) else None
+        if tokens is None:
+            return False
+        self.usage = tokens
+        return True

@@ -49,6 +49,11 @@ ATTR_DETAILS, VIA_UPSTREAM = "response.code_details", "via_upstream"
 # (Envoy keeps the watch's call open 1 s after the stream ended, envoy/envoy.yaml deferred_close_timeout).
 # The concurrency slot is given back at the end of the call, not after this (``Gateway.release``).
 HAND_OVER_GRACE_S = 5.0
+# How long after the end of a call a stream it handed over waits for this process's stream watch to have
+# read its first copy, when it had not yet (Envoy ends the call as the stream ends, and the watch's call,
+# another stream of the connection, may be read a moment later: ~40% of 64-event bursts at 64
+# connections): a stream that reached its end then needs no early release of its slot, a Redis call.
+WATCH_WAIT_S = 0.05
 # How long a non-streaming reply that ended before its end waits for Envoy's access log to say whether the
 # client left (logged 499) or the model server broke it (502): both end the call alike, the access log's
 # entry comes right after.
@@ -706,20 +711,33 @@ class Exchange:
 
     def _handed_over_end(self) -> None:
         """A stream handed over to Envoy's relay is the stream watch's to bill, once Envoy passed its
-        headers on.  This call ends with the stream: its concurrency slot is given back now (a client's
-        next request is not refused for a stream that is over), and a finish of its own follows
-        ``HAND_OVER_GRACE_S`` later, which counts only if the stream watch's did not come first
-        (``Store.finish`` takes the first finish of a request): when the call ended right after the
-        hand-over, Envoy may have reset the client's stream before it read it (the client got 502 and the
-        stream watch saw nothing), recorded as that 502 at no cost; otherwise the stream watch's process
-        died with the stream, billed the estimated input as the reaper bills a request whose ext_proc died."""
+        headers on.  This call ends with the stream: its concurrency slot is given back now, unless the
+        stream watch in this process saw the stream reach its end (looked for again ``WATCH_WAIT_S``
+        later if it had not read its first copy yet; a client's next request is not refused for a stream
+        that is over), and a finish of its own follows ``HAND_OVER_GRACE_S`` later, which counts only if
+        the stream watch's did not come first (``Store.finish`` takes the first finish of a request):
+        when the call ended right after the hand-over, Envoy may have reset the client's stream before it
+        read it (the client got 502 and the stream watch saw nothing), recorded as that 502 at no cost;
+        otherwise the stream watch's process died with the stream, billed the estimated input as the
+        reaper bills a request whose ext_proc died."""
         p = self.prepared
         adm = self.admission
         if self.finished or p is None or adm is None or adm.identity is None:
             return
         self.finished = True
-        org_id = adm.identity.org_id
         watch = self.gw.watched.pop(self.request_id, None)
+        if watch is None and not self.stream_ended:  # the watch may not have read its first copy yet
+            asyncio.get_running_loop().call_later(
+                WATCH_WAIT_S, lambda: self._after_hand_over(self.gw.watched.pop(self.request_id, None)))
+            return
+        self._after_hand_over(watch)
+
+    def _after_hand_over(self, watch: Watch | None) -> None:
+        """``_handed_over_end``'s slot and fallback finish, once this process's stream watch (if any)
+        is known."""
+        p, adm = self.prepared, self.admission
+        assert p is not None and adm is not None and adm.identity is not None
+        org_id = adm.identity.org_id
         # a stream that broke or was left is billed when the watch's call ends, up to 1 s later: its slot
         # is given back now (a stream that reached its end is billed by the watch right away)
         if not (self.stream_ended or (watch is not None and watch.settled)):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 class Case:
     name: str
     stream: bytes
-    content_events: int  # events with a content piece, as counted
+    content_events: int  # events with a content piece, as counted (the meter: only where no usage was reported)
     usage: tuple[int, int] | None  # (prompt, completion) as reported, None: no usage reported
 
 

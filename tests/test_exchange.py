@@ -12,6 +12,7 @@ import pytest
 
 from core.cost import estimate_chat_prompt
 from core.stream_context import HEADER as STREAM_HEADER, StreamContext
+from extproc import exchange
 from extproc.exchange import CLUSTER_HEADER, Answer, Exchange
 from extproc_fakes import (CHAT_BODY, KEY, OTHER_KEY, chat_reply, chunk, gateway, logged_free, sse, store,
                            usage_chunk)
@@ -283,7 +284,7 @@ def test_a_stream_is_handed_over_to_envoys_relay_named_in_a_header() -> None:
         await _forwarded(ex, body)
         h = await ex.response_headers({":status": "200", "content-type": "text/event-stream"})
         await ex.close()
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(exchange.WATCH_WAIT_S + 0.01)  # (no stream watch of this process came)
         return h
     h = run(go())
     assert h.hand_over and h.remove_headers == ["content-length"]

@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import sys
+import time
 
 import pytest
 
@@ -94,3 +95,10 @@ def test_a_lone_error_has_no_summary_and_an_exception_is_told_by_its_type() -> N
         ("phase request_body failed", "KeyError"), ("phase request_body failed", "ValueError"),
         ("phase request_body failed ... repeated 1 times in 0.1 s", "KeyError")]
     assert "quote data" not in json.dumps(out)
+
+
+def test_the_stamp_is_utc_to_the_millisecond_whatever_second_came_before() -> None:
+    """The text of the second is kept from one line to the next: each stamp is still its own moment's."""
+    for t in (1764288000.0, 1764288000.9995, 1764287999.001, 1764288000.25, 0.5, 1764288001.0):
+        assert logs._stamp(t) == time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(t))) + f".{int(t % 1 * 1000):03d}Z"
+    assert logs._stamp(1764288000.25) == "2025-11-28T00:00:00.250Z"

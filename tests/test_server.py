@@ -132,8 +132,11 @@ def test_a_hand_over_cut_off_at_once_is_logged_as_envoys_502_unless_the_watch_bi
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The call ended right after the hand-over: Envoy may have reset the client's stream before reading
     it (the client got 502 and the stream watch saw nothing).  The ext_proc records that 502, later than
-    the watch would have, and only if the watch did not (the first finish counts)."""
+    the watch would have, and only if the watch did not (the first finish counts).  The watch's call may
+    be read after this one ended: it is looked for again a moment later (``WATCH_WAIT_S``), and a watch
+    that saw the stream end needs no early release of the slot."""
     monkeypatch.setattr(exchange, "HAND_OVER_GRACE_S", 0.01)
+    monkeypatch.setattr(exchange, "WATCH_WAIT_S", 0.005)
     for watched in (False, True):
         gw = gateway()
 
@@ -151,9 +154,10 @@ def test_a_hand_over_cut_off_at_once_is_logged_as_envoys_502_unless_the_watch_bi
             [rec] = store(gw).records
             assert (rec.status, rec.prompt_tokens, rec.completion_tokens) == (200, 9, 1)
             # the watch ran in this process: no finish of the ext_proc's own, no Redis call for it
-            assert len(store(gw).finishes) == 1 and gw.watched == {}
+            assert len(store(gw).finishes) == 1 and gw.watched == {} and store(gw).released == []
         else:
             assert logged_free(store(gw)) == (502, "upstream_unavailable")
+            assert store(gw).released == [rec.request_id for rec in store(gw).records]
         assert store(gw).held() == 0
 
 

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from core.cost import Prices, cost_micro_pln
+from core.sse import StreamMeter
 from tests.lua_relay import PRICES, Relay as StreamRelay, lua_cost
 
 
@@ -48,7 +49,6 @@ def test_any_cut_gives_same_events_with_alias_and_usage_kept_when_asked() -> Non
         # content that merely looks like the model member is left alone (it is escaped in JSON)
         assert events[2]["choices"][0]["delta"]["content"] == ' dobry "model":"up-pro"'  # type: ignore[index]
         assert relay.usage == (11, 2)
-        assert relay.content_events == 2
 
 
 def test_usage_chunk_removed_when_not_asked() -> None:
@@ -101,7 +101,7 @@ def test_spaced_json_from_another_server_is_handled_too() -> None:
     events = _events(_relay_all(relay, data, 9))
     assert all(e["model"] == "polish-pro" for e in events[:-1])  # type: ignore[index]
     assert all("usage" not in e for e in events[:-1])  # type: ignore[operator]
-    assert relay.usage == (11, 2) and relay.content_events == 2
+    assert relay.usage == (11, 2)
 
 
 @pytest.mark.parametrize("spaced", [b'"model": "up-pro"', b'"model" :"up-pro"', b'"model" : "up-pro"'])
@@ -186,7 +186,35 @@ def test_every_framing_cut_at_every_byte(eol: bytes, comments: bool, multiline: 
         relay = StreamRelay("up-pro", "polish-pro", show_usage)
         out = relay.feed(data[:cut]) + relay.feed(data[cut:]) + relay.end()
         assert _docs(sse_data(out)) == want, (eol, cut)
-        assert relay.usage == (11, 2) and relay.content_events == 2, (eol, cut)
+        assert relay.usage == (11, 2), (eol, cut)
+    # without the usage event, the events with content are the estimate billing reads: the same at any cut
+    data = _frame(_without_usage(_stream()), eol, comments=comments, multiline=multiline)
+    for cut in range(len(data) + 1):
+        meter = StreamMeter()
+        meter.feed(data[:cut])
+        meter.feed(data[cut:])
+        assert (meter.usage, meter.content_events) == (None, 2), (eol, cut)
+
+
+def _without_usage(data: bytes) -> bytes:
+    return b"".join(e + b"\n\n" for e in data.split(b"\n\n") if e and b'"usage"' not in e)
+
+
+def test_the_meter_counts_content_only_while_no_usage_was_reported() -> None:
+    """Billing reads the events with content only of a stream without usage: once a usage came (in the
+    same chunk or an earlier one), none is counted; a usage billing cannot read is no usage."""
+    data = _stream()
+    meter = StreamMeter()
+    meter.feed(data)
+    assert (meter.usage, meter.content_events) == ((11, 2), 0)
+    usage_at = data.index(b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"up-pro","choices":[],')
+    meter = StreamMeter()
+    meter.feed(data[:usage_at])
+    meter.feed(data[usage_at:] + data[:usage_at])  # content after the usage: not counted
+    assert (meter.usage, meter.content_events) == ((11, 2), 2)
+    meter = StreamMeter()
+    meter.feed(data.replace(b'"prompt_tokens":11', b'"prompt_tokens":"11"'))  # not a whole number
+    assert (meter.usage, meter.content_events) == (None, 2)
 
 
 @pytest.mark.parametrize("eol,comments,multiline", FRAMINGS)

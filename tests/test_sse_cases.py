@@ -26,7 +26,9 @@ def test_the_meter(case: Case) -> None:
         meter = StreamMeter()
         for piece in _pieces(case.stream, step):
             meter.feed(piece)
-        assert (meter.content_events, meter.usage) == (case.content_events, case.usage), step
+        assert meter.usage == case.usage, step
+        if case.usage is None:  # (the events with content are counted only while no usage was reported)
+            assert meter.content_events == case.content_events, step
 
 
 def _usage_chunks(out: bytes) -> list[tuple[int, int]]:
