@@ -18,8 +18,21 @@ NONE: Literal["none"] = "none"
 
 
 def month(now: float) -> str:
-    """The Warsaw calendar month of a moment, as "YYYY-MM" (the key's spend counter of that month)."""
-    return dt.datetime.fromtimestamp(now, WARSAW).strftime("%Y-%m")
+    """The Warsaw calendar month of a moment, as "YYYY-MM" (the key's spend counter of that month).
+    Asked once per admitted request: the last month's bounds are kept, so a moment within them is
+    answered by two comparisons instead of a time-zone conversion."""
+    global _month
+    start, end, label = _month
+    if start <= now < end:
+        return label
+    d = dt.datetime.fromtimestamp(now, WARSAW)
+    first = dt.datetime(d.year, d.month, 1, tzinfo=WARSAW)
+    after = dt.datetime(d.year + d.month // 12, d.month % 12 + 1, 1, tzinfo=WARSAW)
+    _month = (first.timestamp(), after.timestamp(), d.strftime("%Y-%m"))
+    return _month[2]
+
+
+_month: tuple[float, float, str] = (0.0, 0.0, "")  # the month ``month`` answered last: [start, end), label
 
 
 def month_start(now: float) -> dt.datetime:

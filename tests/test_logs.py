@@ -5,12 +5,17 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import wait_for
 from core import logs
+
+ROOT = Path(__file__).resolve().parent.parent
 
 FIELDS = dict(request_id="0f8fad5b-d9cb-469f-a165-70867728950e", alias='ąę "x"\\\n', endpoint="chat", status=200,
               prompt_tokens=12, completion_tokens=0, estimated=True, cost_micro_pln=1234, duration_ms=57,
@@ -94,3 +99,50 @@ def test_a_lone_error_has_no_summary_and_an_exception_is_told_by_its_type() -> N
         ("phase request_body failed", "KeyError"), ("phase request_body failed", "ValueError"),
         ("phase request_body failed ... repeated 1 times in 0.1 s", "KeyError")]
     assert "quote data" not in json.dumps(out)
+
+
+_BUFFERED = r"""
+import asyncio, json, logging, os, sys, time
+from core import logs
+
+def writes():
+    return int(dict(l.split(": ") for l in open("/proc/self/io").read().splitlines())["syscw"])
+
+def lines():
+    with open(sys.argv[1]) as f:
+        return f.read().splitlines()
+
+async def main():
+    logs.setup(logging.INFO, buffer=True)
+    before = writes()
+    for i in range(200):
+        logs.request_line(request_id=f"r{i}", alias="a", endpoint="chat", status=200, prompt_tokens=1,
+                          completion_tokens=1, estimated=False, cost_micro_pln=1, duration_ms=1, ttfb_ms=1)
+    written, seen = writes() - before, len(lines())
+    await asyncio.sleep(logs.FLUSH_S + 0.2)
+    flushed = len(lines())
+    logs.request_line(request_id="last", alias="a", endpoint="chat", status=200, prompt_tokens=1,
+                      completion_tokens=1, estimated=False, cost_micro_pln=1, duration_ms=1, ttfb_ms=1)
+    logging.getLogger("extproc").warning("after the last request line")
+    print(json.dumps([written, seen, flushed, len(lines())]), file=sys.stderr)
+
+asyncio.run(main())
+"""
+
+
+def test_request_lines_go_out_in_batches_and_before_a_later_record(tmp_path: Path) -> None:
+    """In the ext_proc's processes stdout is buffered even under PYTHONUNBUFFERED (the container image
+    sets it): 200 request lines are written in no write system call at once, all of them within
+    ``FLUSH_S``, and a log record written later comes after them in the file, at once."""
+    out = tmp_path / "stdout.log"
+    with open(out, "wb") as f:
+        r = subprocess.run([sys.executable, "-c", _BUFFERED, str(out)], stdout=f, stderr=subprocess.PIPE, text=True,
+                           cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    written, seen, flushed, total = json.loads(r.stderr.strip().splitlines()[-1])
+    assert (written, seen) == (0, 0)  # held in the buffer
+    assert (flushed, total) == (200, 202)
+    docs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [d.get("request_id") for d in docs[:200]] == [f"r{i}" for i in range(200)]
+    assert docs[200]["request_id"] == "last" and docs[200]["msg"] == "request"
+    assert (docs[201]["level"], docs[201]["msg"]) == ("warning", "after the last request line")
