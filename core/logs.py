@@ -97,7 +97,15 @@ def buffered() -> None:
 
 
 def _stamp(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+    """``t`` as UTC ISO 8601 to the millisecond; the whole second's text is kept from the last call."""
+    global _second
+    whole, last = int(t), _second  # (one read: a record of another thread may replace it)
+    if whole != last[0]:
+        last = _second = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)))
+    return f"{last[1]}.{int(t % 1 * 1000):03d}Z"
+
+
+_second: tuple[int, str] = (-1, "")  # the second ``_stamp`` wrote last, and its text
 
 
 REPEAT_WINDOW_S = 10.0

@@ -146,3 +146,19 @@ def test_request_lines_go_out_in_batches_and_before_a_later_record(tmp_path: Pat
     assert [d.get("request_id") for d in docs[:200]] == [f"r{i}" for i in range(200)]
     assert docs[200]["request_id"] == "last" and docs[200]["msg"] == "request"
     assert (docs[201]["level"], docs[201]["msg"]) == ("warning", "after the last request line")
+
+
+def test_the_time_stamp_is_utc_to_the_millisecond_whatever_order_the_moments_come_in() -> None:
+    """``_stamp`` keeps the last whole second's text: the same text as a conversion of each moment."""
+    import random
+    import time
+
+    def converted(t: float) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+
+    rnd = random.Random(3)
+    moments = [rnd.uniform(0, 2e9) for _ in range(500)] + [1767225599.9 + i * 0.0004 for i in range(1000)]
+    for t in moments + moments[::-1]:
+        assert logs._stamp(t) == converted(t)
+    assert logs._stamp(1767225599.9996) == "2025-12-31T23:59:59.999Z"
+    assert logs._stamp(1767225600.0004) == "2026-01-01T00:00:00.000Z"
