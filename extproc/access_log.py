@@ -1,5 +1,8 @@
-"""Which requests the client left: Envoy's gRPC access log service, fed only the entries of requests
-whose client went away (envoy/envoy.yaml filters them by response flag: DC, DR).
+"""How requests ended for their clients where the ext_proc cannot tell: Envoy's gRPC access log service,
+fed only the entries of requests whose client went away (response flag DC, DR) or that Envoy's ext_proc
+filter answered itself (details ``ext_proc_error...``: its message timeout answered the client with the
+interface's 500 although the ext_proc's answer was on its way, as when Envoy was paused) (envoy/envoy.yaml
+filters them).
 
 A model server that breaks a stream and a client that leaves it both end Envoy's stream, at any moment
 between two events: only Envoy knows which it was.  Each such entry marks its request in Redis (any
@@ -16,6 +19,7 @@ from typing import Callable
 from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2
 
+from .billing_outcome import ANSWERED, LEFT
 from .grpc_server import EOF, Call
 from .store import Store
 
@@ -31,10 +35,20 @@ def _closed_by_envoy(entry: accesslog_pb2.HTTPAccessLogEntry) -> bool:
     return str(entry.response.response_code_details).startswith("downstream_local_disconnect")
 
 
+def _ending(entry: accesslog_pb2.HTTPAccessLogEntry) -> str:
+    """``LEFT``, ``ANSWERED``, or "" (neither: nothing to tell)."""
+    flags = entry.common_properties.response_flags
+    if (flags.downstream_connection_termination or flags.downstream_remote_reset) and not _closed_by_envoy(entry):
+        return LEFT
+    if str(entry.response.response_code_details).startswith("ext_proc_error"):
+        return ANSWERED
+    return ""
+
+
 class ClientsLeft:
-    def __init__(self, store: Store, leaving: dict[str, Callable[[], None]] | None = None) -> None:
+    def __init__(self, store: Store, leaving: dict[str, Callable[[str], None]] | None = None) -> None:
         self.store = store
-        self.leaving = {} if leaving is None else leaving  # request id -> its stream watch, told
+        self.leaving = {} if leaving is None else leaving  # request id -> what waits for its ending, told
 
     async def stream(self, call: Call) -> None:
         while True:
@@ -43,14 +57,14 @@ class ClientsLeft:
                 return
             assert isinstance(msg, als_pb2.StreamAccessLogsMessage)
             for entry in msg.http_logs.log_entry:
-                flags = entry.common_properties.response_flags
-                if (flags.downstream_connection_termination or flags.downstream_remote_reset) \
-                        and entry.request.request_id and not _closed_by_envoy(entry):
-                    rid = entry.request.request_id
+                rid = entry.request.request_id
+                how = _ending(entry) if rid else ""
+                if how:
                     told = self.leaving.pop(rid, None)
                     if told is not None:
-                        told()
+                        told(how)
                     try:
-                        await self.store.mark_left(rid)
+                        await self.store.mark_ended(rid, how)
                     except Exception as e:  # noqa: BLE001 - Redis down or hung: that stream is taken for a break
-                        log.warning("could not mark a client gone: %s", type(e).__name__, extra={"request_id": rid})
+                        log.warning("could not mark how a request ended: %s", type(e).__name__,
+                                    extra={"request_id": rid})

@@ -27,6 +27,10 @@ UPSTREAM_UNAVAILABLE = "upstream_unavailable"
 INTERNAL_ERROR = "internal_error"
 CLIENT_LEFT = 499  # as nginx logs a client that closed its connection
 
+# How Envoy's access log says a request ended for its client (``access_log``), where that decides its record:
+LEFT = "left"  # the client went away (response flag DC or DR)
+ANSWERED = "answered"  # Envoy's ext_proc filter answered it itself (its message timeout): the interface's 500
+
 
 @dataclass(frozen=True, slots=True)
 class Facts:

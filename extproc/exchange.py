@@ -23,7 +23,7 @@ from core.decisions import Admission, UsageRecord
 from core.directory import Directory
 from core.endpoints import REGISTRY, Endpoint, Registry
 from . import metrics
-from .billing_outcome import Facts, Outcome, decide
+from .billing_outcome import ANSWERED, LEFT, Facts, Outcome, decide
 from core.errors import (BODY_TOO_LARGE, INTERNAL_ERROR, INVALID_KEY, MODEL_NOT_FOUND, UNSUPPORTED_ENDPOINT,
                      UPSTREAM_TIMEOUT, ApiError)
 from core.keys import bearer_key, key_hash
@@ -109,21 +109,22 @@ class Gateway:
     # streams this process handed over whose stream watch runs in this process too (``observer``), by
     # request id: their hand-over needs no finish of its own (``Exchange._handed_over_end``)
     watched: dict[str, Watch] = field(default_factory=dict)
-    # what in this process waits on Envoy's access log to say a client left (``access_log``), by request
-    # id: a stream watch (billed and its slot freed at once, not when Envoy's deferred close of its call,
-    # 1 s later, would end it) or a non-streaming reply that ended before its end (499 or 502)
-    leaving: dict[str, Callable[[], None]] = field(default_factory=dict)
+    # what in this process waits on Envoy's access log to say how a request ended for its client
+    # (``access_log``: ``LEFT`` or ``ANSWERED``), by request id: a stream watch (billed and its slot freed
+    # at once, not when Envoy's deferred close of its call, 1 s later, would end it) or a non-streaming
+    # reply that ended before its end (499, 502, or Envoy's 500)
+    leaving: dict[str, Callable[[str], None]] = field(default_factory=dict)
     _retrying: set[asyncio.Task[None]] = field(default_factory=set)
     spool: Spool = field(default_factory=NoSpool)  # finishes Redis did not take, on local disk
 
-    async def client_left(self, request_id: str) -> bool:
-        """Whether Envoy's access log marked this request's client gone in Redis (any process may have
-        received the entry); Redis unreachable: taken for a reply the model server broke."""
+    async def how_ended(self, request_id: str) -> str:
+        """How Envoy's access log marked this request's ending in Redis (any process may have received the
+        entry): ``LEFT``, ``ANSWERED`` or ""; Redis unreachable: "" (taken for a reply the model server broke)."""
         try:
-            return await self.store.client_left(request_id)
+            return await self.store.how_ended(request_id)
         except Exception as e:  # noqa: BLE001
             log.warning("could not tell how a reply ended: %s", type(e).__name__, extra={"request_id": request_id})
-            return False
+            return ""
 
     async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, refused: bool = False,
                      first_only: bool = False) -> None:
@@ -147,14 +148,16 @@ class Gateway:
             metrics.FINISHES_WAITING.dec()
         self._retry(once, "a usage record", p.request_id)
 
-    def finish_later(self, org_id: str, request_id: str, record: UsageRecord) -> None:
+    def finish_later(self, org_id: str, request_id: str, record: UsageRecord, answered: UsageRecord) -> None:
         """``finish`` after ``HAND_OVER_GRACE_S``, unless this process's stream watch took the request
-        meanwhile: a record that counts only if no other came first."""
+        meanwhile: a record that counts only if no other came first; ``answered`` in its place if Envoy's
+        access log says its ext_proc filter answered the client itself."""
         async def later() -> None:
             await asyncio.sleep(HAND_OVER_GRACE_S)
             if self.watched.pop(request_id, None) is not None:
                 return
-            await self.finish(org_id, request_id, record, first_only=True)
+            chosen = answered if await self.how_ended(request_id) == ANSWERED else record
+            await self.finish(org_id, request_id, chosen, first_only=True)
         self._background(later())
 
     def release(self, org_id: str, request_id: str) -> None:
@@ -649,26 +652,30 @@ class Exchange:
             if asked and adm is not None and adm.identity is not None:
                 # the slot now, not after the wait for Envoy's access log (up to LEFT_WAIT_S)
                 self.gw.release(adm.identity.org_id, self.request_id)
-            self._finish(Facts(p.estimated_prompt_tokens, reached_model=self.delivered, status=self.status,
-                               code=self.error_code, content_seen=200 <= self.status < 400,
-                               client_left=asked and await self._client_left(), failure=self.error_code))
+            ended = await self._how_ended() if asked else ""
+            if ended == ANSWERED:  # Envoy's message timeout answered the client though this answer was on its way
+                self.timed_out()
+            else:
+                self._finish(Facts(p.estimated_prompt_tokens, reached_model=self.delivered, status=self.status,
+                                   code=self.error_code, content_seen=200 <= self.status < 400,
+                                   client_left=ended == LEFT, failure=self.error_code))
         await self.send_finish()
 
-    async def _client_left(self) -> bool:
-        """Whether Envoy's access log says this request's client went away (``access_log``): told here
+    async def _how_ended(self) -> str:
+        """How Envoy's access log says this request ended for its client (``access_log``): told here
         (``Gateway.leaving``) within ``LEFT_WAIT_S``, else marked in Redis (another process was told, or
         the entry came first).  Asked only of a reply that ended before its end."""
-        told: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        told: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
-        def left() -> None:
+        def tell(how: str) -> None:
             if not told.done():
-                told.set_result(True)
+                told.set_result(how)
 
-        self.gw.leaving[self.request_id] = left
+        self.gw.leaving[self.request_id] = tell
         try:
             return await asyncio.wait_for(told, LEFT_WAIT_S)
         except TimeoutError:
-            return await self.gw.client_left(self.request_id)
+            return await self.gw.how_ended(self.request_id)
         finally:
             self.gw.leaving.pop(self.request_id, None)
 
@@ -699,7 +706,10 @@ class Exchange:
         else:
             facts = Facts(p.estimated_prompt_tokens, streamed=True, status=200, observed=False)
         record = self._record(decide(facts), org_id, adm.identity.key_id)
-        self.gw.finish_later(org_id, self.request_id, record)
+        # unless Envoy's message timeout answered the client in the headers' place (``access_log``)
+        answered = self._record(decide(Facts(p.estimated_prompt_tokens, status=500, code=INTERNAL_ERROR.code)),
+                                org_id, adm.identity.key_id)
+        self.gw.finish_later(org_id, self.request_id, record, answered)
 
     def _record(self, o: Outcome, org_id: str, key_id: str) -> UsageRecord:
         """The request's usage record; without ``prepared`` (refused before an alias was chosen) it has

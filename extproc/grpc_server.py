@@ -319,9 +319,10 @@ class _Protocol(asyncio.Protocol):
             call.expired = call.late or paused  # (Envoy closes a connection that stopped answering)
             call._end()
         self.calls.clear()
-        self._opened.clear()
-        if self._starting is not None:
-            self._starting.cancel()
+        # the calls opened while paused start now, everything of theirs read: a stream watch's call carries
+        # the copies of a stream that ended meanwhile (Envoy drains its connections to a process that failed
+        # a health check and closes one once its streams are over)
+        self._start_opened()
         self._wake_writers()
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ from core.decisions import UsageRecord
 from core.sse import StreamMeter
 from core.stream_context import HEADER, StreamContext
 from . import metrics
-from .billing_outcome import Facts, decide
+from .billing_outcome import LEFT, Facts, decide
 from .exchange import Gateway, account, count
 
 
@@ -95,7 +95,7 @@ class StreamWatch:
             self.failure = "upstream_timeout"  # Envoy's total budget ended the stream
         left = self.left
         if not (self.ended or self.failure or self.meter.usage is not None or left):
-            left = await self.gw.client_left(ctx.request_id)
+            left = await self.gw.how_ended(ctx.request_id) == LEFT
         events = self.meter.content_events
         o = decide(Facts(ctx.estimated_prompt_tokens, streamed=True, status=200, ended=self.ended,
                          usage=self.meter.usage, output=events, content_seen=events > 0, client_left=left,

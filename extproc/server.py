@@ -16,6 +16,7 @@ from envoy.type.v3 import http_status_pb2
 
 from core.errors import INTERNAL_ERROR
 from . import metrics, tracing
+from .billing_outcome import LEFT
 from .exchange import Answer, Exchange, Gateway, error_answer
 from .grpc_server import EOF, UNAVAILABLE, Call, Status
 from .observer import StreamWatch
@@ -231,7 +232,7 @@ class _WatchSink:
 
     __slots__ = ("w", "leaving", "call")
 
-    def __init__(self, w: StreamWatch, leaving: dict[str, Callable[[], None]], call: Call) -> None:
+    def __init__(self, w: StreamWatch, leaving: dict[str, Callable[[str], None]], call: Call) -> None:
         self.w = w
         self.leaving = leaving
         self.call = call
@@ -240,9 +241,12 @@ class _WatchSink:
     def idle(self) -> float | None:
         return self.w.idle
 
-    def client_left(self) -> None:
-        # Envoy's access log said so: copies Envoy sent before it may still be on their way (another
-        # stream of the connection): read for a moment more, then the call is taken as ended
+    def told(self, how: str) -> None:
+        """Envoy's access log said how the stream ended for its client (``access_log``)."""
+        if how != LEFT:  # (Envoy's own 500 takes no stream's place: its headers went before the hand-over)
+            return
+        # the client left: copies Envoy sent before it may still be on their way (another stream of the
+        # connection): read for a moment more, then the call is taken as ended
         self.w.client_left()
         self.call.end_soon(LEFT_GRACE_S)
 
@@ -256,5 +260,5 @@ class _WatchSink:
         if phase == "response_headers":
             self.w.response_headers(_headers(req.response_headers.headers))
             if self.w.ctx is not None:  # the request, named by its headers
-                self.leaving[self.w.ctx.request_id] = self.client_left
+                self.leaving[self.w.ctx.request_id] = self.told
         return False

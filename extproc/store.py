@@ -32,6 +32,7 @@ from core import redis_durability
 from core import redis_keys as rk
 from core.redis_client import AnyRedis, layout_of, redis_client
 from core.urls import mask
+from .billing_outcome import ANSWERED, LEFT
 from .hold import WorstCase
 from . import metrics
 
@@ -371,12 +372,15 @@ class Store:
         later): its journal entry, hold and record stay for the finish."""
         await self.fast.call("ZREM", self.layout.in_flight(org_id), request_id)
 
-    async def mark_left(self, request_id: str) -> None:
-        """The client of this request went away (``access_log``): kept for two minutes."""
-        await self.r.set(rk.left(request_id), "1", ex=120)
+    async def mark_ended(self, request_id: str, how: str) -> None:
+        """How this request ended for its client (``access_log``: ``billing_outcome.LEFT`` or ``ANSWERED``),
+        kept for two minutes."""
+        await self.r.set(rk.left(request_id), how, ex=120)
 
-    async def client_left(self, request_id: str) -> bool:
-        return bool(await self.r.exists(rk.left(request_id)))
+    async def how_ended(self, request_id: str) -> str:
+        """What ``mark_ended`` kept ("" if nothing; a mark of an older version, "1", is a client that left)."""
+        v = await self.r.get(rk.left(request_id))
+        return "" if v is None else ANSWERED if v == ANSWERED.encode() else LEFT
 
     async def sync_clock(self) -> None:
         """Measure how far Redis's clock is from this host's (to within half a round trip), so that a

@@ -17,6 +17,7 @@ from core.decisions import Admission, Identity, UsageRecord
 from core.errors import ApiError
 from core.keys import key_hash
 from core.errors import CONCURRENCY, INVALID_KEY, QUOTA, SUSPENDED
+from extproc.billing_outcome import ANSWERED, LEFT
 from extproc.exchange import ATTR_AUTH, ATTR_ID, ATTR_METHOD, ATTR_PATH, Gateway
 from extproc.grpc_server import EOF
 from extproc.hold import WorstCase
@@ -51,6 +52,7 @@ class FakeStore:
     released: list[str] = field(default_factory=list)  # slots given back ahead of their finish
     records: list[UsageRecord] = field(default_factory=list)  # the usage stream
     left: set[str] = field(default_factory=set)  # requests whose client went away (Envoy's access log)
+    answered: set[str] = field(default_factory=set)  # requests Envoy's ext_proc filter answered itself (its 500)
     admits: list[tuple[str, bool]] = field(default_factory=list)  # (request id, limits) asked
     finishes: list[tuple[str, str, UsageRecord | None]] = field(default_factory=list)
 
@@ -91,11 +93,11 @@ class FakeStore:
         self.journal.add(request_id)
         return Admission(ident, None)
 
-    async def mark_left(self, request_id: str) -> None:
-        self.left.add(request_id)
+    async def mark_ended(self, request_id: str, how: str) -> None:
+        (self.left if how == LEFT else self.answered).add(request_id)
 
-    async def client_left(self, request_id: str) -> bool:
-        return request_id in self.left
+    async def how_ended(self, request_id: str) -> str:
+        return LEFT if request_id in self.left else ANSWERED if request_id in self.answered else ""
 
     async def finish(self, org_id: str, request_id: str, record: UsageRecord | None, *,
                      refused: bool = False, first_only: bool = False) -> None:

@@ -395,6 +395,45 @@ def test_calls_reset_while_the_process_was_paused_are_known_reset_when_their_han
         r.stop()
 
 
+def test_calls_opened_while_the_process_was_paused_run_even_when_the_connection_is_gone_on_resuming() -> None:
+    """While the loop is frozen the client opens calls, sends their messages, resets one and closes the
+    whole connection (Envoy drains its connections to a process that failed a health check, and closes
+    one once no stream of its is left: a stream watch's call, opened while the process was paused, carries
+    the copies of a stream that ended meanwhile).  On resuming, every such call's handler still runs: it
+    reads what was sent on it, then its end, so nothing that was sent is lost (the watch bills it)."""
+    got: dict[bytes, list[bytes]] = {}
+
+    async def record(call: Call) -> None:
+        name = (call.metadata("x-n") or "").encode()
+        seen: list[bytes] = []
+        while (msg := await call.read()) is not EOF:
+            seen.append(bytes(msg.request_body.body))
+        got[name] = [*seen, b"reset" if call.reset else b"open"]  # (the connection gone: no answer is read)
+
+    r = Running({PROCESS_PATH: (record, ep.ProcessingRequest.FromString)})
+    try:
+        peer = Peer(r.port)
+        frozen, thaw = threading.Event(), threading.Event()
+
+        def freeze() -> None:  # the loop's thread stops: the socket fills, nothing is read
+            frozen.set()
+            thaw.wait(10)
+            time.sleep(FROZEN_S)  # long enough to be taken for a pause
+        r.loop.call_soon_threadsafe(freeze)
+        assert frozen.wait(5)
+        sids = {name: peer.open(body_msg(name + b"-1"), body_msg(name + b"-2"),
+                                headers=[*REQUEST_HEADERS, (b"x-n", name)], end=name == b"ended")
+                for name in (b"watch", b"reset", b"ended")}
+        peer.h2.reset_stream(sids[b"reset"])
+        peer.flush()
+        peer.sock.close()
+        thaw.set()
+        wait_for(lambda: len(got) == 3)
+        assert got == {n: [n + b"-1", n + b"-2", b"reset"] for n in (b"watch", b"reset", b"ended")}
+    finally:
+        r.stop()
+
+
 @pytest.mark.parametrize("how", ["reset", "connection closed"])
 def test_a_call_reset_while_the_process_was_paused_is_known_expired_once_it_settled(how: str) -> None:
     """A call under way when the loop froze (its first message answered): meanwhile the client sends its

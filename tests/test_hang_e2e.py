@@ -17,6 +17,7 @@ import httpx
 import pytest
 import redis
 
+from core import redis_keys as rk
 from conftest import MIXED_BODIES as BODIES, Gateway, running_stack, wait_for
 
 MESSAGE_TIMEOUT_S = 5.0  # envoy/envoy.yaml: the ext_proc filter's message_timeout
@@ -423,17 +424,17 @@ def test_a_paused_ext_proc_admits_nothing_envoy_already_answered(stack: Gateway)
     try:
         wait_for(lambda: r.zcard("gw:c:" + org) == 0 and not [v for v in r.hvals("gw:if") if f"|{org}|".encode() in v],
                  timeout=15)
+        # Envoy's access log told the ext_proc of each answer its message timeout gave (extproc/access_log.py)
+        assert [r.get(rk.left(g.rid)) for g in answered_by_envoy] == [b"answered"] * len(answered_by_envoy)
     finally:
         r.close()
     rows = {row["request_id"]: row for row in stack.sql(
         "SELECT request_id, status, error_code, cost_micro_pln FROM usage_records WHERE org_id = $1", org)}
     assert served | {later.rid} <= set(rows)
-    # each request refused before a model server saw it is logged as its client saw it, at no cost, or
-    # not at all (Envoy answered before the ext_proc knew whose it was, or its admission was under way
-    # when the process paused and failed by its deadline); one whose reply Envoy's message timeout
-    # replaced is billed by the reply's rules
-    never_sent = [g for g in refused if stack.sim_record(g.rid) is None]
-    wrong = [(g.rid, rows[g.rid]) for g in never_sent if g.rid in rows and
+    # each request Envoy answered is logged as its client saw it, at no cost, or not at all (Envoy
+    # answered before the ext_proc knew whose it was, or its admission was under way when the process
+    # paused and failed by its deadline), whether a model server saw it or not
+    wrong = [(g.rid, rows[g.rid]) for g in refused if g.rid in rows and
              (rows[g.rid]["status"], rows[g.rid]["error_code"], rows[g.rid]["cost_micro_pln"]) != (500, "internal_error", 0)]
     assert not wrong, wrong[:3]
     bal = stack.admin(lambda a: a.balance(org))

@@ -16,6 +16,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from core.cost import estimate_chat_prompt
 from core.stream_context import HEADER as STREAM_HEADER, StreamContext
 from extproc import exchange
+from extproc.billing_outcome import ANSWERED, LEFT
 from extproc.exchange import CLUSTER_HEADER, Gateway
 from extproc.grpc_server import EOF, UNAVAILABLE, Status
 from extproc.server import LEFT_GRACE_S, ROLE_HEADER, WATCH_ROLE, Processor
@@ -155,11 +156,17 @@ def test_a_hand_over_cut_off_at_once_is_logged_as_envoys_502_unless_the_watch_bi
         assert store(gw).held() == 0
 
 
-def test_a_stream_whose_watch_never_finished_is_billed_the_estimated_input(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("answered", [False, True])
+def test_a_stream_whose_watch_never_finished_is_billed_the_estimated_input(monkeypatch: pytest.MonkeyPatch,
+                                                                            answered: bool) -> None:
     """The stream ended (the call's trailers phase) and no stream watch finished it in the grace (its
-    process died): billed the estimated input, as the reaper bills a request whose ext_proc died."""
+    process died): billed the estimated input, as the reaper bills a request whose ext_proc died; unless
+    Envoy's access log says its message timeout answered the client in the headers' place (Envoy paused
+    before it read the hand-over): then logged as that 500, billed nothing."""
     monkeypatch.setattr(exchange, "HAND_OVER_GRACE_S", 0.01)
     gw = gateway()
+    if answered:
+        store(gw).answered.add("rid-1")
 
     async def go() -> None:
         await Processor(gw).process(FakeCall(  # type: ignore[arg-type]
@@ -168,7 +175,9 @@ def test_a_stream_whose_watch_never_finished_is_billed_the_estimated_input(monke
         await asyncio.sleep(0.05)
     asyncio.run(go())
     [rec] = store(gw).records
-    assert (rec.status, rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (200, EST, 0, True)
+    assert (rec.status, rec.error_code, rec.prompt_tokens, rec.completion_tokens, rec.estimated,
+            rec.cost_micro_pln > 0) == ((500, "internal_error", 0, 0, False, False) if answered
+                                        else (200, "", EST, 0, True, True))
     assert store(gw).held() == 0
 
 
@@ -257,7 +266,7 @@ def test_a_client_that_left_per_envoys_access_log_ends_the_watch_at_once() -> No
     def access_log_says_left() -> None:
         [rid] = gw.leaving
         told.append(rid)
-        gw.leaving.pop(rid)()
+        gw.leaving.pop(rid)(LEFT)
 
     call, failed = watched(gw, response_body(sse(chunk("a"), chunk("b"), done=False), end_of_stream=False),
                            access_log_says_left, response_body(sse(chunk("c"), done=False), end_of_stream=False),
@@ -394,21 +403,30 @@ def test_a_reply_whose_headers_envoy_answered_while_the_process_was_paused_is_it
     assert store(gw).held() == 0
 
 
+@pytest.mark.parametrize("ending", [LEFT, ANSWERED])
 @pytest.mark.parametrize("how", ["told", "marked", "neither"])
-def test_a_non_streaming_reply_cut_after_it_began_is_499_if_the_client_left(how: str) -> None:
-    """The client leaving and the model server breaking a reply both end the call after the reply's
-    headers: Envoy's access log, told here (``Gateway.leaving``) or marked in Redis by another process,
-    says which.  Billed the estimated input either way; logged 499 or 502."""
+def test_a_non_streaming_reply_cut_after_it_began_is_logged_as_envoys_access_log_says(how: str, ending: str) -> None:
+    """The client leaving, the model server breaking a reply and Envoy's message timeout answering the
+    client (Envoy paused, say, its timer firing before it read the answer to the reply's headers) all end
+    the call after the reply's headers: Envoy's access log, told here (``Gateway.leaving``) or marked in
+    Redis by another process, says which.  The client that left is billed the estimated input, logged 499;
+    the reply the model server broke, the estimated input, 502; Envoy's own 500 took the reply's place:
+    nothing, logged as that 500."""
     gw = gateway()
     script: list[Any] = [request_body(CHAT_BODY), response_headers(200)]
     if how == "told":  # the access log's entry arrives while the call's end waits for it
-        script.append(lambda: asyncio.get_running_loop().call_later(0.05, lambda: gw.leaving.pop("rid-1")()))
+        script.append(lambda: asyncio.get_running_loop().call_later(0.05, lambda: gw.leaving.pop("rid-1")(ending)))
     elif how == "marked":
-        store(gw).left.add("rid-1")
+        (store(gw).left if ending == LEFT else store(gw).answered).add("rid-1")
     process(gw, *script, EOF)
     [rec] = store(gw).records
-    assert (rec.status, rec.error_code, rec.prompt_tokens, rec.completion_tokens, rec.estimated) == (
-        (502, "upstream_unavailable") if how == "neither" else (499, "")) + (EST, 0, True)
+    got = (rec.status, rec.error_code, rec.prompt_tokens, rec.completion_tokens, rec.estimated, rec.cost_micro_pln > 0)
+    if how == "neither":
+        assert got == (502, "upstream_unavailable", EST, 0, True, True)
+    elif ending == LEFT:
+        assert got == (499, "", EST, 0, True, True)
+    else:
+        assert got == (500, "internal_error", 0, 0, False, False)
     assert gw.leaving == {} and store(gw).held() == 0
 
 
