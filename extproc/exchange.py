@@ -633,6 +633,31 @@ class Exchange:
             self._count(500, INTERNAL_ERROR.code)
             self._finish(Facts(p.estimated_prompt_tokens, status=500, code=INTERNAL_ERROR.code))
 
+    async def maybe_unread(self) -> None:
+        """Envoy may not have read this request's last answer (``server``: it ended the call before the
+        answer went, or long after): Envoy's access log says what the client got instead.  Its message
+        timeout answered (this process paused past it, or Envoy paused with the answer unread and its timer
+        seen first on resuming): the interface's 500, billed nothing, whatever the model server replied.  The
+        client left: as a client that left (499, the estimated input, once the request reached a model
+        server).  Neither: the decided record stands."""
+        decided = self.finishing
+        adm = self.admission
+        if decided is None or decided[1] is None or adm is None or adm.identity is None:
+            return
+        how = await self._how_ended()
+        est = 0 if self.prepared is None else self.prepared.estimated_prompt_tokens
+        if how == ANSWERED:
+            facts = Facts(est, status=500, code=INTERNAL_ERROR.code)
+        elif how == LEFT:
+            facts = Facts(est, reached_model=self.delivered, status=self.status, code=self.error_code,
+                          client_left=True)
+        else:
+            return
+        ident = adm.identity
+        self.finishing = (decided[0], self._record(decide(facts), ident.org_id, ident.key_id), decided[2])
+        log.warning("the last answer was not read by Envoy: recorded as the client saw it",
+                    extra={"request_id": self.request_id})
+
     def undelivered(self) -> None:
         """Envoy ended the call before the answer that lets the request through (this process was late
         past Envoy's message timeout, or the client left): no model server ever saw the request, so

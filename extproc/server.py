@@ -119,6 +119,12 @@ CUT_WINDOW_S = 0.025
 
 PROCESS_PATH = b"/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 
+# Envoy ends a call about a millisecond after it read the request's last answer; an end this much later
+# says Envoy stalled meanwhile (paused, starved of CPU), when its message timeout may have answered the
+# client before it read that answer (``Exchange.answered_late``).  ``END_WAIT_S``: the longest wait for it.
+LATE_S = 1.0
+END_WAIT_S = 30.0
+
 # How long a stream watch whose client left (Envoy's access log) goes on reading copies Envoy sent before
 # it: its call is one stream of the connection the access log's is another of (loopback, in order).
 LEFT_GRACE_S = 0.1
@@ -196,11 +202,12 @@ class Processor:
                     "response_headers", "response_body") else None
                 if phase == "request_body" and answer.reply is None and call.ended:
                     ex.undelivered()  # Envoy gave up before this answer let the request through
+                if answer.reply is not None or last or phase == "response_trailers":
+                    # That was the request's last message: its record waits for Envoy's end of the call
+                    await _envoys_end(call, ex, written)
+                    break
                 if ex.finishing is not None:  # checked here: no coroutine made for every stream chunk
                     await ex.send_finish()  # after the answer: Redis is not on the client's wait
-                if answer.reply is not None or last or phase == "response_trailers":
-                    # That was the request's last message: end the stream here rather than wait for Envoy.
-                    break
         finally:
             try:
                 await ex.close()
@@ -225,6 +232,22 @@ class Processor:
             if sink.w.ctx is not None:
                 sink.leaving.pop(sink.w.ctx.request_id, None)
             await sink.w.close()
+
+
+async def _envoys_end(call: Call, ex: Exchange, written: float) -> None:
+    """The request's last answer went at ``written``: Envoy ends the call once it has read it, and the
+    decided record is sent then (after the answer: Redis is not on the client's wait).  A call Envoy had
+    ended before the answer went (this process paused past Envoy's message timeout), or ends ``LATE_S``
+    late (Envoy paused with the answer unread), may have had the answer unread: ``maybe_unread``."""
+    unread = call.ended  # (nothing was awaited since the answer was written)
+    try:
+        while await call.read(END_WAIT_S) is not EOF:
+            pass  # (nothing comes after the last message but the end)
+    except TimeoutError:
+        pass
+    if ex.finishing is not None and (unread or perf_counter() - written > LATE_S):
+        await ex.maybe_unread()
+    await ex.send_finish()
 
 
 class _WatchSink:

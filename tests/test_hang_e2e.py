@@ -360,14 +360,21 @@ def test_a_paused_ext_proc_is_not_reaped_and_bills_what_its_clients_got(stack: G
     body = {"model": "polish-pro", "stream": True, "messages": [{"role": "user", "content": "x"}],
             "sim": {"itl_ms": 100, "output_tokens": 20}}
 
+    flowing: list[bool] = []
+
     def one() -> None:
         with httpx.stream("POST", stack.v1 + "/chat/completions", json=body, timeout=60,
                           headers={"Authorization": f"Bearer {key}"}) as st:
-            results.append((st.headers["x-request-id"], st.read()))
+            data = b""
+            for piece in st.iter_raw():
+                if not data:
+                    flowing.append(True)  # handed over to Envoy's relay: its headers and first event came
+                data += piece
+            results.append((st.headers["x-request-id"], data))
     threads = [threading.Thread(target=one) for _ in range(3)]
     for t in threads:
         t.start()
-    wait_for(lambda: stack.slots_held(org) == 3, timeout=5, interval=0.02)
+    wait_for(lambda: len(flowing) == 3, timeout=5, interval=0.02)
     os.kill(extproc, signal.SIGSTOP)
     try:
         for t in threads:

@@ -15,11 +15,11 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 
 from core.cost import estimate_chat_prompt
 from core.stream_context import HEADER as STREAM_HEADER, StreamContext
-from extproc import exchange
+from extproc import exchange, server
 from extproc.billing_outcome import ANSWERED, LEFT
 from extproc.exchange import CLUSTER_HEADER, Gateway
 from extproc.grpc_server import EOF, UNAVAILABLE, Status
-from extproc.server import LEFT_GRACE_S, ROLE_HEADER, WATCH_ROLE, Processor
+from extproc.server import END_WAIT_S, LEFT_GRACE_S, ROLE_HEADER, WATCH_ROLE, Processor
 from extproc_fakes import (CHAT_BODY, OTHER_KEY, STALL, FakeCall, chat_reply, chunk, gateway, logged_free,
                            request_body, request_headers, response_body, response_headers, sse, store,
                            usage_chunk)
@@ -61,7 +61,8 @@ def test_models_answered_on_the_headers_message_and_the_stream_ends() -> None:
     [msg] = call.written
     doc = immediate(msg, 200)["body"]
     assert doc["object"] == "list" and "polish-pro" in {m["id"] for m in doc["data"]}
-    assert call.script == [response_headers(200)]  # nothing more read: the reply was the last message
+    # the reply was the last answer: what came after it is not answered, and the call is read to Envoy's end
+    assert call.script == [] and call.ended
 
 
 def test_401_immediate_reply_for_a_missing_or_unknown_key() -> None:
@@ -102,8 +103,8 @@ def test_every_phase_of_a_non_streaming_chat() -> None:
     assert reply_msg.WhichOneof("response") == "response_body"
     headers, body = mutated(reply_msg.response_body.response)
     assert json.loads(body)["model"] == "polish-pro" and headers["content-length"] == str(len(body))
-    # no idle timer until the reply started; then the idle budget
-    assert call.timeouts == [None, None, 60.0]
+    # no idle timer until the reply started; then the idle budget; then the wait for Envoy's end
+    assert call.timeouts == [None, None, 60.0, END_WAIT_S]
     [rec] = store(gw).records
     assert (rec.request_id, rec.prompt_tokens, rec.completion_tokens, rec.estimated) == ("rid-1", 11, 7, False)
     assert store(gw).held() == 0
@@ -121,7 +122,7 @@ def test_a_streamed_reply_is_handed_over_and_the_call_lasts_as_long_as_the_strea
     assert StreamContext.parse(headers[STREAM_HEADER]).alias == "polish-pro"
     assert list(headers_msg.response_headers.response.header_mutation.remove_headers) == ["content-length"]
     assert trailers_msg.WhichOneof("response") == "response_trailers"
-    assert call.timeouts[-1] is None  # the idle budget is the stream watch's
+    assert call.timeouts[-2:] == [None, END_WAIT_S]  # the idle budget is the stream watch's
     # the stream reached its end (its trailers phase): the stream watch finishes it at once, slot and
     # record, so no early release of the slot is sent
     assert store(gw).records == [] and store(gw).held() == 1 and store(gw).released == []
@@ -287,8 +288,9 @@ def test_a_watch_that_ended_is_no_longer_told() -> None:
 def test_a_reply_that_ends_on_its_headers_ends_the_stream() -> None:
     gw = gateway()
     call = process(gw, request_body(CHAT_BODY), response_headers(204, end_of_stream=True), response_body(b"x"))
+    # the body that followed the end is not answered: the call is read to Envoy's end
     assert [m.WhichOneof("response") for m in call.written] == ["request_body", "response_headers"]
-    assert len(call.script) == 1  # the loop did not wait for more
+    assert call.script == [] and call.ended
     [rec] = store(gw).records  # the request reached the model server: estimated input (docs/interface.md section 4)
     assert (rec.prompt_tokens, rec.estimated) == (EST, True)
 
@@ -430,6 +432,43 @@ def test_a_non_streaming_reply_cut_after_it_began_is_logged_as_envoys_access_log
     assert gw.leaving == {} and store(gw).held() == 0
 
 
+@pytest.mark.parametrize("told", [ANSWERED, LEFT, ""])
+@pytest.mark.parametrize("reply", [200, 400])
+@pytest.mark.parametrize("when", ["ended late", "ended before the answer"])
+def test_a_last_answer_envoy_may_not_have_read_is_recorded_as_its_access_log_says(
+        monkeypatch: pytest.MonkeyPatch, told: str, reply: int, when: str) -> None:
+    """The record of a request waits for Envoy's end of the call after the last answer (about a
+    millisecond).  A call Envoy ended before the answer went (this process paused past Envoy's message
+    timeout), or ends late (Envoy paused with the answer unread, its timer seen first on resuming), asks
+    Envoy's access log what the client got: its message timeout's 500 (billed nothing, whatever the model
+    server replied: a 200 with usage, or its own 400), or nothing, the client having left (499, the
+    estimated input); otherwise the record stands."""
+    monkeypatch.setattr(exchange, "LEFT_WAIT_S", 0.01)
+    gw = gateway()
+    if told:
+        (store(gw).answered if told == ANSWERED else store(gw).left).add("rid-1")
+    error = json.dumps({"object": "error", "message": "bad", "type": "BadRequestError", "code": 400}).encode()
+    script: list[Any] = [request_body(CHAT_BODY), response_headers(reply)]
+    if when == "ended late":
+        monkeypatch.setattr(server, "LATE_S", -1.0)  # every end taken as late
+    else:
+        script.append(lambda: setattr(call, "ended", True))  # Envoy's end came while the reply waited here
+    script.append(response_body(chat_reply() if reply == 200 else error))
+    call = FakeCall(*script)
+    asyncio.run(Processor(gw).process(call))  # type: ignore[arg-type]
+    [rec] = store(gw).records
+    got = (rec.status, rec.error_code, rec.prompt_tokens, rec.completion_tokens, rec.estimated, rec.cost_micro_pln > 0)
+    if told == ANSWERED:
+        assert got == (500, "internal_error", 0, 0, False, False)
+    elif told == LEFT and reply == 200:
+        assert got == (499, "", EST, 0, True, True)
+    elif reply == 200:
+        assert got == (200, "", 11, 7, False, True)
+    else:
+        assert got[:2] == (400, "invalid_request") and not got[5], got
+    assert store(gw).held() == 0
+
+
 def test_a_failing_phase_is_spec_500_never_a_hang() -> None:
     gw = gateway()
 
@@ -440,7 +479,7 @@ def test_a_failing_phase_is_spec_500_never_a_hang() -> None:
     [msg] = call.written
     r = immediate(msg, 500, "internal_error")
     assert "boom" not in json.dumps(r["body"])
-    assert len(call.script) == 1
+    assert call.script == [] and call.ended  # nothing answered after the reply
 
 
 def test_one_key_may_hold_many_streams_each_with_its_own_record() -> None:
