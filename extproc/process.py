@@ -16,9 +16,9 @@ log = logging.getLogger("extproc")
 
 
 def run(settings_type: type[S], serve: Callable[[S], Coroutine[Any, Any, None]]) -> None:
-    """JSON-lines logging at ``GATEWAY_LOG_LEVEL``, then ``serve`` with the process's settings (``settings_type``)
+    """JSON-lines logging at ``GATEWAY_LOG_LEVEL`` (stdout buffered: the request lines in batches), then ``serve`` with the process's settings (``settings_type``)
     read from the environment."""
-    logs.setup(getattr(logging, os.environ.get("GATEWAY_LOG_LEVEL", "INFO").upper(), logging.INFO))
+    logs.setup(getattr(logging, os.environ.get("GATEWAY_LOG_LEVEL", "INFO").upper(), logging.INFO), buffer=True)
     try:
         settings = settings_type.from_env()
         if settings.event_loop == "uvloop":

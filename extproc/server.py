@@ -76,7 +76,14 @@ def _common(answer: Answer) -> ep.CommonResponse:
     return c
 
 
+# The answer to a reply's headers that changes nothing (every non-streamed reply's), built once.
+_HEADERS_AS_THEY_ARE = ep.ProcessingResponse(response_headers=ep.HeadersResponse(response=ep.CommonResponse()))
+
+
 def _to_message(phase: str, answer: Answer) -> ep.ProcessingResponse:
+    if (phase == "response_headers" and answer.reply is None and not answer.hand_over and not answer.set_headers
+            and not answer.remove_headers and answer.body is None and not answer.clear_route_cache):
+        return _HEADERS_AS_THEY_ARE
     if answer.reply is not None:
         status, body, headers = answer.reply
         ir = ep.ImmediateResponse(status=http_status_pb2.HttpStatus(code=status), body=body, details="gateway")

@@ -5,13 +5,17 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import subprocess
 import sys
-import time
+from pathlib import Path
 
 import pytest
 
 from conftest import wait_for
 from core import logs
+
+ROOT = Path(__file__).resolve().parent.parent
 
 FIELDS = dict(request_id="0f8fad5b-d9cb-469f-a165-70867728950e", alias='ąę "x"\\\n', endpoint="chat", status=200,
               prompt_tokens=12, completion_tokens=0, estimated=True, cost_micro_pln=1234, duration_ms=57,
@@ -97,8 +101,64 @@ def test_a_lone_error_has_no_summary_and_an_exception_is_told_by_its_type() -> N
     assert "quote data" not in json.dumps(out)
 
 
-def test_the_stamp_is_utc_to_the_millisecond_whatever_second_came_before() -> None:
-    """The text of the second is kept from one line to the next: each stamp is still its own moment's."""
-    for t in (1764288000.0, 1764288000.9995, 1764287999.001, 1764288000.25, 0.5, 1764288001.0):
-        assert logs._stamp(t) == time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(t))) + f".{int(t % 1 * 1000):03d}Z"
-    assert logs._stamp(1764288000.25) == "2025-11-28T00:00:00.250Z"
+_BUFFERED = r"""
+import asyncio, json, logging, os, sys, time
+from core import logs
+
+def writes():
+    return int(dict(l.split(": ") for l in open("/proc/self/io").read().splitlines())["syscw"])
+
+def lines():
+    with open(sys.argv[1]) as f:
+        return f.read().splitlines()
+
+async def main():
+    logs.setup(logging.INFO, buffer=True)
+    before = writes()
+    for i in range(200):
+        logs.request_line(request_id=f"r{i}", alias="a", endpoint="chat", status=200, prompt_tokens=1,
+                          completion_tokens=1, estimated=False, cost_micro_pln=1, duration_ms=1, ttfb_ms=1)
+    written, seen = writes() - before, len(lines())
+    await asyncio.sleep(logs.FLUSH_S + 0.2)
+    flushed = len(lines())
+    logs.request_line(request_id="last", alias="a", endpoint="chat", status=200, prompt_tokens=1,
+                      completion_tokens=1, estimated=False, cost_micro_pln=1, duration_ms=1, ttfb_ms=1)
+    logging.getLogger("extproc").warning("after the last request line")
+    print(json.dumps([written, seen, flushed, len(lines())]), file=sys.stderr)
+
+asyncio.run(main())
+"""
+
+
+def test_request_lines_go_out_in_batches_and_before_a_later_record(tmp_path: Path) -> None:
+    """In the ext_proc's processes stdout is buffered even under PYTHONUNBUFFERED (the container image
+    sets it): 200 request lines are written in no write system call at once, all of them within
+    ``FLUSH_S``, and a log record written later comes after them in the file, at once."""
+    out = tmp_path / "stdout.log"
+    with open(out, "wb") as f:
+        r = subprocess.run([sys.executable, "-c", _BUFFERED, str(out)], stdout=f, stderr=subprocess.PIPE, text=True,
+                           cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    written, seen, flushed, total = json.loads(r.stderr.strip().splitlines()[-1])
+    assert (written, seen) == (0, 0)  # held in the buffer
+    assert (flushed, total) == (200, 202)
+    docs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [d.get("request_id") for d in docs[:200]] == [f"r{i}" for i in range(200)]
+    assert docs[200]["request_id"] == "last" and docs[200]["msg"] == "request"
+    assert (docs[201]["level"], docs[201]["msg"]) == ("warning", "after the last request line")
+
+
+def test_the_time_stamp_is_utc_to_the_millisecond_whatever_order_the_moments_come_in() -> None:
+    """``_stamp`` keeps the last whole second's text: the same text as a conversion of each moment."""
+    import random
+    import time
+
+    def converted(t: float) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+
+    rnd = random.Random(3)
+    moments = [rnd.uniform(0, 2e9) for _ in range(500)] + [1767225599.9 + i * 0.0004 for i in range(1000)]
+    for t in moments + moments[::-1]:
+        assert logs._stamp(t) == converted(t)
+    assert logs._stamp(1767225599.9996) == "2025-12-31T23:59:59.999Z"
+    assert logs._stamp(1767225600.0004) == "2026-01-01T00:00:00.000Z"
