@@ -16,16 +16,16 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
 import subprocess
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import control.envoy_config as envoy_config
 
 from .event_loop import cpu_s
 from .harness import harness
 from .load import SCENARIOS, wrk
+from .rounds import medians_vs_minimal
 from .systems import System, start_gateway, start_minimal
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,16 +117,7 @@ def main() -> None:
         finally:
             for stack in stacks:
                 stack.stop()
-    out: dict[str, Any] = {}
-    for name, rs in runs.items():
-        row: dict[str, Any] = {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "errors"}
-        row["errors"] = sum(r["errors"] for r in rs)
-        if name != "minimal":
-            ratios = [r["rps"] / max(m["rps"], 1e-9) for r, m in zip(rs, runs["minimal"])]
-            row["vs_minimal"] = round(statistics.median(ratios), 3)
-            row["vs_minimal_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
-        out[name] = row
-    print(json.dumps(out))
+    print(json.dumps(medians_vs_minimal(runs)))
 
 
 if __name__ == "__main__":

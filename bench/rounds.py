@@ -39,6 +39,21 @@ def wide(s: float | None) -> bool:
     return s is not None and s > SPREAD_LIMIT
 
 
+def medians_vs_minimal(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """An A/B's rounds per system (``runs["minimal"]`` among them) as each figure's median, errors summed,
+    and each system's req/s over the minimal's of the same round: ``vs_minimal`` (median), its range."""
+    out: dict[str, Any] = {}
+    for name, rs in runs.items():
+        row: dict[str, Any] = {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "errors"}
+        row["errors"] = sum(r["errors"] for r in rs)
+        if name != "minimal":
+            ratios = [r["rps"] / max(m["rps"], 1e-9) for r, m in zip(rs, runs["minimal"])]
+            row["vs_minimal"] = round(statistics.median(ratios), 3)
+            row["vs_minimal_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
+        out[name] = row
+    return out
+
+
 def cell(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One wrk cell over its rounds: median rps and latency percentiles, errors and requests summed,
     flags if any round had them, the CPU split (``cpu_us_per_request``) as the median per role."""

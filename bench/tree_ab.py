@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import IO, Any
 from .cpu_split import _role
 from .harness import harness
 from .load import SCENARIOS, wrk
-from .rounds import order
+from .rounds import medians_vs_minimal, order
 from .systems import System, start_minimal
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,14 +139,7 @@ def main() -> None:
                 stop_tree(child)
     out: dict[str, Any] = {"cell": args.cell, "conns": args.conns, "rounds": args.rounds,
                            "other_tree": str(args.other_tree)}
-    for name, rs in runs.items():
-        row: dict[str, Any] = {k: statistics.median(r[k] for r in rs) for k in rs[0] if k != "errors"}
-        row["errors"] = sum(r["errors"] for r in rs)
-        if name != "minimal":
-            ratios = [r["rps"] / max(m["rps"], 1e-9) for r, m in zip(rs, runs["minimal"])]
-            row["vs_minimal"] = round(statistics.median(ratios), 3)
-            row["vs_minimal_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
-        out[name] = row
+    out.update(medians_vs_minimal(runs))
     print(json.dumps(out))
 
 

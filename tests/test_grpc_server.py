@@ -339,6 +339,20 @@ def test_consume_feeds_every_message_until_the_sink_is_done_or_the_client_ends_o
 
 
 # ---- a paused process: the calls reset meanwhile are known as such before their handlers start -----
+def freeze(r: Running) -> threading.Event:
+    """The server's loop frozen, as SIGSTOP or a starved CPU freezes it (the socket fills, nothing is
+    read) until the returned event is set, then long enough to be taken for a pause."""
+    frozen, thaw = threading.Event(), threading.Event()
+
+    def frozen_loop() -> None:
+        frozen.set()
+        thaw.wait(10)
+        time.sleep(FROZEN_S)
+    r.loop.call_soon_threadsafe(frozen_loop)
+    assert frozen.wait(5)
+    return thaw
+
+
 def test_calls_reset_while_the_process_was_paused_are_known_reset_when_their_handlers_start() -> None:
     """The server's loop frozen (as SIGSTOP or a starved CPU freezes it) while the client opens calls and
     resets most of them, as Envoy resets each whose message timeout answered its client: on resuming,
@@ -356,14 +370,7 @@ def test_calls_reset_while_the_process_was_paused_are_known_reset_when_their_han
         peer = Peer(r.port)
         [proto] = r.call(lambda: list(r.server._protocols))
         proto.transport.max_size = 4096  # (asyncio's transport reads up to this much at once)
-        frozen, thaw = threading.Event(), threading.Event()
-
-        def freeze() -> None:  # the loop's thread stops: the socket fills, nothing is read
-            frozen.set()
-            thaw.wait(10)
-            time.sleep(FROZEN_S)  # long enough to be taken for a pause
-        r.loop.call_soon_threadsafe(freeze)
-        assert frozen.wait(5)
+        thaw = freeze(r)
         names = (b"reset-1", b"live", b"reset-2", b"ended", b"big-reset")
         sids = {name: peer.open(body_msg(name), headers=[*REQUEST_HEADERS, (b"x-n", name)], end=name == b"ended")
                 for name in names}
@@ -413,14 +420,7 @@ def test_calls_opened_while_the_process_was_paused_run_even_when_the_connection_
     r = Running({PROCESS_PATH: (record, ep.ProcessingRequest.FromString)})
     try:
         peer = Peer(r.port)
-        frozen, thaw = threading.Event(), threading.Event()
-
-        def freeze() -> None:  # the loop's thread stops: the socket fills, nothing is read
-            frozen.set()
-            thaw.wait(10)
-            time.sleep(FROZEN_S)  # long enough to be taken for a pause
-        r.loop.call_soon_threadsafe(freeze)
-        assert frozen.wait(5)
+        thaw = freeze(r)
         sids = {name: peer.open(body_msg(name + b"-1"), body_msg(name + b"-2"),
                                 headers=[*REQUEST_HEADERS, (b"x-n", name)], end=name == b"ended")
                 for name in (b"watch", b"reset", b"ended")}
@@ -462,14 +462,7 @@ def test_a_call_reset_while_the_process_was_paused_is_known_expired_once_it_sett
         proto.transport.max_size = 4096  # (asyncio's transport reads up to this much at once)
         sids = {name: peer.open(body_msg(name)) for name in (b"late", b"live")}
         peer.until(lambda: all(peer.of(h2.DATA, sid) for sid in sids.values()))
-        frozen, thaw = threading.Event(), threading.Event()
-
-        def freeze() -> None:  # the loop's thread stops: the socket fills, nothing is read
-            frozen.set()
-            thaw.wait(10)
-            time.sleep(FROZEN_S)  # long enough to be taken for a pause
-        r.loop.call_soon_threadsafe(freeze)
-        assert frozen.wait(5)
+        thaw = freeze(r)
         for sid in sids.values():
             peer.h2.send_data(sid, body_msg(b"x" * 40_000))
         peer.flush()
