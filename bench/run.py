@@ -33,7 +33,9 @@ from .systems import (ROOT, System, direct, ensure_litellm, launch_litellm, lite
                       start_gateway, start_minimal, start_upstream)
 
 RESULTS = ROOT / "bench" / "results"
-ROUNDS_QUICK, ROUNDS_FULL = 3, 5  # rounds of every cell (bench/rounds.py)
+ROUNDS_QUICK, ROUNDS_FULL = 5, 5  # rounds of the short cells, the headline's ratios (bench/rounds.py)
+# QUICK's rounds of the long streams and of the cells beside the comparison (gRPC servers, RESP clients)
+OTHER_ROUNDS_QUICK = 3
 DRAIN_S = 60  # at most this long after a LiteLLM cell for it to work off what wrk left (procs.drain)
 WORKERS = 2  # the "Throughput vs ext_proc processes" row: GATEWAY_EXTPROC_WORKERS of the second gateway stack
 
@@ -119,31 +121,37 @@ def runs(system: System, cells: list[tuple[str, str, int]], res: dict[str, Any],
     return out
 
 
-def measure_round(system: System, cells: list[tuple[str, str, int]], secs: float, bodies: Path,
-                  res: dict[str, Any], quick: bool) -> None:
-    """One round of the system's cells, appended to ``res["rounds"]``; ``res["cells"]`` their medians so far."""
-    got: dict[str, Any] = {}
-    n = len(res["rounds"]) + 1
-    for cell, scenario, conns in runs(system, cells, res, quick):
-        r = run_cell(system, scenario, conns, secs, bodies, 2.0, quick)
-        got[cell] = r
-        log(f"r{n} {system.label:22s} {cell:12s} c={conns:<3d} {r['rps']:9.1f} req/s  p50 {r['p50_us']/1000:7.2f} ms"
-            f"  p99 {r['p99_us']/1000:8.2f} ms  errors {r['errors']}" + ("  (run again, longer)" if r.get("extended") else "")
-            + ("  (few requests: figure is rough)" if r.get("few") else "")
-            + (f"  [machine {100 * r['busy_before']:.0f}% busy before the cell]" if r["noisy"] else ""))
-    res["rounds"].append(got)
-    res["cells"] = {c: rounds.cell([r[c] for r in res["rounds"] if c in r]) for c in got}
+def measure_cell(system: System, cell: tuple[str, str, int], secs: float, bodies: Path, quick: bool,
+                 n: int) -> dict[str, Any]:
+    """Round ``n``'s run of one cell on one system, logged."""
+    name, scenario, conns = cell
+    r = run_cell(system, scenario, conns, secs, bodies, 2.0, quick)
+    log(f"r{n} {system.label:22s} {name:12s} c={conns:<3d} {r['rps']:9.1f} req/s  p50 {r['p50_us']/1000:7.2f} ms"
+        f"  p99 {r['p99_us']/1000:8.2f} ms  errors {r['errors']}" + ("  (run again, longer)" if r.get("extended") else "")
+        + ("  (few requests: figure is rough)" if r.get("few") else "")
+        + (f"  [machine {100 * r['busy_before']:.0f}% busy before the cell]" if r["noisy"] else ""))
+    return r
 
 
 def measure(systems: list[System], cells: list[tuple[str, str, int]], secs: float, warm: float, bodies: Path,
             out: dict[str, Any], quick: bool, n_rounds: int) -> None:
-    """Every system's cells, ``n_rounds`` times, the systems' order reversed every other round."""
+    """Every system's cells, ``n_rounds`` times.  A round goes cell by cell, each cell on every system
+    in turn, the systems' order reversed every other round: the two cells a ratio compares are measured
+    seconds apart, not a whole system's cells apart, so a drift of the shared machine's speed between
+    them stays small.  Each system's ``rounds`` gets the round's cells, ``cells`` their medians so far."""
     for s in systems:
         prepare(s, warm, bodies, out)
     for i in range(n_rounds):
         log(f"--- round {i + 1} of {n_rounds}: {', '.join(s.label for s in rounds.order(systems, i))} ---")
-        for s in rounds.order(systems, i):
-            measure_round(s, cells, secs, bodies, out[s.name], quick)
+        got: dict[str, dict[str, Any]] = {s.name: {} for s in systems}
+        for cell in cells:
+            for s in rounds.order(systems, i):
+                for c in runs(s, [cell], out[s.name], quick):
+                    got[s.name][c[0]] = measure_cell(s, c, secs, bodies, quick, i + 1)
+        for s in systems:
+            res = out[s.name]
+            res["rounds"].append(got[s.name])
+            res["cells"] = {c: rounds.cell([r[c] for r in res["rounds"] if c in r]) for c in got[s.name]}
 
 
 def profile(system: System, secs: float, bodies: Path, stamp: str) -> dict[str, Any]:
@@ -221,6 +229,7 @@ def compare(args: argparse.Namespace, tmp: Path, procs: Procs, stamp: str) -> di
     quick = args.quick
     secs, warm = (2.0, 0.0) if quick else (5.0, 3.0)
     n_rounds = args.rounds or (ROUNDS_QUICK if quick else ROUNDS_FULL)
+    other_rounds = args.rounds or (OTHER_ROUNDS_QUICK if quick else ROUNDS_FULL)
     cells = CELLS_QUICK if quick else CELLS_FULL
     t_start = time.monotonic()
     bodies = tmp / "bodies"
@@ -260,8 +269,8 @@ def compare(args: argparse.Namespace, tmp: Path, procs: Procs, stamp: str) -> di
         if args.profile and "gateway" in results:
             prof = profile(gw, secs, bodies, stamp)
             log(f"profile: {prof.get('error') or prof['svg']}")
-        log(f"--- long streams: {fx.LONG_TOKENS} tokens every {fx.LONG_CADENCE_MS} ms, {n_rounds} rounds ---")
-        ls = long_streams.measure(systems, up.long, quick, long_client, tmp, log, n_rounds)
+        log(f"--- long streams: {fx.LONG_TOKENS} tokens every {fx.LONG_CADENCE_MS} ms, {other_rounds} rounds ---")
+        ls = long_streams.measure(systems, up.long, quick, long_client, tmp, log, other_rounds)
         ls_prof = None
         if args.profile and "gateway" in results:
             ls_prof = long_streams.profile(gw, gw.port, long_client, tmp,
@@ -269,9 +278,9 @@ def compare(args: argparse.Namespace, tmp: Path, procs: Procs, stamp: str) -> di
             log(f"profile of the {long_streams.PROFILED_C}-stream cell: {ls_prof.get('error') or ls_prof['svg']}")
         if "gateway" in results:
             results["gateway"]["error_detail"] = gateway_errors(stack)
-        log(f"--- which gRPC server: the minimal ext_proc on each, {n_rounds} rounds ---")
+        log(f"--- which gRPC server: the minimal ext_proc on each, {other_rounds} rounds ---")
         grpc = aside("gRPC servers", lambda: grpc_servers.measure(
-            procs, tmp, up, bodies, secs, n_rounds, log,
+            procs, tmp, up, bodies, secs, other_rounds, log,
             started={"grpcio": next(s for s in systems if s.name == "minimal_extproc")}))
         if "chat" in results.get("gateway", {}).get("cells", {}):
             # Throughput vs ext_proc processes: the same stack again with GATEWAY_EXTPROC_WORKERS=2,
@@ -289,11 +298,12 @@ def compare(args: argparse.Namespace, tmp: Path, procs: Procs, stamp: str) -> di
             results[gw2.name]["error_detail"] = gateway_errors(stack)
             results[gw2.name]["requests_per_process"] = per_process(stack)
             log(f"requests served per ext_proc process: {results[gw2.name]['requests_per_process']}")
-        return {"mode": "quick" if quick else "full", "cell_seconds": secs, "rounds": n_rounds, "systems": results,
+        return {"mode": "quick" if quick else "full", "cell_seconds": secs, "rounds": n_rounds,
+                "other_rounds": other_rounds, "systems": results,
                 "litellm_note": litellm_note, "profile": prof, "long_streams": ls, "long_profile": ls_prof,
                 "redis": aside("Redis ceiling", ceiling), "grpc_servers": grpc,
                 "redis_cluster": aside("Redis Cluster ceiling", redis_cluster_ceiling.shards),
-                "resp_client": aside("RESP client A/B", lambda: resp_ab.measure(n_rounds, log)),
+                "resp_client": aside("RESP client A/B", lambda: resp_ab.measure(other_rounds, log)),
                 "stream_chunks_per_reply": fx.STREAM_CHUNKS,
                 "cells": [{"id": c, "scenario": s, "conns": n} for c, s, n in cells]}
     finally:
@@ -439,7 +449,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="py-spy flame graph of the gateway's ext_proc")
     ap.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out")
     ap.add_argument("--rounds", type=int, default=0,
-                    help=f"rounds of every cell (default {ROUNDS_FULL}, {ROUNDS_QUICK} with --quick)")
+                    help=f"rounds of every cell (default {ROUNDS_FULL}; with --quick {ROUNDS_QUICK} of the short cells, "
+                         f"{OTHER_ROUNDS_QUICK} of the long streams and the cells beside them)")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("bench: wrk not found (make bench installs Debian's wrk)")
