@@ -55,6 +55,12 @@ class Facts:
     client_left: bool = False  # Envoy's access log says the client went away (response flag DC or DR)
     failure: str = ""  # the code of a failure known here (an idle gap or the total budget: upstream_timeout)
 
+    @classmethod
+    def envoys_500(cls, estimated_input: int) -> "Facts":
+        """Envoy's message timeout answered the client with the interface's 500 in the reply's place
+        (``ANSWERED``): logged as that 500, billed nothing, whatever the model server had sent."""
+        return cls(estimated_input, status=500, code=INTERNAL_ERROR)
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome:

@@ -636,7 +636,7 @@ class Exchange:
         p = self.prepared
         if p is not None:
             self._count(500, INTERNAL_ERROR.code)
-            self._finish(Facts(p.estimated_prompt_tokens, status=500, code=INTERNAL_ERROR.code))
+            self._finish(Facts.envoys_500(p.estimated_prompt_tokens))
 
     async def maybe_unread(self) -> None:
         """Envoy may not have read this request's last answer (``server``: it ended the call before the
@@ -652,7 +652,7 @@ class Exchange:
         how = await self._how_ended()
         est = 0 if self.prepared is None else self.prepared.estimated_prompt_tokens
         if how == ANSWERED:
-            facts = Facts(est, status=500, code=INTERNAL_ERROR.code)
+            facts = Facts.envoys_500(est)
         elif how == LEFT:
             facts = Facts(est, reached_model=self.delivered, status=self.status, code=self.error_code,
                           client_left=True)
@@ -750,8 +750,7 @@ class Exchange:
             facts = Facts(p.estimated_prompt_tokens, streamed=True, status=200, observed=False)
         record = self._record(decide(facts), org_id, adm.identity.key_id)
         # unless Envoy's message timeout answered the client in the headers' place (``access_log``)
-        answered = self._record(decide(Facts(p.estimated_prompt_tokens, status=500, code=INTERNAL_ERROR.code)),
-                                org_id, adm.identity.key_id)
+        answered = self._record(decide(Facts.envoys_500(p.estimated_prompt_tokens)), org_id, adm.identity.key_id)
         self.gw.finish_later(org_id, self.request_id, record, answered)
 
     def _record(self, o: Outcome, org_id: str, key_id: str) -> UsageRecord:

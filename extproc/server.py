@@ -121,7 +121,7 @@ PROCESS_PATH = b"/envoy.service.ext_proc.v3.ExternalProcessor/Process"
 
 # Envoy ends a call about a millisecond after it read the request's last answer; an end this much later
 # says Envoy stalled meanwhile (paused, starved of CPU), when its message timeout may have answered the
-# client before it read that answer (``Exchange.answered_late``).  ``END_WAIT_S``: the longest wait for it.
+# client before it read that answer (``Exchange.maybe_unread``).  ``END_WAIT_S``: the longest wait for it.
 LATE_S = 1.0
 END_WAIT_S = 30.0
 
