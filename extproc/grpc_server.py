@@ -165,9 +165,14 @@ class Call:
         else:
             self._arm()  # messages came meanwhile: the wait starts from the last of them
 
-    def write(self, message: Message) -> None:
+    def write(self, message: Message, now: bool = False) -> None:
+        """Framed at once; sent with the rest of this turn of the loop's writes, or ``now`` in a write of
+        its own (an answer the client waits on while Envoy has much to do once it has it)."""
         self._proto.conn.send_message(self._sid, message.SerializeToString())
-        self._proto.flush_soon()
+        if now:
+            self._proto.flush()
+        else:
+            self._proto.flush_soon()
 
     def _push(self, data: bytes) -> None:
         sink = self._sink

@@ -481,3 +481,35 @@ def test_a_call_reset_while_the_process_was_paused_is_known_expired_once_it_sett
         peer.sock.close()
     finally:
         r.stop()
+
+
+# ---- when answers go out -----------------------------------------------------------------------
+@pytest.mark.parametrize("now", [True, False])
+def test_an_answer_written_now_goes_out_before_the_rest_of_the_loops_turn(now: bool) -> None:
+    """``Call.write(now=True)`` sends the answer in a write of its own at once; otherwise it goes with
+    this turn of the loop's other writes, after the work still to do in it (here: a loop kept busy)."""
+    busy = threading.Event()
+
+    async def answer_then_stay_busy(call: Call) -> None:
+        req = await call.read()
+        assert req is not EOF
+        call.write(ep.ProcessingResponse(request_body=ep.BodyResponse()), now=now)
+        busy.wait(5)  # the rest of the loop's turn: other calls' work, here the loop held
+
+    r = Running({PROCESS_PATH: (answer_then_stay_busy, ep.ProcessingRequest.FromString)})
+    try:
+        peer = Peer(r.port)
+        sid = peer.open(body_msg(b"x"))
+        data = lambda: [f for f in peer.frames if f[0] == h2.DATA and f[2] == sid]  # noqa: E731
+        if now:
+            peer.until(lambda: bool(data()), timeout=2)  # while the loop is still busy
+            assert not busy.is_set()
+        else:
+            with pytest.raises(AssertionError, match="timed out"):
+                peer.until(lambda: bool(data()), timeout=0.5)
+        busy.set()
+        peer.until(lambda: bool(data()))
+        assert ep.ProcessingResponse.FromString(data()[0][3][5:]).HasField("request_body")
+    finally:
+        busy.set()
+        r.stop()
