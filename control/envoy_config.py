@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import ipaddress
+import json
 import os
 from pathlib import Path
 from string import Template
@@ -25,9 +26,14 @@ SSE_RELAY = TEMPLATE.parent / "sse_relay.lua"  # Envoy's relay of a streamed rep
 
 
 def _extproc_endpoints(s: Settings) -> str:
-    """The extproc cluster's endpoints, one per worker, as a YAML flow list for the template."""
-    return "[" + ", ".join("{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %d}}}}" % g
-                           for _, g, _ in extproc_workers(s)) + "]"
+    """The extproc cluster's endpoints, one per worker (its Unix socket where GATEWAY_EXTPROC_UNIX gives
+    one, else its TCP port), as a YAML flow list for the template."""
+    def address(port: int) -> str:
+        unix = s.extproc_socket(port)
+        if unix is None:
+            return "{socket_address: {address: 127.0.0.1, port_value: %d}}" % port
+        return "{pipe: {path: %s}}" % json.dumps(str(unix))  # (a JSON string is a YAML one)
+    return "[" + ", ".join("{endpoint: {address: %s}}" % address(g) for _, g, _ in extproc_workers(s)) + "]"
 
 
 def access_log_path(s: Settings) -> str:

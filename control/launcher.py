@@ -8,6 +8,7 @@ stop, kill and restart single components.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import os
@@ -20,9 +21,11 @@ import sys
 import time
 from pathlib import Path
 from typing import Awaitable, Callable, TypeVar
+from urllib.parse import quote
 
 from core import catalog as catalog_mod
 from core import redis_durability
+from core.settings import unix_socket
 from core.settings_base import SPAN
 
 from . import embedded, envoy_config, envoy_ops, ports
@@ -126,7 +129,9 @@ class GaveUp(RuntimeError):
 
 class Stack:
     def __init__(self, settings: Settings) -> None:
-        self.s = settings
+        # Envoy and the ext_proc processes run here side by side: Envoy reaches them by Unix sockets in the
+        # state directory (where the paths fit), as the ext_proc reaches the embedded Redis
+        self.s = settings = dataclasses.replace(settings, extproc_unix=True)
         self.state = settings.state
         self.logs = self.state / "logs"
         self.procs: dict[str, Proc] = {}
@@ -170,10 +175,16 @@ class Stack:
         # append-only file before it answers a command, so only an operating-system crash could lose
         # the last second (fsync every second): "always" costs an fsync per request.
         password = self.credentials.redis
+        # The gateway's own processes reach it by a Unix socket in its private directory (where the path
+        # fits: a write over it costs the sender less than one over TCP on the loopback, BENCHMARKS.md
+        # "Unix sockets on the request path"); the TCP port stays for tools and the readiness check.
+        sock = unix_socket(d / "redis.sock")
         embedded.write_private(conf, f"port {port}\nbind 127.0.0.1\ndir {_redis_quoted(str(d))}\nappendonly yes\n"
                                f"appendfsync everysec\nsave \"\"\ndaemonize no\nloglevel warning\n"
-                               f"maxmemory-policy noeviction\nrequirepass {password}\n")
-        self.redis_url = f"redis://:{password}@127.0.0.1:{port}/0"
+                               f"maxmemory-policy noeviction\nrequirepass {password}\n"
+                               + (f"unixsocket {_redis_quoted(str(sock))}\nunixsocketperm 600\n" if sock else ""))
+        self.redis_url = (f"unix://:{password}@{quote(str(sock))}?db=0" if sock
+                          else f"redis://:{password}@127.0.0.1:{port}/0")
         return Proc("redis", [str(binary), str(conf)], ready=lambda: port_open(port))
 
     def _sim_procs(self) -> list[Proc]:

@@ -2,7 +2,9 @@
 other processes' in ``control.settings``)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from .settings_base import SharedSettings, env, port
 
@@ -32,11 +34,19 @@ class GatewaySettings(SharedSettings):
     envoy_access_log: str = env("GATEWAY_ENVOY_ACCESS_LOG", "")  # Envoy's access log file; empty = <state>/logs/envoy-access.log (the image: /dev/stdout)
     metrics_port: int = port("GATEWAY_METRICS_PORT")        # Prometheus metrics; 0 = GATEWAY_PORT + its PORT_OFFSETS
     metrics_envoy: bool = env("GATEWAY_METRICS_ENVOY", True)  # serve Envoy's own statistics (envoy_*) beside the ext_proc's
+    # Envoy reaches each ext_proc process by a Unix socket in the state directory, beside its TCP port
+    # (health probes, `gateway status`): `gateway up`, which starts both on one machine, sets it where
+    # the path fits (BENCHMARKS.md, "Unix sockets on the request path"); containers keep TCP
+    extproc_unix: bool = env("GATEWAY_EXTPROC_UNIX", False)
     request_policies: str = env("GATEWAY_REQUEST_POLICIES", "")  # module:function request policies, comma-separated; empty = none (docs/extending.md)
 
     @property
     def grpc_port(self) -> int:
         return self.port_of("extproc_port")
+
+    def extproc_socket(self, grpc_port: int) -> Path | None:
+        """The Unix socket of the ext_proc process on ``grpc_port`` (GATEWAY_EXTPROC_UNIX), else None."""
+        return unix_socket(self.state / "run" / f"extproc-{grpc_port}.sock") if self.extproc_unix else None
 
     @property
     def metrics_http_port(self) -> int:
@@ -45,3 +55,12 @@ class GatewaySettings(SharedSettings):
     @property
     def envoy_admin_port(self) -> int:
         return self.port_of("admin_port")
+
+
+# A Unix socket's path is at most 107 bytes (Linux's sun_path, its NUL aside).
+UNIX_PATH_MAX = 107
+
+
+def unix_socket(path: Path) -> Path | None:
+    """``path`` if a Unix socket can be bound there (short enough), else None."""
+    return path if len(os.fsencode(path)) <= UNIX_PATH_MAX else None

@@ -111,7 +111,7 @@ async def serve(settings: GatewaySettings) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(20000, 20, 20)
-    await server.start("127.0.0.1", settings.grpc_port)
+    await server.start("127.0.0.1", settings.grpc_port, settings.extproc_socket(settings.grpc_port))
     serving(server, {"redis": redis_ok})
 
     async def redis_check() -> None:

@@ -1,6 +1,8 @@
 """Unit tests of the rendered Envoy bootstrap: the listener's limits come from the settings."""
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,10 @@ from control.settings import Settings
 
 def _render(**kw: Any) -> dict[str, Any]:
     return dict(yaml.safe_load(render_bootstrap(Settings(state_dir="/tmp/gw-render-test", **kw))))
+
+
+def _render_settings(s: Settings) -> dict[str, Any]:
+    return dict(yaml.safe_load(render_bootstrap(s)))
 
 
 def _hcm(doc: dict[str, Any]) -> dict[str, Any]:
@@ -151,3 +157,21 @@ def test_every_health_check_times_out_before_the_next_one() -> None:
     assert [name for name, _ in checks] == ["extproc"]
     for name, h in checks:
         assert seconds(h["timeout"]) < seconds(h["interval"]), (name, h)
+
+
+def _extproc_addresses(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    [cluster] = [c for c in doc["static_resources"]["clusters"] if c["name"] == "extproc"]
+    return [e["endpoint"]["address"] for e in cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]]
+
+
+@pytest.mark.parametrize("state", ["st", "stan z ż/\"q\" it's"])
+def test_envoy_reaches_each_ext_proc_by_its_unix_socket_where_asked_and_the_path_fits(state: str) -> None:
+    tmp_path = Path("/tmp/gw-render-test")  # (nothing is written there)
+    s = Settings.from_env(gateway_port=18000, state_dir=str(tmp_path / state), extproc_workers=2, extproc_unix=True)
+    assert [a["pipe"]["path"] for a in _extproc_addresses(_render_settings(s))] == \
+        [str(s.state / "run" / f"extproc-{g}.sock") for g in (s.grpc_port, s.grpc_port + 101)]
+    # containers (not asked), and a path longer than a Unix socket's 107 bytes: TCP on the loopback
+    for other in (dataclasses.replace(s, extproc_unix=False),
+                  dataclasses.replace(s, state_dir=str(tmp_path / ("x" * (107 - len(str(tmp_path)))) / state))):
+        assert _extproc_addresses(_render_settings(other)) == [
+            {"socket_address": {"address": "127.0.0.1", "port_value": g}} for g in (s.grpc_port, s.grpc_port + 101)]

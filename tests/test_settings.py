@@ -37,7 +37,7 @@ def test_the_configuration_table_names_exactly_the_variables_read() -> None:
 
 def test_each_variable_is_one_setting() -> None:
     names = [f.metadata["env"] for f in fields(Settings)]
-    assert len(names) == len(set(names)) == len(ENV_VARS) == 72
+    assert len(names) == len(set(names)) == len(ENV_VARS) == 73
 
 
 def test_each_process_reads_only_its_own_and_the_shared_settings() -> None:

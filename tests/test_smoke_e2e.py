@@ -39,3 +39,41 @@ def test_envoy_closes_extproc_streams_gracefully(gateway: Gateway) -> None:
     rt = httpx.get(f"http://127.0.0.1:{gateway.stack.s.envoy_admin_port}/runtime").json()
     entry = rt["entries"]["envoy.reloadable_features.ext_proc_graceful_grpc_close"]
     assert entry["final_value"] == "true", entry
+
+
+def test_envoy_reaches_the_ext_proc_and_the_ext_proc_redis_by_unix_sockets_in_the_private_state(
+        gateway: Gateway) -> None:
+    """`gateway up` runs them side by side: Unix sockets in the state directory (this account's alone),
+    the TCP ports kept for probes and tools."""
+    import os
+    import stat
+    import httpx
+    from core.urls import parse_redis
+    state = gateway.stack.state
+    admin = f"http://127.0.0.1:{gateway.stack.s.envoy_admin_port}"
+    [cluster] = [c for c in httpx.get(admin + "/clusters?format=json").json()["cluster_statuses"]
+                 if c["name"] == "extproc"]
+    [host] = cluster["host_statuses"]
+    sock = state / "run" / f"extproc-{gateway.stack.s.grpc_port}.sock"
+    assert host["address"] == {"pipe": {"path": str(sock)}}
+    assert host["health_status"]["eds_health_status"] == "HEALTHY"
+    redis_sock = parse_redis(gateway.stack.redis_url).unix_path
+    assert redis_sock == str(state / "redis" / "redis.sock")
+    for path in (sock, state / "redis" / "redis.sock"):
+        assert stat.S_ISSOCK(os.stat(path).st_mode)
+        assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700 and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    _, _, key = gateway.new_org()
+    before = host["stats"]
+    r = httpx.post(gateway.v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                   json={"model": "polish-pro", "messages": [{"role": "user", "content": "Cześć"}]})
+    assert r.status_code == 200 and r.json()["model"] == "polish-pro"
+    [after] = [c for c in httpx.get(admin + "/clusters?format=json").json()["cluster_statuses"]
+               if c["name"] == "extproc"][0]["host_statuses"]
+    count = lambda stats: next(int(s.get("value", 0)) for s in stats if s["name"] == "rq_total")  # noqa: E731
+    assert count(after["stats"]) > count(before)  # the request's gRPC calls went over the socket
+    # the ext_proc's TCP port still answers its health check (probes, `gateway status`)
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    with grpc.insecure_channel(f"127.0.0.1:{gateway.stack.s.grpc_port}") as ch:
+        assert health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status == \
+            health_pb2.HealthCheckResponse.SERVING
