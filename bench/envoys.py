@@ -34,7 +34,7 @@ def _admin(port: int) -> dict[str, Any]:
     return {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}
 
 
-def _cluster(name: str, port: int, *, http2: bool = False) -> dict[str, Any]:
+def _cluster(name: str, port: int, *, http2: bool = False, unix: Path | None = None) -> dict[str, Any]:
     c: dict[str, Any] = {
         "name": name, "type": "STATIC", "connect_timeout": "2s",
         "per_connection_buffer_limit_bytes": 65 * 1024 * 1024,
@@ -44,7 +44,8 @@ def _cluster(name: str, port: int, *, http2: bool = False) -> dict[str, Any]:
         "circuit_breakers": {"thresholds": [{"max_connections": 100_000, "max_pending_requests": 100_000,
                                              "max_requests": 100_000}]},
         "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
-            {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}]}]}}
+            {"endpoint": {"address": {"pipe": {"path": str(unix)}} if unix is not None else
+                          {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}]}]}}
     if http2:
         c["typed_extension_protocol_options"] = {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
@@ -91,10 +92,12 @@ def upstream(json_port: int, sse_port: int, admin_port: int) -> dict[str, Any]:
 
 
 def proxy(port: int, admin_port: int, up: Upstream, log_path: Path,
-          extproc_port: int | None = None, mode: dict[str, str] | None = None) -> dict[str, Any]:
+          extproc_port: int | None = None, mode: dict[str, str] | None = None,
+          extproc_unix: Path | None = None) -> dict[str, Any]:
     """`x-bench-route: sse` goes to the SSE listener, `long` to the cadenced long-stream server (when
     started), anything else to the JSON listener.  ``mode``: changes to the ext_proc filter's processing
-    mode (bench/message_cost.py), which otherwise sends all four phases as the gateway's routes do."""
+    mode (bench/message_cost.py), which otherwise sends all four phases as the gateway's routes do.
+    ``extproc_unix``: the ext_proc's Unix socket, Envoy's way to it (as `gateway up`'s), else its port."""
     route_common = {"timeout": "600s", "idle_timeout": "60s",
                     "retry_policy": {"retry_on": "connect-failure,reset-before-request", "num_retries": 1,
                                      "per_try_timeout": "180s",
@@ -123,7 +126,7 @@ def proxy(port: int, admin_port: int, up: Upstream, log_path: Path,
                                 "request_trailer_mode": "SKIP", "response_header_mode": "SEND",
                                 "response_body_mode": "BUFFERED", "response_trailer_mode": "SKIP",
                                 **(mode or {})}}})
-        ext = _cluster("extproc", extproc_port, http2=True)
+        ext = _cluster("extproc", extproc_port, http2=True, unix=extproc_unix)
         ext["connect_timeout"] = "1s"
         del ext["per_connection_buffer_limit_bytes"]
         clusters.append(ext)

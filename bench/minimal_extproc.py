@@ -7,7 +7,7 @@ only work is the body's ``model``: request body JSON-parsed, ``model`` alias -> 
 SSE response is switched to streamed mode (as the gateway does) and each chunk gets the model name
 replaced at the bytes level.  No authentication, no limits, no billing, no Redis.
 
-    python -m bench.minimal_extproc --port N
+    python -m bench.minimal_extproc --port N [--unix PATH] [--server grpcio|own|grpclib]
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import signal
+from pathlib import Path
 from typing import AsyncIterator
 
 import grpc
@@ -123,7 +124,7 @@ async def _until_signalled() -> None:
     await stop.wait()
 
 
-async def serve_own(port: int) -> None:
+async def serve_own(port: int, unix: str | None = None) -> None:
     """The same processor on the gateway's own HTTP/2 server (extproc/grpc_server.py)."""
     from extproc.grpc_server import EOF, Call, Server
     from extproc.server import PROCESS_PATH
@@ -137,11 +138,11 @@ async def serve_own(port: int) -> None:
             call.write(p.answer(req))
 
     server = Server({PROCESS_PATH: (process, ep.ProcessingRequest.FromString)})
-    await server.start("127.0.0.1", port)
+    await server.start("127.0.0.1", port, None if unix is None else Path(unix))
     await _until_signalled()
 
 
-async def serve_grpclib(port: int) -> None:
+async def serve_grpclib(port: int, unix: str | None = None) -> None:
     """The same processor on grpclib (pure-Python gRPC over the h2 library)."""
     from grpclib.const import Cardinality, Handler
     from grpclib.server import Server, Stream
@@ -156,18 +157,23 @@ async def serve_grpclib(port: int) -> None:
             return {"/envoy.service.ext_proc.v3.ExternalProcessor/Process": Handler(
                 self.process, Cardinality.STREAM_STREAM, ep.ProcessingRequest, ep.ProcessingResponse)}
 
-    server = Server([Service()])
-    await server.start("127.0.0.1", port)
+    servers = [Server([Service()]) for _ in range(1 if unix is None else 2)]
+    await servers[0].start("127.0.0.1", port)
+    if unix is not None:
+        await servers[1].start(path=unix)
     await _until_signalled()
-    server.close()
-    await server.wait_closed()
+    for server in servers:
+        server.close()
+        await server.wait_closed()
 
 
-async def serve(port: int) -> None:
+async def serve(port: int, unix: str | None = None) -> None:
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 128 * 1024 * 1024),
                                       ("grpc.max_send_message_length", 128 * 1024 * 1024)])
     ep_grpc.add_ExternalProcessorServicer_to_server(Minimal(), server)
     server.add_insecure_port(f"127.0.0.1:{port}")
+    if unix is not None:
+        server.add_insecure_port(f"unix:{unix}")
     await server.start()
     await _until_signalled()
     await server.stop(grace=1)
@@ -179,10 +185,11 @@ SERVERS = {"grpcio": serve, "own": serve_own, "grpclib": serve_grpclib}
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--unix", metavar="PATH", help="serve on this Unix socket too")
     ap.add_argument("--server", choices=sorted(SERVERS), default="grpcio",
                     help="grpcio's asyncio server (the reference), the gateway's own HTTP/2 server, or grpclib")
     args = ap.parse_args()
-    asyncio.run(SERVERS[args.server](args.port))
+    asyncio.run(SERVERS[args.server](args.port, args.unix))
 
 
 if __name__ == "__main__":

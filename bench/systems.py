@@ -70,11 +70,14 @@ def start_minimal(procs: Procs, tmp: Path, up: Upstream, server: str = "grpcio")
     on (grpcio, the reference; or own, grpclib: bench/grpc_servers.py)."""
     g, p, a = free_port(), free_port(), free_port()
     suffix = "" if server == "grpcio" else f"-{server}"
+    # Envoy reaches it by a Unix socket, as the gateway's Envoy reaches the gateway's ext_proc under
+    # `gateway up` (its TCP port answers the readiness check)
+    sock = tmp / f"minimal{suffix}.sock"
     proc = procs.start(f"minimal-extproc{suffix}", [sys.executable, "-m", "bench.minimal_extproc", "--port", str(g),
-                                                    "--server", server], cwd=str(ROOT))
-    procs.wait_ready(f"minimal-extproc{suffix}", lambda: port_open(g), 30)
-    envoy = start_envoy(procs, f"minimal-envoy{suffix}", envoys.proxy(p, a, up, tmp / f"minimal{suffix}-access.log", g),
-                   tmp, p, a)
+                                                    "--server", server, "--unix", str(sock)], cwd=str(ROOT))
+    procs.wait_ready(f"minimal-extproc{suffix}", lambda: port_open(g) and sock.exists(), 30)
+    envoy = start_envoy(procs, f"minimal-envoy{suffix}",
+                        envoys.proxy(p, a, up, tmp / f"minimal{suffix}-access.log", g, extproc_unix=sock), tmp, p, a)
     if server == "grpcio":
         return System("minimal_extproc", "minimal ext_proc", p, pid=proc.pid, envoy_pid=envoy,
                       note="bench/minimal_extproc.py behind the gateway's ext_proc filter settings",
