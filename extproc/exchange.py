@@ -341,11 +341,6 @@ class Exchange:
         self.finishing: tuple[str, UsageRecord | None, bool] | None = None
 
     # ---- metrics (bounded labels only) -------------------------------------------------------
-    @property
-    def streamed(self) -> bool:
-        """The request asked for a streamed reply (known once its body was read)."""
-        return self.prepared is not None and self.prepared.stream
-
     def _count(self, status: int, code: str) -> None:
         endpoint = (self.endpoint.name if self.endpoint is not None
                     else "models" if self.path.startswith(_MODELS_PATH) else "other")

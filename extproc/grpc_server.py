@@ -167,14 +167,13 @@ class Call:
         else:
             self._arm()  # messages came meanwhile: the wait starts from the last of them
 
-    def write(self, message: Message, now: bool = False) -> None:
-        """Framed at once; sent with the rest of this turn of the loop's writes, or ``now`` in a write of
-        its own (an answer the client waits on while Envoy has much to do once it has it)."""
+    def write(self, message: Message) -> None:
+        """Sent at once, in a write of its own (with what else this turn framed so far), not with the
+        rest of this turn of the loop's writes: Envoy starts on the answer while this process goes on
+        (the two hand requests back and forth, and a batched answer left the machine idle meanwhile:
+        BENCHMARKS.md, "The machine left idle, and answers written at once")."""
         self._proto.conn.send_message(self._sid, message.SerializeToString())
-        if now:
-            self._proto.flush()
-        else:
-            self._proto.flush_soon()
+        self._proto.flush()
 
     def _push(self, data: bytes) -> None:
         sink = self._sink

@@ -196,9 +196,7 @@ class Processor:
                     self.tracer.span(parent, f"ext_proc {phase}", end - int(spent * 1e9), end,
                                      {"gateway.request_id": ex.request_id, "gateway.phase": phase or "",
                                       "gateway.status": str(answer.reply[0]) if answer.reply else "continue"})
-                # a streamed request's answers go out at once, not with the rest of this turn of the
-                # loop's writes (BENCHMARKS.md, "Answers written at once")
-                call.write(msg, now=ex.streamed)
+                call.write(msg)
                 written = perf_counter()
                 open_reply = phase if answer.reply is None and not last and phase in (
                     "response_headers", "response_body") else None

@@ -263,7 +263,6 @@ class FakeCall:
     def __init__(self, *script: Any, metadata: dict[str, str] | None = None) -> None:
         self.script = list(script)
         self.written: list[ep.ProcessingResponse] = []
-        self.at_once: list[bool] = []  # whether each was written at once (``Call.write``'s ``now``)
         self.timeouts: list[float | None] = []
         self._metadata = metadata or {}
         self.ended = False  # Envoy ended or reset the call: set once ``read`` has handed out EOF
@@ -301,9 +300,8 @@ class FakeCall:
             if item is EOF or sink.feed(item):
                 return
 
-    def write(self, message: ep.ProcessingResponse, now: bool = False) -> None:
+    def write(self, message: ep.ProcessingResponse) -> None:
         self.written.append(message)
-        self.at_once.append(now)
 
     def end_soon(self, delay: float) -> None:
         self.ending.append(delay)

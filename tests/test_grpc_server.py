@@ -484,16 +484,15 @@ def test_a_call_reset_while_the_process_was_paused_is_known_expired_once_it_sett
 
 
 # ---- when answers go out -----------------------------------------------------------------------
-@pytest.mark.parametrize("now", [True, False])
-def test_an_answer_written_now_goes_out_before_the_rest_of_the_loops_turn(now: bool) -> None:
-    """``Call.write(now=True)`` sends the answer in a write of its own at once; otherwise it goes with
-    this turn of the loop's other writes, after the work still to do in it (here: a loop kept busy)."""
+def test_an_answer_goes_out_at_once_not_after_the_rest_of_the_loops_turn() -> None:
+    """``Call.write`` sends the answer in a write of its own at once, while the loop still has work of
+    this turn to do (here: a loop kept busy after the answer)."""
     busy = threading.Event()
 
     async def answer_then_stay_busy(call: Call) -> None:
         req = await call.read()
         assert req is not EOF
-        call.write(ep.ProcessingResponse(request_body=ep.BodyResponse()), now=now)
+        call.write(ep.ProcessingResponse(request_body=ep.BodyResponse()))
         busy.wait(5)  # the rest of the loop's turn: other calls' work, here the loop held
 
     r = Running({PROCESS_PATH: (answer_then_stay_busy, ep.ProcessingRequest.FromString)})
@@ -501,14 +500,8 @@ def test_an_answer_written_now_goes_out_before_the_rest_of_the_loops_turn(now: b
         peer = Peer(r.port)
         sid = peer.open(body_msg(b"x"))
         data = lambda: [f for f in peer.frames if f[0] == h2.DATA and f[2] == sid]  # noqa: E731
-        if now:
-            peer.until(lambda: bool(data()), timeout=2)  # while the loop is still busy
-            assert not busy.is_set()
-        else:
-            with pytest.raises(AssertionError, match="timed out"):
-                peer.until(lambda: bool(data()), timeout=0.5)
-        busy.set()
-        peer.until(lambda: bool(data()))
+        peer.until(lambda: bool(data()), timeout=2)  # while the loop is still busy
+        assert not busy.is_set()
         assert ep.ProcessingResponse.FromString(data()[0][3][5:]).HasField("request_body")
     finally:
         busy.set()

@@ -105,7 +105,6 @@ def test_every_phase_of_a_non_streaming_chat() -> None:
     assert json.loads(body)["model"] == "polish-pro" and headers["content-length"] == str(len(body))
     # no idle timer until the reply started; then the idle budget; then the wait for Envoy's end
     assert call.timeouts == [None, None, 60.0, END_WAIT_S]
-    assert call.at_once == [False, False, False]  # sent with the rest of the loop's turn
     [rec] = store(gw).records
     assert (rec.request_id, rec.prompt_tokens, rec.completion_tokens, rec.estimated) == ("rid-1", 11, 7, False)
     assert store(gw).held() == 0
@@ -124,7 +123,6 @@ def test_a_streamed_reply_is_handed_over_and_the_call_lasts_as_long_as_the_strea
     assert list(headers_msg.response_headers.response.header_mutation.remove_headers) == ["content-length"]
     assert trailers_msg.WhichOneof("response") == "response_trailers"
     assert call.timeouts[-2:] == [None, END_WAIT_S]  # the idle budget is the stream watch's
-    assert call.at_once == [True, True, True]  # a streamed request's answers go out at once
     # the stream reached its end (its trailers phase): the stream watch finishes it at once, slot and
     # record, so no early release of the slot is sent
     assert store(gw).records == [] and store(gw).held() == 1 and store(gw).released == []
