@@ -663,6 +663,21 @@ class Exchange:
         log.warning("the last answer was not read by Envoy: recorded as the client saw it",
                     extra={"request_id": self.request_id})
 
+    def envoy_gone(self) -> None:
+        """Envoy's connection went away after this request's last answer, before Envoy ended the call.
+        Envoy ends it when it destroys the request's filters, in the same turn of its loop as it hands
+        the reply to the client's connection, and both go out together: so Envoy died before either
+        went, and the client got no byte of the reply (its connection broke).  Recorded as a request
+        whose connection went with Envoy: 500 ``internal_error``, nothing billed, whatever was decided."""
+        decided = self.finishing
+        adm = self.admission
+        if decided is None or decided[1] is None or adm is None or adm.identity is None:
+            return
+        est = 0 if self.prepared is None else self.prepared.estimated_prompt_tokens
+        ident = adm.identity
+        self.finishing = (decided[0], self._record(decide(Facts(est)), ident.org_id, ident.key_id), decided[2])
+        log.warning("Envoy went away with the reply: recorded as its client saw it", extra={"request_id": self.request_id})
+
     def undelivered(self) -> None:
         """Envoy ended the call before the answer that lets the request through (this process was late
         past Envoy's message timeout, or the client left): no model server ever saw the request, so

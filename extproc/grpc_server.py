@@ -62,8 +62,8 @@ class Status(Exception):
 
 
 class Call:
-    __slots__ = ("_proto", "_sid", "_queue", "_waiter", "ended", "reset", "expired", "late", "headers", "_parse",
-                 "_sink", "_last", "_timer")
+    __slots__ = ("_proto", "_sid", "_queue", "_waiter", "ended", "reset", "gone", "expired", "late", "headers",
+                 "_parse", "_sink", "_last", "_timer")
 
     def __init__(self, proto: "_Protocol", sid: int, headers: list[tuple[bytes, bytes]],
                  parse: Callable[[bytes], Any]) -> None:
@@ -73,6 +73,7 @@ class Call:
         self._waiter: asyncio.Future[None] | None = None
         self.ended = False  # the client ended or reset the call: an answer written now is never read
         self.reset = False  # the client reset it (or the connection is gone): it reads no answer at all
+        self.gone = False  # its connection went away with it open (the client process died, say)
         # reset while this process was paused (read on resuming): Envoy's message timeout answered the client
         self.expired = False
         self.late = False  # its last message came in while this process was paused
@@ -331,7 +332,7 @@ class _Protocol(asyncio.Protocol):
         self.transport = None
         paused = self.server.settling() > 0
         for call in self.calls.values():
-            call.reset = True
+            call.reset = call.gone = True
             call.expired = call.late or paused  # (Envoy closes a connection that stopped answering)
             call._end()
         self.calls.clear()

@@ -238,15 +238,19 @@ async def _envoys_end(call: Call, ex: Exchange, written: float) -> None:
     """The request's last answer went at ``written``: Envoy ends the call once it has read it, and the
     decided record is sent then (after the answer: Redis is not on the client's wait).  A call Envoy had
     ended before the answer went (this process paused past Envoy's message timeout), or ends ``LATE_S``
-    late (Envoy paused with the answer unread), may have had the answer unread: ``maybe_unread``."""
+    late (Envoy paused with the answer unread), may have had the answer unread: ``maybe_unread``.  A
+    call whose connection went away instead of ending: Envoy died with the reply (``envoy_gone``)."""
     unread = call.ended  # (nothing was awaited since the answer was written)
     try:
         while await call.read(END_WAIT_S) is not EOF:
             pass  # (nothing comes after the last message but the end)
     except TimeoutError:
         pass
-    if ex.finishing is not None and (unread or perf_counter() - written > LATE_S):
-        await ex.maybe_unread()
+    if ex.finishing is not None:
+        if call.gone:
+            ex.envoy_gone()
+        elif unread or perf_counter() - written > LATE_S:
+            await ex.maybe_unread()
     await ex.send_finish()
 
 

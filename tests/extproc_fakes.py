@@ -268,6 +268,7 @@ class FakeCall:
         self.ended = False  # Envoy ended or reset the call: set once ``read`` has handed out EOF
         self.reset = False  # Envoy reset the call (its message timeout answered the client)
         self.expired = False  # reset while the process was paused (``settle`` says so)
+        self.gone = False  # the connection went away (Envoy died) instead of Envoy ending the call
         self.ending: list[float] = []  # the delays ``end_soon`` was asked for
 
     def metadata(self, name: str) -> str | None:

@@ -473,6 +473,26 @@ def test_a_last_answer_envoy_may_not_have_read_is_recorded_as_its_access_log_say
     assert store(gw).held() == 0
 
 
+@pytest.mark.parametrize("reply", [200, 400])
+def test_a_reply_whose_envoy_died_before_it_ended_the_call_is_billed_nothing(reply: int) -> None:
+    """Envoy ends the call in the same turn of its loop as it hands the reply to the client, and both go
+    out together.  A call whose connection went away after the last answer instead (Envoy killed): the
+    client got no byte of the reply, whatever the model server sent, so the request is recorded as one
+    whose connection went with Envoy (500 internal_error), billed nothing; its slot is given back."""
+    gw = gateway()
+    error = json.dumps({"object": "error", "message": "bad", "type": "BadRequestError", "code": 400}).encode()
+
+    def envoy_killed() -> None:
+        call.gone = call.reset = True
+    call = FakeCall(request_body(CHAT_BODY), response_headers(reply),
+                    response_body(chat_reply() if reply == 200 else error), envoy_killed)
+    asyncio.run(Processor(gw).process(call))  # type: ignore[arg-type]
+    # the answer went (the reply let go, or the model server's error in the interface's shape)
+    assert call.written[-1].WhichOneof("response") == ("response_body" if reply == 200 else "immediate_response")
+    assert logged_free(store(gw)) == (500, "internal_error")
+    assert store(gw).held() == 0
+
+
 def test_a_failing_phase_is_spec_500_never_a_hang() -> None:
     gw = gateway()
 
