@@ -475,7 +475,7 @@ async def _inventory_cmd(args: argparse.Namespace, a: Admin, s: Settings) -> int
     if c == "org" and sc == "limits":
         flags = {k: v for k, v in vars(args).items() if k not in ("cmd", "sub", "org", "json") and v is not None}
         if flags:
-            await _admin_cmd(args, a)
+            await _admin_cmd(args, a, s)
         o = await inv.show_org(a.pool, a.r, args.org, d)
         b = await a.balance(args.org)
         limits = {k: v for k, v in o.items() if k.startswith(("rpm", "concurrency"))}
@@ -494,7 +494,7 @@ async def _inventory_cmd(args: argparse.Namespace, a: Admin, s: Settings) -> int
     elif c == "invoices" and sc in invoices_cli.COMMANDS:
         return await invoices_cli.run(args, a, s)
     else:
-        return await _admin_cmd(args, a)
+        return await _admin_cmd(args, a, s)
     return 0
 
 
@@ -514,7 +514,7 @@ def cmd_migrate(args: argparse.Namespace, s: Settings) -> int:
     return 0
 
 
-async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
+async def _admin_cmd(args: argparse.Namespace, a: Admin, s: Settings) -> int:
     c, sc = args.cmd, getattr(args, "sub", None)
     if c == "org" and sc == "create":
         oid = await a.create_org(args.name, pln_to_micro(args.balance))
@@ -528,7 +528,7 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
         if limit is not None:
             await a.set_credit_limit(args.org, limit)  # the limits in force printed by _inventory_cmd
     elif c == "key" and sc == "create":
-        kid, k = await a.create_key(args.org, limits=_key_limits(args))
+        kid, k = await a.create_key(args.org, limits=_key_limits(args, s))
         shown = await a.key_limits(kid)
         _print(args, {**shown, "key": k}, f"{kid}\n{k}\n(the key is shown once; store it now)"
                + "".join(f"\n{line}" for line in key_limit_lines(shown, only_set=True)))
@@ -536,7 +536,7 @@ async def _admin_cmd(args: argparse.Namespace, a: Admin) -> int:
         await a.revoke_key(args.key_id)
         _print(args, {"id": args.key_id, "revoked": True}, "revoked")
     elif c == "key" and sc == "limits":
-        change = _key_limits(args)
+        change = _key_limits(args, s)
         if args.rpm is None and change.empty:
             raise AdminError("give at least one of --rpm, --monthly-limit, --models, --expires")
         await a.set_key_limits(args.key_id, args.rpm, change)
@@ -578,10 +578,13 @@ async def _reconcile(args: argparse.Namespace, a: Admin) -> int:
 _CREDIT_FIELDS = ("paid", "credit_limit_micro_pln", "credit_limit_pln", "credit_limit_own", "held_micro_pln")
 
 
-def _key_limits(args: argparse.Namespace) -> key_limits.Change:
-    """--monthly-limit, --models and --expires as a change of the key's limits (AdminError: malformed)."""
+def _key_limits(args: argparse.Namespace, s: Settings) -> key_limits.Change:
+    """--monthly-limit, --models and --expires as a change of the key's limits (AdminError: malformed, or
+    an alias the catalog does not have)."""
+    from core import catalog as catalog_mod
+    known = None if args.models is None else catalog_mod.load(s.catalog).aliases
     try:
-        return key_limits.parse(args.monthly_limit, args.models, args.expires)
+        return key_limits.parse(args.monthly_limit, args.models, args.expires, known)
     except ValueError as e:
         raise AdminError(str(e)) from None
 

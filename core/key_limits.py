@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Collection, Literal
 
 from .catalog import WARSAW
 from .cost import pln_to_micro
@@ -79,8 +79,9 @@ def parse_monthly_limit(text: str) -> int | Literal["none"]:
     return micro
 
 
-def parse_models(text: str) -> tuple[str, ...] | Literal["none"]:
-    """"none", or aliases separated by commas (ValueError for an empty list or a malformed name)."""
+def parse_models(text: str, known: Collection[str] | None = None) -> tuple[str, ...] | Literal["none"]:
+    """"none", or aliases separated by commas (ValueError for an empty list, a malformed name, or, given
+    ``known``, an alias not among them: a mistyped name would leave the key no model at all)."""
     if text.strip().lower() == NONE:
         return NONE
     names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
@@ -89,6 +90,9 @@ def parse_models(text: str) -> tuple[str, ...] | Literal["none"]:
     for n in names:
         if not _ALIAS.fullmatch(n):
             raise ValueError("a model alias is letters, digits and . _ : / @ + - (up to 128 characters)")
+    unknown = [n for n in names if known is not None and n not in known]
+    if unknown:
+        raise ValueError(f"no such model alias: {', '.join(unknown)} (the catalog has: {', '.join(sorted(known or ())) or 'none'})")
     return names
 
 
@@ -102,8 +106,10 @@ def parse_expires(text: str) -> dt.date | Literal["none"]:
         raise ValueError("an expiry date is YYYY-MM-DD (none: never)") from None
 
 
-def parse(monthly_limit: str | None, models: str | None, expires: str | None) -> Change:
-    """The three options as the CLI and the console take them (None: not given)."""
+def parse(monthly_limit: str | None, models: str | None, expires: str | None,
+          known: Collection[str] | None = None) -> Change:
+    """The three options as the CLI and the console take them (None: not given); ``known``: the catalog's
+    aliases, the only ones a key may be allowed."""
     return Change(None if monthly_limit is None else parse_monthly_limit(monthly_limit),
-                  None if models is None else parse_models(models),
+                  None if models is None else parse_models(models, known),
                   None if expires is None else parse_expires(expires))

@@ -34,6 +34,8 @@ def test_an_owner_sets_and_lifts_a_keys_limits_and_the_gateway_applies_them(gate
     assert bad.status_code == 400 and "Enter a monthly limit from" in bad.text
     bad = c.post(f"/keys/{kid}/limits", {"limit": "", "expires": "soon"})
     assert bad.status_code == 400 and "Enter the expiry date as DD/MM/YYYY" in bad.text
+    bad = c.post(f"/keys/{kid}/limits", {"limit": "", "models": ["polish-fast", "no-such-model"], "expires": ""})
+    assert bad.status_code == 400 and "Choose models from the list." in bad.text  # only the aliases it lists
     assert gateway.sql("SELECT monthly_limit_micro_pln, models, expires_at FROM api_keys WHERE id = $1", kid) == [
         {"monthly_limit_micro_pln": None, "models": None, "expires_at": None}]
 

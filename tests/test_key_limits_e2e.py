@@ -255,9 +255,17 @@ def test_cli_create_and_limits_with_the_same_flags(gateway: Gateway, monkeypatch
     assert lifted["spent_this_month_micro_pln"] > 0  # the request above
     assert j("key", "list", org)[0]["monthly_limit_micro_pln"] is None
     for args, says in ((["--monthly-limit", "0"], "more than 0 PLN"), (["--expires", "31.12.2099"], "YYYY-MM-DD"),
-                       ([], "give at least one of --rpm")):
+                       ([], "give at least one of --rpm"),
+                       # a mistyped alias would leave the key no model: refused, with the catalog's aliases
+                       (["--models", "polish-fast,polsh-pro"], "no such model alias: polsh-pro (the catalog has: "
+                        "advanced, dead-alias, embed, empty-alias, polish-fast, polish-pro)")):
         code, out, err = run("key", "limits", kid, *args)
         assert code == 2 and says in err and len(err.strip().splitlines()) == 1, (args, err)
+    keys = j("key", "list", org)
+    assert [k["models"] for k in keys if k["id"] == kid] == [None]  # (nothing was changed by the refused ones)
+    code, out, err = run("key", "create", org, "--models", "polsh-pro")
+    assert code == 2 and "no such model alias: polsh-pro" in err, err
+    assert len(j("key", "list", org)) == len(keys)  # no key made
 
 
 def test_what_the_flags_and_the_console_take() -> None:
@@ -266,9 +274,11 @@ def test_what_the_flags_and_the_console_take() -> None:
     assert key_limits.parse("12.5", "a, b,a", "2099-12-31") == Change(12_500_000, ("a", "b"), dt.date(2099, 12, 31))
     assert key_limits.parse("NONE", "none", "none") == Change("none", "none", "none")
     assert key_limits.parse(None, None, None).empty
+    assert key_limits.parse(None, "b, a", None, {"a", "b"}).models == ("b", "a")
     for args, says in ((("0", None, None), "more than 0 PLN"), (("x", None, None), "not an amount"),
                        ((None, " , ", None), "at least one model alias"), ((None, "a b", None), "a model alias is"),
-                       ((None, None, "31.12.2099"), "YYYY-MM-DD")):
+                       ((None, None, "31.12.2099"), "YYYY-MM-DD"), ((None, "a,c", None, ("a", "b")),
+                       "no such model alias: c (the catalog has: a, b)")):
         try:
             key_limits.parse(*args)
         except ValueError as e:

@@ -62,7 +62,7 @@ async def set_limits(request: web.Request) -> web.Response:
     typed = {"limit": str(form.get("limit", "")).strip(), "models": [str(m) for m in form.getall("models", [])],
              "expires": str(form.get("expires", "")).strip()}
     try:
-        change = _change(typed)
+        change = _change(typed, _aliases(request, k["models"]))
     except ValueError as e:
         return _page(request, k, status=400, error=str(e), typed=typed)
     try:
@@ -72,8 +72,9 @@ async def set_limits(request: web.Request) -> web.Response:
     see_other("/keys?msg=key_limits_saved")
 
 
-def _change(typed: dict[str, Any]) -> key_limits.Change:
-    """The form as a change of all three limits (ValueError: a message for the owner)."""
+def _change(typed: dict[str, Any], offered: list[str]) -> key_limits.Change:
+    """The form as a change of all three limits (ValueError: a message for the owner); ``offered``: the
+    aliases the form lists, the only ones it takes."""
     limit: int | Literal["none"] = key_limits.NONE
     if typed["limit"]:
         try:
@@ -86,7 +87,7 @@ def _change(typed: dict[str, Any]) -> key_limits.Change:
     models: tuple[str, ...] | Literal["none"] = key_limits.NONE
     if typed["models"]:
         try:
-            models = key_limits.parse_models(",".join(typed["models"]))
+            models = key_limits.parse_models(",".join(typed["models"]), offered)
         except ValueError:
             raise ValueError(_("Choose models from the list.")) from None
     expires: dt.date | Literal["none"] = key_limits.NONE
