@@ -11,7 +11,7 @@ import pyotp
 from conftest import Gateway
 from control.console import limits
 from test_console_members import invite
-from test_console_support import PASSWORD, ConsoleClient, clear_limit, new_email, signed_up
+from test_console_support import PASSWORD, ConsoleClient, clear_limit, mail_link, new_email, signed_up
 
 
 def enrol(gw: Gateway, c: ConsoleClient, email: str) -> tuple[pyotp.TOTP, list[str], str]:
@@ -201,3 +201,27 @@ def test_the_proof_of_the_password_is_spent_by_its_sign_in(gateway: Gateway) -> 
     assert r.status_code == 303 and r.headers["location"] == "/login" and not thief.logged_in
     assert gateway.sql("SELECT count(*) FILTER (WHERE used_at IS NULL) AS left FROM recovery_codes r"
                        " JOIN users u ON u.id = r.user_id WHERE u.email = $1", email) == [{"left": 9}]
+
+
+def test_a_password_proved_before_the_password_was_reset_opens_nothing(gateway: Gateway) -> None:
+    """Someone who had the old password, at the second step when the owner resets it: the proof of the old
+    password opens nothing any more, even with a good code; the new password's sign-in works."""
+    c, email, _ = signed_up(gateway, "Reset proof")
+    _, codes, _ = enrol(gateway, c, email)
+    thief = log_in(gateway, email)  # the old password, proved
+    owner = ConsoleClient(gateway.console)
+    owner.get("/reset")
+    assert owner.post("/reset", {"email": email}).status_code == 303
+    link = mail_link(gateway, email, "/reset/")
+    owner.get(link)
+    assert owner.post(link, {"password": "a brand new password"}).status_code == 303
+    assert thief.get("/login/2fa", follow=False).headers["location"] == "/login"
+    r = thief.post("/login/2fa", {"code": codes[0]})
+    assert r.status_code == 303 and r.headers["location"] == "/login" and not thief.logged_in
+    assert gateway.sql("SELECT count(*) FILTER (WHERE used_at IS NULL) AS left FROM recovery_codes r"
+                       " JOIN users u ON u.id = r.user_id WHERE u.email = $1", email) == [{"left": 10}]  # none spent
+    owner.get("/login")
+    r = owner.post("/login", {"email": email, "password": "a brand new password", "next": "/usage"})
+    assert r.status_code == 303 and r.headers["location"] == "/login/2fa"
+    r = owner.post("/login/2fa", {"code": codes[1]})
+    assert r.status_code == 303 and r.headers["location"] == "/usage" and owner.logged_in

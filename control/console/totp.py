@@ -71,22 +71,29 @@ def recovery_hash(code: str) -> str:
 
 @dataclass(frozen=True)
 class Pending:
-    """A password proved right; the second step is to come: whose, where to go after, until when, and
-    the proof's own id (its sign-in spends it: a copy of the cookie opens nothing afterwards)."""
+    """A password proved right; the second step is to come: whose, where to go after, until when, the
+    proof's own id (its sign-in spends it: a copy of the cookie opens nothing afterwards), and which
+    password it proved (``password_proof``: once the password changed, it opens nothing either)."""
     user_id: str
     next: str
     lang: str
     expires: int
     nonce: str
+    proof: str
 
     def seal(self, key: bytes) -> str:
-        body = base64.urlsafe_b64encode(json.dumps([self.user_id, self.next, self.lang, self.expires, self.nonce])
-                                        .encode()).decode().rstrip("=")
+        body = base64.urlsafe_b64encode(json.dumps([self.user_id, self.next, self.lang, self.expires, self.nonce,
+                                                    self.proof]).encode()).decode().rstrip("=")
         return body + "." + hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
 
     @staticmethod
-    def start(user_id: str, nxt: str, lang: str) -> Pending:
-        return Pending(user_id, nxt, lang, int(time.time()) + PENDING_S, secrets.token_urlsafe(16))
+    def start(user_id: str, nxt: str, lang: str, password_hash: str) -> Pending:
+        return Pending(user_id, nxt, lang, int(time.time()) + PENDING_S, secrets.token_urlsafe(16),
+                       password_proof(password_hash))
+
+    def proves(self, password_hash: str | None) -> bool:
+        """Whether the account's password is still the one this proof was made with."""
+        return password_hash is not None and hmac.compare_digest(self.proof, password_proof(password_hash))
 
     @staticmethod
     def open(value: str, key: bytes) -> Pending | None:
@@ -96,7 +103,13 @@ class Pending:
                                                .hexdigest().encode()):
             return None
         try:
-            uid, nxt, lang, expires, nonce = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+            uid, nxt, lang, expires, nonce, proof = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
         except (ValueError, TypeError):
             return None
-        return Pending(str(uid), str(nxt), str(lang), int(expires), str(nonce)) if expires > time.time() else None
+        return Pending(str(uid), str(nxt), str(lang), int(expires), str(nonce), str(proof)) \
+            if expires > time.time() else None
+
+
+def password_proof(password_hash: str) -> str:
+    """Which password a pending sign-in proved, without its hash in the cookie: a digest of the hash."""
+    return hashlib.sha256(b"2fa-pending:" + password_hash.encode()).hexdigest()[:32]

@@ -20,10 +20,15 @@ def _spent(p: Pending) -> str:
 
 
 async def _pending(request: web.Request) -> Pending:
-    """The sign-in whose password was right and not yet used to sign in, else back to the log-in page."""
-    p = Pending.open(request.cookies.get(PENDING_COOKIE, ""), pending_key(console(request)))
-    if p is None or await console(request).redis.exists(_spent(p)):
+    """The sign-in whose password was right, is still the account's and was not yet used to sign in,
+    else back to the log-in page."""
+    c = console(request)
+    p = Pending.open(request.cookies.get(PENDING_COOKIE, ""), pending_key(c))
+    if p is None or await c.redis.exists(_spent(p)):
         see_other("/login")
+    user = await c.store.user_by_id(p.user_id)
+    if user is None or not p.proves(user["password_hash"]):
+        see_other("/login")  # the password was changed (or reset) since it was proved
     return p
 
 
