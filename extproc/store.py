@@ -59,6 +59,9 @@ local o = redis.call('HMGET', '@ORG@' .. tag .. org, 'status', 'balance', 'rpm',
 if not o[1] or not o[2] or not o[5] then return {'miss_org', k[1], org} end
 if o[1] ~= 'active' then return {'suspended', k[1], org} end
 if ARGV[2] == '0' then return {'ok', k[1], org, k[6] or ''} end
+-- this request's admission sent again (the first one's answer was lost on the way: a connection cut, a
+-- timeout, a failover): it stands as it was, nothing counted or held twice
+if ARGV[7] ~= '' and redis.call('HEXISTS', '@JOURNAL@' .. tag, ARGV[3]) == 1 then return {'admitted', k[1], org} end
 -- the key's allowed aliases: another is as unknown to it as a model that does not exist
 if k[6] and not string.find(',' .. k[6] .. ',', ',' .. ARGV[13] .. ',', 1, true) then return {'model', k[1], org} end
 -- the credit limit: 0 for an organisation that never paid, else its own ('none': no limit), else the default

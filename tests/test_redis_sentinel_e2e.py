@@ -7,15 +7,19 @@ its id (tests/test_reconciliation_e2e.py): nothing served lost, nothing billed t
 left, the balance equal to the ledger."""
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Iterator
 
 import pytest
+import redis
 
-from conftest import Gateway
+from conftest import Gateway, wait_for
+from control.reconcile import reconcile
 from core import redis_keys as rk
 from failover import instances, load_through
-from redis_cluster import require_redis_server
+from redis_cluster import PASSWORD, require_redis_server
 from redis_sentinel import Sentinels, redis_sentinels
 from test_reconciliation_e2e import _reconcile
 
@@ -50,3 +54,48 @@ def test_a_primary_killed_under_load_is_survived_and_every_request_reconciled(
     assert int(first.redis(lambda r: r.hget(rk.ONE.org(org), "hold")) or 0) == 0  # no hold left
     assert counts["served"] >= 16
     print(f"primary killed: {counts}, {len(refused)} answered 500, {took:.1f} s")
+
+
+def test_a_primary_paused_past_its_failover_and_resumed_as_a_replica_is_survived() -> None:
+    """The primary frozen (SIGSTOP) under load until the sentinels promoted its replica, then resumed: it
+    comes back a replica of the new primary (what it ran of the commands queued meanwhile is dropped at
+    its resynchronisation).  Both clients of every process follow the new primary (core/resp_sentinel.py
+    asks the sentinels again on READONLY), no request hangs, an admission sent again after its answer
+    was lost holds nothing twice, and afterwards, once `gateway reconcile` mended the cached balance of
+    an admission the failover lost (docs/operations.md), each request is reconciled by its id.  Its own
+    servers and one gateway instance: the module's other test kills its primary for good."""
+    with redis_sentinels() as s, instances("gw-sentinel-pause-", s.url, n=1) as gws:
+        gw = gws[0]
+        org, _, key = gw.new_org(1_000_000_000)
+        before = gw.admin(lambda a: a.balance(org))["ledger_micro_pln"]
+        victim, heir = s.redis_ports
+        assert s.primary() == victim
+
+        def replica_of_the_heir() -> bool:
+            try:
+                with redis.Redis(host="127.0.0.1", port=victim, password=PASSWORD, socket_timeout=2) as r:
+                    info = r.info("replication")
+                    return bool(info["role"] == "slave" and int(info["master_port"]) == heir)
+            except redis.exceptions.RedisError:
+                return False
+
+        def pause() -> None:
+            os.kill(s.procs[victim].pid, signal.SIGSTOP)
+            try:
+                wait_for(lambda: s.primary() == heir, timeout=30, interval=0.1)  # the failover, meanwhile
+            finally:
+                os.kill(s.procs[victim].pid, signal.SIGCONT)
+            wait_for(replica_of_the_heir, timeout=30, interval=0.1)  # demoted once it answers again
+
+        t0 = time.monotonic()
+        seen = load_through(gws, key, pause)
+        took = time.monotonic() - t0
+        assert s.primary() == heir and replica_of_the_heir()
+        refused = [x for x in seen if x.status not in (200, 0)]
+        assert all((x.status, x.code) == (500, "internal_error") for x in refused), refused[:3]
+        wait_for(lambda: gw.usage_drained(org), timeout=40, interval=0.2)
+        gw.admin(lambda a: reconcile(a.pool, a.r, apply=True))
+        counts = _reconcile(gw, org, before, seen)
+        assert int(gw.redis(lambda r: r.hget(rk.ONE.org(org), "hold")) or 0) == 0  # no hold left
+        assert counts["served"] >= 8
+        print(f"primary paused and resumed: {counts}, {len(refused)} answered 500, {took:.1f} s")

@@ -192,6 +192,13 @@ def test_a_hold_is_released_once_by_the_finish_the_cancel_or_the_reaper(gateway:
         for rid, cost in ((a, 700), (b, 50), (c, 3)):
             assert (await store.admit(h, rid, limits=True, pending="test|{}", hold=_hold(cost))).admitted
         assert await held(r) == start + 753
+        # an admission sent again (its answer lost on the way: a timeout, a failover) stands as it was: it
+        # holds nothing more, takes no second request of the minute, and one finish releases it
+        async def counted() -> int:  # the key's requests counted, over its minutes' counters
+            return sum([int(await r.get(k) or 0) for k in await r.keys(f"gw:rl:{kid}:*")])
+        before = await counted()
+        assert (await store.admit(h, a, limits=True, pending="test|{}", hold=_hold(700))).admitted
+        assert await held(r) == start + 753 and await counted() == before
         assert (await r.hget("gw:if", a)).decode().startswith(f"{kid}|{org}|700|test|")
         for _ in range(2):  # a repeat (a retry, the reaper after the owner) releases nothing more
             await store.finish(org, a, _record(a, org, kid, 10))
