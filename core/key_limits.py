@@ -92,7 +92,8 @@ def parse_models(text: str, known: Collection[str] | None = None) -> tuple[str, 
             raise ValueError("a model alias is letters, digits and . _ : / @ + - (up to 128 characters)")
     unknown = [n for n in names if known is not None and n not in known]
     if unknown:
-        raise ValueError(f"no such model alias: {', '.join(unknown)} (the catalog has: {', '.join(sorted(known or ())) or 'none'})")
+        has = ", ".join(sorted(known or ())) or "none"
+        raise ValueError(f"no such model alias: {', '.join(unknown)} (the catalog has: {has})")
     return names
 
 

@@ -676,7 +676,8 @@ class Exchange:
         est = 0 if self.prepared is None else self.prepared.estimated_prompt_tokens
         ident = adm.identity
         self.finishing = (decided[0], self._record(decide(Facts(est)), ident.org_id, ident.key_id), decided[2])
-        log.warning("Envoy went away with the reply: recorded as its client saw it", extra={"request_id": self.request_id})
+        log.warning("Envoy went away with the reply: recorded as its client saw it",
+                    extra={"request_id": self.request_id})
 
     def undelivered(self) -> None:
         """Envoy ended the call before the answer that lets the request through (this process was late

@@ -184,7 +184,8 @@ async def login(request: web.Request) -> web.Response:
         see_other("/login?msg=" + ("unverified" if sent else "unverified_sent_lately"))
     if user["totp_secret"] is not None:  # the second step first (pages/security.py)
         resp = web.HTTPSeeOther("/login/2fa")
-        cookie(resp, PENDING_COOKIE, Pending.start(user["id"], nxt, user["lang"], user["password_hash"]).seal(pending_key(c)), PENDING_S)
+        pending = Pending.start(user["id"], nxt, user["lang"], user["password_hash"])
+        cookie(resp, PENDING_COOKIE, pending.seal(pending_key(c)), PENDING_S)
         raise resp
     return await start_session(request, user["id"], None, nxt, user["lang"])
 
