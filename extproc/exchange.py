@@ -645,12 +645,10 @@ class Exchange:
         seen first on resuming): the interface's 500, billed nothing, whatever the model server replied.  The
         client left: as a client that left (499, the estimated input, once the request reached a model
         server).  Neither: the decided record stands."""
-        decided = self.finishing
-        adm = self.admission
-        if decided is None or decided[1] is None or adm is None or adm.identity is None:
+        if not self._recorded_at_its_end():
             return
         how = await self._how_ended()
-        est = 0 if self.prepared is None else self.prepared.estimated_prompt_tokens
+        est = self._estimated_input()
         if how == ANSWERED:
             facts = Facts.envoys_500(est)
         elif how == LEFT:
@@ -658,10 +656,7 @@ class Exchange:
                           client_left=True)
         else:
             return
-        ident = adm.identity
-        self.finishing = (decided[0], self._record(decide(facts), ident.org_id, ident.key_id), decided[2])
-        log.warning("the last answer was not read by Envoy: recorded as the client saw it",
-                    extra={"request_id": self.request_id})
+        self._record_instead(facts, "the last answer was not read by Envoy: recorded as the client saw it")
 
     def envoy_gone(self) -> None:
         """Envoy's connection went away after this request's last answer, before Envoy ended the call.
@@ -669,15 +664,28 @@ class Exchange:
         the reply to the client's connection, and both go out together: so Envoy died before either
         went, and the client got no byte of the reply (its connection broke).  Recorded as a request
         whose connection went with Envoy: 500 ``internal_error``, nothing billed, whatever was decided."""
-        decided = self.finishing
+        if self._recorded_at_its_end():
+            self._record_instead(Facts(self._estimated_input()),
+                                 "Envoy went away with the reply: recorded as its client saw it")
+
+    def _recorded_at_its_end(self) -> bool:
+        """A record was decided at the request's last answer, not sent yet (``finishing``), of a request
+        that has its organisation and key."""
         adm = self.admission
-        if decided is None or decided[1] is None or adm is None or adm.identity is None:
-            return
-        est = 0 if self.prepared is None else self.prepared.estimated_prompt_tokens
+        return (self.finishing is not None and self.finishing[1] is not None and adm is not None
+                and adm.identity is not None)
+
+    def _estimated_input(self) -> int:
+        return 0 if self.prepared is None else self.prepared.estimated_prompt_tokens
+
+    def _record_instead(self, facts: Facts, why: str) -> None:
+        """The record ``facts`` decide in place of the one decided at the last answer (the client got
+        something else than that answer); ``why`` logged (with the request id only)."""
+        decided, adm = self.finishing, self.admission
+        assert decided is not None and adm is not None and adm.identity is not None
         ident = adm.identity
-        self.finishing = (decided[0], self._record(decide(Facts(est)), ident.org_id, ident.key_id), decided[2])
-        log.warning("Envoy went away with the reply: recorded as its client saw it",
-                    extra={"request_id": self.request_id})
+        self.finishing = (decided[0], self._record(decide(facts), ident.org_id, ident.key_id), decided[2])
+        log.warning(why, extra={"request_id": self.request_id})
 
     def undelivered(self) -> None:
         """Envoy ended the call before the answer that lets the request through (this process was late
