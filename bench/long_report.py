@@ -19,7 +19,7 @@ COLORS = {"direct": "#9e9e9e", "bare_envoy": "#4c78a8", "minimal_extproc": "#72b
 METHOD = """\
 C concurrent chat streams (C = {cs}) of {tokens} tokens, one SSE event every {cadence} ms, all opened
 evenly over {ramp} ms, {n_rounds} rounds at each C with every system once per round (the order
-reversed every other round): each figure is the median of the rounds, the added gap taken within each
+reversed every other round){more}: each figure is the median of the rounds, the added gap taken within each
 round against bare Envoy's of the same round, errors and streams counted over all rounds.  The upstream (`bench/sse_upstream.c`) and the load generator (`bench/sse_client.c`)
 are small C programs the bench compiles with gcc into its temporary directory: the upstream keeps each
 stream's cadence on a 1 ms timer wheel (epoll + timerfd), the client holds all C connections in one
@@ -172,6 +172,8 @@ def section(ls: dict[str, Any], prof: dict[str, Any] | None, timestamp: str, whe
     parts = ["## Long streams: the gap added between tokens", "",
              METHOD.format(cs=", ".join(f"{c:,}" for c in ls["concurrency"]), tokens=ls["tokens"],
                            n_rounds=ls.get("rounds", 1),
+                           more=(f", then {ls['headline_rounds']} more of bare Envoy and the gateway at the headline's "
+                                 f"C = 500" if ls.get("headline_rounds") else ""),
                            cadence=ls["cadence_ms"], ramp=ls["ramp_ms"], timeout=ls["timeout_s"],
                            nominal=(ls["tokens"] - 1) * ls["cadence_ms"] / 1000), "",
              md_table(HEAD, table(ls)), "", rounds.WIDE_NOTE, "",

@@ -31,6 +31,8 @@ CONCURRENCY_QUICK = (250, 500)
 RAMP_MS = 1000  # the C streams are opened evenly over this time
 TIMEOUT_S = 20  # a stream still open this long after its start (4 times its length) is an error
 PROFILED_C = 500  # the cell py-spy records (PROFILE=1)
+HEADLINE_C = 500  # the C of the headline's long-stream figures, and the systems they compare
+HEADLINE_SYSTEMS = ("bare_envoy", "gateway")
 GIVE_UP = 0.5  # LiteLLM is not run at a higher C once it failed this share of the streams
 
 
@@ -135,32 +137,37 @@ def _port(system: System, long_port: int) -> int:
 
 
 def measure(systems: list[System], long_port: int, quick: bool, client: Path, tmp: Path,
-            log: Callable[[str], None], n_rounds: int = 1) -> dict[str, Any]:
+            log: Callable[[str], None], n_rounds: int = 1, headline_rounds: int = 0) -> dict[str, Any]:
     """Every C (ascending), ``n_rounds`` rounds at each, every system once per round in the order
     bench/rounds.py gives, so the systems compared at one C are measured seconds apart; LiteLLM is left
-    out of the rest once it failed ``GIVE_UP`` of the streams.  Returns {"concurrency": [...], "systems":
-    {name: {"label", "rounds": {C: [result per round]}, "cells": {C: the rounds' medians}}}}."""
+    out of the rest once it failed ``GIVE_UP`` of the streams.  Then ``headline_rounds`` more at
+    ``HEADLINE_C`` of the systems the headline compares there (``HEADLINE_SYSTEMS``).  Returns
+    {"concurrency": [...], "systems": {name: {"label", "rounds": {C: [result per round]}, "cells": {C: the
+    rounds' medians}}}}."""
     cs = CONCURRENCY_QUICK if quick else CONCURRENCY_FULL
     res: dict[str, Any] = {"concurrency": list(cs), "tokens": fx.LONG_TOKENS, "cadence_ms": fx.LONG_CADENCE_MS,
                            "ramp_ms": RAMP_MS, "timeout_s": TIMEOUT_S, "profiled_c": PROFILED_C,
-                           "rounds": n_rounds, "systems": {}}
+                           "rounds": n_rounds, "headline_rounds": headline_rounds, "systems": {}}
     idle = {s.name: idle_rss(s) for s in systems}
     for s in systems:
         res["systems"][s.name] = {"label": s.label, "cells": {}, "rounds": {}, "rss_idle_kb": idle[s.name]}
-    for c in cs:
-        for i in range(n_rounds):
-            for s in rounds.order(systems, i):
-                doc = res["systems"][s.name]
-                if "gave_up_after" in doc:
-                    continue
-                r = run_cell(s, _port(s, long_port), c, client, tmp, idle[s.name])
-                doc["rounds"].setdefault(str(c), []).append(r)
-                log(f"r{i + 1} {s.label:22s} streams c={c:<5d} gap p50 {r['gap_p50_us'] / 1000:6.2f} ms  p99 "
-                    f"{r['gap_p99_us'] / 1000:7.2f} ms  {r['tokens_per_s']:8.0f} chunks/s  errors {r['errors']}"
-                    + "".join(f"  {k} {r[k + '_kb_per_stream']:.1f} KB/stream {r[k + '_cpu_us_per_chunk']:.1f} us/chunk"
-                              for k in _pids(s)))
-                if s.name == "litellm" and r["errors"] > GIVE_UP * c:
-                    doc["gave_up_after"] = c
+    plan = [(c, i, systems) for c in cs for i in range(n_rounds)]
+    if HEADLINE_C in cs:
+        plan += [(HEADLINE_C, i, [s for s in systems if s.name in HEADLINE_SYSTEMS])
+                 for i in range(n_rounds, n_rounds + headline_rounds)]
+    for c, i, these in plan:
+        for s in rounds.order(these, i):
+            doc = res["systems"][s.name]
+            if "gave_up_after" in doc:
+                continue
+            r = run_cell(s, _port(s, long_port), c, client, tmp, idle[s.name])
+            doc["rounds"].setdefault(str(c), []).append(r)
+            log(f"r{i + 1} {s.label:22s} streams c={c:<5d} gap p50 {r['gap_p50_us'] / 1000:6.2f} ms  p99 "
+                f"{r['gap_p99_us'] / 1000:7.2f} ms  {r['tokens_per_s']:8.0f} chunks/s  errors {r['errors']}"
+                + "".join(f"  {k} {r[k + '_kb_per_stream']:.1f} KB/stream {r[k + '_cpu_us_per_chunk']:.1f} us/chunk"
+                          for k in _pids(s)))
+            if s.name == "litellm" and r["errors"] > GIVE_UP * c:
+                doc["gave_up_after"] = c
     _added(res)
     for doc in res["systems"].values():
         doc["cells"] = {c: cell(rs) for c, rs in doc["rounds"].items()}

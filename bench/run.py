@@ -36,6 +36,14 @@ RESULTS = ROOT / "bench" / "results"
 ROUNDS_QUICK, ROUNDS_FULL = 5, 5  # rounds of the short cells, the headline's ratios (bench/rounds.py)
 # QUICK's rounds of the long streams and of the cells beside the comparison (gRPC servers, RESP clients)
 OTHER_ROUNDS_QUICK = 3
+# Rounds of only what the headline's ratios compare, after the full rounds (``--rounds N`` leaves them out):
+# a full round costs about 80 s, one of these about 20, and a median over more rounds moves less with
+# the shared machine's speed.  The chat, burst and models cells on the systems those ratios name...
+HEADLINE_CELLS = {"chat": ("bare_envoy", "minimal_extproc", "gateway", "litellm"),
+                  "stream": ("minimal_extproc", "gateway"), "models": ("gateway",)}
+HEADLINE_ROUNDS_QUICK, HEADLINE_ROUNDS_FULL = 6, 4
+# ...and the long streams at the headline's C on bare Envoy and the gateway
+LONG_HEADLINE_ROUNDS_QUICK, LONG_HEADLINE_ROUNDS_FULL = 3, 2
 DRAIN_S = 60  # at most this long after a LiteLLM cell for it to work off what wrk left (procs.drain)
 WORKERS = 2  # the "Throughput vs ext_proc processes" row: GATEWAY_EXTPROC_WORKERS of the second gateway stack
 
@@ -134,24 +142,33 @@ def measure_cell(system: System, cell: tuple[str, str, int], secs: float, bodies
 
 
 def measure(systems: list[System], cells: list[tuple[str, str, int]], secs: float, warm: float, bodies: Path,
-            out: dict[str, Any], quick: bool, n_rounds: int) -> None:
-    """Every system's cells, ``n_rounds`` times.  A round goes cell by cell, each cell on every system
-    in turn, the systems' order reversed every other round: the two cells a ratio compares are measured
-    seconds apart, not a whole system's cells apart, so a drift of the shared machine's speed between
-    them stays small.  Each system's ``rounds`` gets the round's cells, ``cells`` their medians so far."""
+            out: dict[str, Any], quick: bool, n_rounds: int, headline_rounds: int = 0) -> None:
+    """Every system's cells, ``n_rounds`` times, then ``headline_rounds`` more of ``HEADLINE_CELLS``
+    only.  A round goes cell by cell, each cell on every system in turn, the systems' order reversed
+    every other round: the two cells a ratio compares are measured seconds apart, not a whole system's
+    cells apart, so a drift of the shared machine's speed between them stays small.  Each system's
+    ``rounds`` gets the round's cells, ``cells`` their medians so far."""
     for s in systems:
         prepare(s, warm, bodies, out)
-    for i in range(n_rounds):
-        log(f"--- round {i + 1} of {n_rounds}: {', '.join(s.label for s in rounds.order(systems, i))} ---")
+    total = n_rounds + headline_rounds
+    for i in range(total):
+        only = i >= n_rounds  # a headline round
+        log(f"--- round {i + 1} of {total}{' (the headline cells)' if only else ''}: "
+            f"{', '.join(s.label for s in rounds.order(systems, i))} ---")
         got: dict[str, dict[str, Any]] = {s.name: {} for s in systems}
         for cell in cells:
+            if only and cell[0] not in HEADLINE_CELLS:
+                continue
             for s in rounds.order(systems, i):
+                if only and s.name not in HEADLINE_CELLS[cell[0]]:
+                    continue
                 for c in runs(s, [cell], out[s.name], quick):
                     got[s.name][c[0]] = measure_cell(s, c, secs, bodies, quick, i + 1)
         for s in systems:
             res = out[s.name]
             res["rounds"].append(got[s.name])
-            res["cells"] = {c: rounds.cell([r[c] for r in res["rounds"] if c in r]) for c in got[s.name]}
+            seen = dict.fromkeys(c for r in res["rounds"] for c in r)  # (a headline round has only some)
+            res["cells"] = {c: rounds.cell([r[c] for r in res["rounds"] if c in r]) for c in seen}
 
 
 def profile(system: System, secs: float, bodies: Path, stamp: str) -> dict[str, Any]:
@@ -230,6 +247,8 @@ def compare(args: argparse.Namespace, tmp: Path, procs: Procs, stamp: str) -> di
     secs, warm = (2.0, 0.0) if quick else (5.0, 3.0)
     n_rounds = args.rounds or (ROUNDS_QUICK if quick else ROUNDS_FULL)
     other_rounds = args.rounds or (OTHER_ROUNDS_QUICK if quick else ROUNDS_FULL)
+    headline_rounds = 0 if args.rounds else HEADLINE_ROUNDS_QUICK if quick else HEADLINE_ROUNDS_FULL
+    long_headline_rounds = 0 if args.rounds else LONG_HEADLINE_ROUNDS_QUICK if quick else LONG_HEADLINE_ROUNDS_FULL
     cells = CELLS_QUICK if quick else CELLS_FULL
     t_start = time.monotonic()
     bodies = tmp / "bodies"
@@ -265,12 +284,12 @@ def compare(args: argparse.Namespace, tmp: Path, procs: Procs, stamp: str) -> di
         log(f"all systems up after {time.monotonic() - t_start:.0f} s")
         results: dict[str, Any] = {}
         prof = None
-        measure(systems, cells, secs, warm, bodies, results, quick, n_rounds)
+        measure(systems, cells, secs, warm, bodies, results, quick, n_rounds, headline_rounds)
         if args.profile and "gateway" in results:
             prof = profile(gw, secs, bodies, stamp)
             log(f"profile: {prof.get('error') or prof['svg']}")
         log(f"--- long streams: {fx.LONG_TOKENS} tokens every {fx.LONG_CADENCE_MS} ms, {other_rounds} rounds ---")
-        ls = long_streams.measure(systems, up.long, quick, long_client, tmp, log, other_rounds)
+        ls = long_streams.measure(systems, up.long, quick, long_client, tmp, log, other_rounds, long_headline_rounds)
         ls_prof = None
         if args.profile and "gateway" in results:
             ls_prof = long_streams.profile(gw, gw.port, long_client, tmp,
@@ -299,7 +318,7 @@ def compare(args: argparse.Namespace, tmp: Path, procs: Procs, stamp: str) -> di
             results[gw2.name]["requests_per_process"] = per_process(stack)
             log(f"requests served per ext_proc process: {results[gw2.name]['requests_per_process']}")
         return {"mode": "quick" if quick else "full", "cell_seconds": secs, "rounds": n_rounds,
-                "other_rounds": other_rounds, "systems": results,
+                "headline_rounds": headline_rounds, "other_rounds": other_rounds, "systems": results,
                 "litellm_note": litellm_note, "profile": prof, "long_streams": ls, "long_profile": ls_prof,
                 "redis": aside("Redis ceiling", ceiling), "grpc_servers": grpc,
                 "redis_cluster": aside("Redis Cluster ceiling", redis_cluster_ceiling.shards),
@@ -426,7 +445,10 @@ def headline(cmp: dict[str, Any] | None, sk: dict[str, Any] | None) -> dict[str,
     figures from their own runs."""
     h: dict[str, Any] = dict.fromkeys(HEADLINE)
     if cmp:
-        per_round = [round_headline(cmp, i) for i in range(cmp.get("rounds", 1))]
+        ls = cmp.get("long_streams") or {}
+        n = max(cmp.get("rounds", 1) + cmp.get("headline_rounds", 0),
+                ls.get("rounds", 0) + ls.get("headline_rounds", 0))
+        per_round = [round_headline(cmp, i) for i in range(n)]
         h = rounds.combine(per_round, summed=("streams_c2000_errors",),
                            digits=lambda k: 1 if k.startswith("rps") or k == "stream_chunks_per_s" else 3)
     h.update(dict.fromkeys(("errors", "rss_growth_pct", "redis_us_per_request")))
@@ -444,7 +466,8 @@ def headline(cmp: dict[str, Any] | None, sk: dict[str, Any] | None) -> dict[str,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="2 s cells, 3 rounds: about 10 minutes on 2 cores (full: 5 s, 5 rounds, 4 stream counts)")
+    ap.add_argument("--quick", action="store_true", help="2 s cells, 5 rounds (the long streams 3) and 6 more of the headline's cells: about 15 minutes on 2 cores "
+                    "(full: 5 s, 5 rounds and 4 more, 4 stream counts)")
     ap.add_argument("--soak", type=int, default=0, help="soak the gateway for this many seconds instead")
     ap.add_argument("--profile", action="store_true", help="py-spy flame graph of the gateway's ext_proc")
     ap.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out")

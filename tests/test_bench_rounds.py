@@ -76,3 +76,43 @@ def test_long_streams_added_gap_is_taken_against_the_same_rounds_bare_envoy() ->
     assert (cell["added_p99_ms"], cell["added_p99_ms_spread"], cell["streams"]) == (7.5, 0.667, 1000)
     first = long_streams.headline(long_streams.round_view(ls, 0))
     assert first["streams_c500_added_itl_p99_ms"] == 5.0 and first["streams_c500_envoy_cpu_vs_bare"] == 1.0
+
+
+def test_the_headline_rounds_run_only_the_cells_its_ratios_compare(monkeypatch: Any) -> None:
+    """After the full rounds, ``measure``'s headline rounds run chat, the burst and models on the systems
+    the headline's ratios name, and nothing else (no latency, no embeddings, no direct upstream)."""
+    ran: list[tuple[int, str, str]] = []
+    monkeypatch.setattr(run, "prepare", lambda s, warm, bodies, out: out.setdefault(
+        s.name, {"label": s.name, "cells": {}, "invalid": {}, "rounds": []}))
+    monkeypatch.setattr(run, "measure_cell", lambda s, c, secs, bodies, quick, n: ran.append((n, s.name, c[0]))
+                        or _wrk(100.0))
+    monkeypatch.setattr(run, "log", lambda msg: None)
+
+    class S:
+        def __init__(self, name: str) -> None:
+            self.name = self.label = name
+
+    systems: Any = [S(n) for n in ("direct", "bare_envoy", "minimal_extproc", "gateway", "litellm")]
+    out: dict[str, Any] = {}
+    run.measure(systems, run.CELLS_QUICK, 2.0, 0.0, None, out, True, 1, 2)  # type: ignore[arg-type]
+    full = {(name, cell) for n, name, cell in ran if n == 1}
+    assert ("direct", "latency") in full and ("litellm", "embeddings") in full
+    for n in (2, 3):
+        assert {(name, cell) for m, name, cell in ran if m == n} == {
+            ("bare_envoy", "chat"), ("minimal_extproc", "chat"), ("gateway", "chat"), ("litellm", "chat"),
+            ("minimal_extproc", "stream"), ("gateway", "stream"), ("gateway", "models")}
+    assert len(out["gateway"]["rounds"]) == 3 and out["gateway"]["cells"]["chat"]["rounds"] == 3
+    assert out["gateway"]["cells"]["latency"]["rounds"] == 1
+
+
+def test_the_headline_takes_its_ratios_over_the_headline_rounds_too() -> None:
+    """A third round of the headline's cells only: its ratios count in the medians, the latency's figures
+    come from the full rounds alone."""
+    cmp = _comparison()
+    cmp["headline_rounds"] = 1
+    for name, rps in (("bare_envoy", 4000.0), ("minimal_extproc", 1000.0), ("gateway", 2000.0), ("litellm", 100.0)):
+        cmp["systems"][name]["rounds"].append({c: _wrk(rps) for c in ("chat", "stream", "models")})
+    h = run.headline(cmp, None)
+    assert h["rounds"] == 3
+    assert h["ratio_vs_minimal"] == 1.25 and h["ratio_vs_minimal_spread"] == 0.6  # 1.25, 1.25, 2.0
+    assert h["overhead_p50_ms"] == 0.0 and h["stream_ratio_vs_minimal"] == 1.25
