@@ -466,8 +466,9 @@ def headline(cmp: dict[str, Any] | None, sk: dict[str, Any] | None) -> dict[str,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="2 s cells, 5 rounds (the long streams 3) and 6 more of the headline's cells: about 15 minutes on 2 cores "
-                    "(full: 5 s, 5 rounds and 4 more, 4 stream counts)")
+    ap.add_argument("--quick", action="store_true",
+                    help="2 s cells, 5 rounds (the long streams 3) and 6 more of the headline's cells: about 15 "
+                         "minutes on 2 cores (full: 5 s, 5 rounds and 4 more, 4 stream counts)")
     ap.add_argument("--soak", type=int, default=0, help="soak the gateway for this many seconds instead")
     ap.add_argument("--profile", action="store_true", help="py-spy flame graph of the gateway's ext_proc")
     ap.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out")
