@@ -186,8 +186,9 @@ class Gateway:
         import redis as sync_redis
         target = parse_redis(self.stack.redis_url)
         if target.cluster:
+            tls = {} if target.tls is None else {"ssl": True, "ssl_ca_certs": target.tls.ca_certs}
             r: Any = sync_redis.RedisCluster(startup_nodes=[sync_redis.cluster.ClusterNode(h, p) for h, p in target.seeds],
-                                             password=target.password)
+                                             password=target.password, **tls)
         elif target.sentinel:
             r = sync_redis.sentinel.Sentinel(list(target.seeds)).master_for(target.service, password=target.password)
         else:

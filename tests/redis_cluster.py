@@ -1,6 +1,8 @@
 """A Redis Cluster on loopback for the tests: Debian's redis-server, three primaries and a replica of each
 (``redis-cli --cluster create``, redis-tools comes with redis-server), a node timeout of one second so that
-a killed primary's replica takes over within a few seconds."""
+a killed primary's replica takes over within a few seconds.  ``redis_cluster(tls=True)``: as a managed
+cluster with encryption in transit has it, TLS only (no plain port) for clients, the cluster bus and
+replication, the nodes' certificate from a CA made for the test (trustme)."""
 from __future__ import annotations
 
 import contextlib
@@ -16,6 +18,7 @@ from typing import Iterator
 
 import pytest
 import redis
+import trustme
 
 from conftest import wait_for
 
@@ -48,13 +51,16 @@ def free_port() -> int:
 class Cluster:
     ports: list[int]
     procs: dict[int, subprocess.Popen[bytes]]
+    ca: Path | None = None  # TLS: the CA's certificate (PEM) the nodes' certificate is signed by
 
     @property
     def url(self) -> str:
-        return "redis+cluster://:cl%3Au%2Fst%40r@" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
+        seeds = "redis+cluster://:cl%3Au%2Fst%40r@" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
+        return seeds if self.ca is None else f"rediss{seeds[5:]}?ssl_ca_certs={self.ca}"
 
     def client(self, port: int) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=port, password=PASSWORD, socket_timeout=2)
+        tls = {} if self.ca is None else {"ssl": True, "ssl_ca_certs": str(self.ca)}
+        return redis.Redis(host="127.0.0.1", port=port, password=PASSWORD, socket_timeout=2, **tls)
 
     def info(self, port: int) -> dict[str, str]:
         with self.client(port) as r:
@@ -79,24 +85,37 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def redis_cluster() -> Iterator[Cluster]:
+def redis_cluster(tls: bool = False) -> Iterator[Cluster]:
     d = Path(tempfile.mkdtemp(prefix="redis-cluster-"))
     ports = [free_port() for _ in range(6)]
     procs: dict[int, subprocess.Popen[bytes]] = {}
+    ca: Path | None = None
+    listen, cli_tls = "port {port}\n", []
+    if tls:
+        authority = trustme.CA()
+        ca = d / "ca.pem"
+        authority.cert_pem.write_to_path(str(ca))
+        node = authority.issue_cert("127.0.0.1", "localhost")
+        node.private_key_pem.write_to_path(str(d / "node.key"))
+        node.cert_chain_pems[0].write_to_path(str(d / "node.pem"))
+        listen = (f"port 0\ntls-port {{port}}\ntls-cluster yes\ntls-replication yes\ntls-auth-clients no\n"
+                  f"tls-cert-file {d / 'node.pem'}\ntls-key-file {d / 'node.key'}\ntls-ca-cert-file {ca}\n")
+        cli_tls = ["--tls", "--cacert", str(ca)]
     try:
         for port in ports:
             (d / str(port)).mkdir()
             (d / str(port) / "redis.conf").write_text(
-                f"port {port}\nbind 127.0.0.1\ndir {d / str(port)}\nsave \"\"\nappendonly no\ndaemonize no\n"
+                listen.format(port=port)
+                + f"bind 127.0.0.1\ndir {d / str(port)}\nsave \"\"\nappendonly no\ndaemonize no\n"
                 f"cluster-enabled yes\ncluster-port {free_port()}\ncluster-config-file nodes.conf\n"
                 f"cluster-node-timeout 1000\n"
                 f"requirepass \"{PASSWORD}\"\nmasterauth \"{PASSWORD}\"\nloglevel warning\n")
             with (d / str(port) / "log").open("wb") as log:
                 procs[port] = subprocess.Popen([str(REDIS_SERVER), str(d / str(port) / "redis.conf")], stdout=log,
                                                stderr=subprocess.STDOUT, start_new_session=True)
-        cluster = Cluster(ports, procs)
+        cluster = Cluster(ports, procs, ca)
         wait_for(lambda: all(_answers(cluster, p) for p in ports), timeout=20)
-        subprocess.run([str(REDIS_CLI), "-a", PASSWORD, "--no-auth-warning", "--cluster", "create",
+        subprocess.run([str(REDIS_CLI), *cli_tls, "-a", PASSWORD, "--no-auth-warning", "--cluster", "create",
                         *(f"127.0.0.1:{p}" for p in ports), "--cluster-replicas", "1", "--cluster-yes"],
                        check=True, capture_output=True, timeout=60)
         wait_for(cluster.healthy, timeout=30, interval=0.1)

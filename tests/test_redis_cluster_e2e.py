@@ -8,18 +8,24 @@ slot (core/redis_keys.py); the shards' journals and usage streams are spread ove
 usage writers drain every one.  Then, under a mixed load from the three instances, the primary of the
 organisation's shard is SIGKILLed: its replica takes over, no request hangs (a client gets the interface's 500 or
 is served), and afterwards each request is reconciled by its id (tests/test_reconciliation_e2e.py):
-nothing served lost, nothing billed twice, no slot or hold left, the balance equal to the ledger."""
+nothing served lost, nothing billed twice, no slot or hold left, the balance equal to the ledger.  On a
+cluster of its own, a primary frozen (SIGSTOP) until its replica took over, then resumed, is survived
+the same way; and a cluster that speaks only TLS serves and bills as this one does."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from typing import Any, Iterator
 
 import httpx
 import pytest
+import redis
 from redis.crc import key_slot
 
 from conftest import Gateway, assert_error, wait_for
+from control.reconcile import reconcile
 from core import key_limits, redis_keys as rk
 from core.key_limits import Change
 from core.cost import Prices
@@ -164,6 +170,90 @@ def test_a_primary_killed_under_load_from_three_instances_loses_and_doubles_noth
     assert int(first.redis(lambda r: r.hget(rk.CLUSTER.org(org), "hold")) or 0) == 0  # no hold left
     assert counts["served"] >= 16
     print(f"primary killed: {counts}, {len(refused)} answered 500, {took:.1f} s")
+
+
+def test_a_primary_paused_past_its_failover_and_resumed_as_a_replica_is_survived() -> None:
+    """The primary of the organisation's shard frozen (SIGSTOP) under load until the cluster promoted its
+    replica, then resumed: it comes back as the new primary's replica.  The request path's client follows
+    the slot's move (MOVED), no request hangs, an admission sent again after its answer was lost holds
+    nothing twice, and afterwards, once `gateway reconcile` mended the cached balance of an admission the
+    failover lost (docs/operations.md), each request is reconciled by its id.  A cluster of its own and
+    one gateway instance: the module's kill test leaves a shard without a replica."""
+    with redis_cluster() as c, instances("gw-cluster-pause-", c.url, n=1) as gws:
+        gw = gws[0]
+        org, _, key = gw.new_org(1_000_000_000)
+        before = gw.admin(lambda a: a.balance(org))["ledger_micro_pln"]
+        slot = key_slot(rk.CLUSTER.tag(org).encode())
+        victim = c.primary_of(slot)
+        others = [p for p in c.ports if p != victim]
+
+        def primary_now() -> int:  # asked of a node that answers: the frozen one would not
+            with c.client(others[0]) as r:
+                for start, end, primary, *_ in r.execute_command("CLUSTER", "SLOTS"):
+                    if start <= slot <= end:
+                        return int(primary[1])
+            raise AssertionError(f"no node serves slot {slot}")
+
+        def replica_of(heir: int) -> bool:
+            try:
+                with c.client(victim) as r:
+                    info = r.info("replication")
+                return bool(info["role"] == "slave" and int(info["master_port"]) == heir
+                            and info.get("master_link_status") == "up")
+            except redis.exceptions.RedisError:
+                return False
+
+        heirs: list[int] = []
+
+        def pause() -> None:
+            os.kill(c.procs[victim].pid, signal.SIGSTOP)
+            try:
+                wait_for(lambda: primary_now() != victim, timeout=30, interval=0.1)  # the failover, meanwhile
+                heirs.append(primary_now())
+            finally:
+                os.kill(c.procs[victim].pid, signal.SIGCONT)
+            wait_for(lambda: replica_of(heirs[0]), timeout=30, interval=0.1)  # demoted once it answers again
+
+        t0 = time.monotonic()
+        seen = load_through(gws, key, pause)
+        took = time.monotonic() - t0
+        assert heirs and primary_now() == heirs[0] != victim and replica_of(heirs[0])
+        refused = [x for x in seen if x.status not in (200, 0)]
+        assert all((x.status, x.code) == (500, "internal_error") for x in refused), refused[:3]
+        wait_for(lambda: gw.usage_drained(org), timeout=40, interval=0.2)
+        gw.admin(lambda a: reconcile(a.pool, a.r, apply=True))
+        counts = _reconcile(gw, org, before, seen)
+        assert int(gw.redis(lambda r: r.hget(rk.CLUSTER.org(org), "hold")) or 0) == 0  # no hold left
+        assert counts["served"] >= 8
+        print(f"primary paused and resumed: {counts}, {len(refused)} answered 500, {took:.1f} s")
+
+
+def test_a_cluster_that_speaks_only_tls_serves_and_bills_on_every_shard() -> None:
+    """A cluster as a managed one with encryption in transit has it (rediss+cluster://, TLS only for
+    clients, the bus and replication, its certificate checked against ``ssl_ca_certs``): every process of
+    an instance reaches every primary over TLS, and chat and a stream of organisations on several shards
+    are each served and billed once, the balance equal to the ledger."""
+    with redis_cluster(tls=True) as c, instances("gw-cluster-tls-", c.url, n=1) as gws:
+        gw = gws[0]
+        assert c.url.startswith("rediss+cluster://") and "ssl_ca_certs=" in c.url
+        orgs = [gw.new_org(1_000_000_000) for _ in range(6)]
+        assert len({c.primary_of(key_slot(rk.CLUSTER.tag(org).encode())) for org, _, _ in orgs}) >= 2
+        for i, (org, _, key) in enumerate(orgs):
+            stream = i % 2 == 1
+            r = httpx.post(gw.v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                           json={"model": "polish-fast", "messages": [{"role": "user", "content": "x"}],
+                                 "max_tokens": 4, "stream": stream})
+            assert r.status_code == 200, r.text
+            assert r.text.rstrip().endswith("data: [DONE]") if stream else r.json()["usage"]["completion_tokens"] > 0
+            rid = r.headers["x-request-id"]
+            wait_for(lambda: gw.sql("SELECT 1 FROM usage_records WHERE request_id = $1", rid), timeout=15)
+            rec = gw.sql("SELECT status, stream, cost_micro_pln FROM usage_records WHERE request_id = $1", rid)[0]
+            assert (rec["status"], rec["stream"]) == (200, stream) and rec["cost_micro_pln"] > 0
+            debits = gw.sql("SELECT amount_micro_pln FROM ledger WHERE ref = $1", "usage:" + rid)
+            assert [d["amount_micro_pln"] for d in debits] == [-rec["cost_micro_pln"]]
+            wait_for(lambda: gw.slots_held(org) == 0, timeout=10)
+            bal = gw.admin(lambda a: a.balance(org))
+            assert bal["balance_micro_pln"] == bal["ledger_micro_pln"]
 
 
 def test_a_cancelled_admission_gives_its_slot_and_hold_back_on_its_shard(gws: list[Gateway]) -> None:
