@@ -44,20 +44,34 @@ def redis_client(url: str, size: int) -> AnyRedis:
     if target.sentinel:
         opts = _redis_py_options(target)
         del opts["host"], opts["port"]
+        # TLS (rediss+sentinel://): the sentinels are asked over TLS too, with the same parameters, as the
+        # request path's client asks them (core/resp_cluster.py)
+        tls = {k: v for k, v in opts.items() if k.startswith("ssl_")} | ({"ssl": True} if target.tls else {})
         sentinel = Sentinel(  # type: ignore[no-untyped-call]
-            list(target.seeds), sentinel_kwargs={"password": target.sentinel_password, "socket_timeout": 2},
+            list(target.seeds), sentinel_kwargs={"password": target.sentinel_password, "socket_timeout": 2, **tls},
             socket_timeout=2, socket_connect_timeout=2, health_check_interval=10,
             retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2),
             retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError])
-        if "connection_class" in opts:  # TLS: the primary's connections, the sentinels' stay plain
+        if "connection_class" in opts:  # TLS: the primary's connections
             opts["connection_class"] = SentinelManagedSSLConnection
-        primary: aioredis.Redis = sentinel.master_for(target.service, max_connections=size, **opts)
+        primary: aioredis.Redis = sentinel.master_for(target.service, redis_class=_SentinelPrimary,
+                                                      max_connections=size, **opts)
         return primary
     return aioredis.Redis(connection_pool=aioredis.BlockingConnectionPool(
         max_connections=size, timeout=5, socket_timeout=2, socket_connect_timeout=2,
         health_check_interval=10, retry=Retry(ExponentialBackoff(cap=0.2, base=0.01), 2),
         retry_on_error=[redis.exceptions.ConnectionError, redis.exceptions.TimeoutError],
         **_redis_py_options(parse_redis(url))))
+
+
+class _SentinelPrimary(aioredis.Redis):
+    """The client of the primary the sentinels name; closing it closes its connections to the sentinels
+    too (redis-py's leaves them open)."""
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        for s in self.connection_pool.sentinel_manager.sentinels:  # type: ignore[attr-defined]
+            await s.aclose()
 
 
 def _redis_py_options(t: RedisTarget) -> dict[str, Any]:

@@ -9,7 +9,7 @@
     redis+cluster://[[user]:password@]host:port[,host:port...][?query]   a Redis Cluster (its seeds)
     rediss+cluster://...                                                  the same over TLS
     redis+sentinel://[[user]:password@]host:port[,host:port...]/service[/db][?sentinel_password=...]
-    rediss+sentinel://...                                                 the primary over TLS
+    rediss+sentinel://...                                                 the sentinels and the primary over TLS
 
 A cluster's seeds are any of its nodes: the client asks one of them for the cluster's slots
 (``CLUSTER SLOTS``) and follows the cluster from there.  A cluster has no database number.  A

@@ -190,7 +190,10 @@ class Gateway:
             r: Any = sync_redis.RedisCluster(startup_nodes=[sync_redis.cluster.ClusterNode(h, p) for h, p in target.seeds],
                                              password=target.password, **tls)
         elif target.sentinel:
-            r = sync_redis.sentinel.Sentinel(list(target.seeds)).master_for(target.service, password=target.password)
+            ssl = {} if target.tls is None else {"ssl": True, "ssl_ca_certs": target.tls.ca_certs}
+            r = sync_redis.sentinel.Sentinel(list(target.seeds), sentinel_kwargs=ssl).master_for(
+                target.service, password=target.password,
+                **({"connection_class": sync_redis.sentinel.SentinelManagedSSLConnection} | ssl if ssl else {}))
         else:
             r = sync_redis.Redis.from_url(self.stack.redis_url)
         try:

@@ -1,6 +1,8 @@
 """A Redis primary, its replica and three sentinels on loopback for the tests: Debian's redis-server (and
 ``redis-server --sentinel``, the same package), the primary judged down after one second so that a
-failover is over in a few."""
+failover is over in a few.  ``redis_sentinels(tls=True)``: every server, sentinels too, speaks TLS only
+(no plain port), replication and the sentinels' own connections included, with a certificate from a CA
+made for the test (trustme)."""
 from __future__ import annotations
 
 import contextlib
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 import redis
+import trustme
 
 from conftest import wait_for
 from redis_cluster import PASSWORD, REDIS_SERVER, free_port, stop
@@ -24,17 +27,24 @@ class Sentinels:
     redis_ports: list[int]  # the primary's first, then its replica's
     sentinel_ports: list[int]
     procs: dict[int, subprocess.Popen[bytes]]
+    ca: Path | None = None  # TLS: the CA's certificate (PEM) every server's certificate is signed by
 
     @property
     def url(self) -> str:
-        return ("redis+sentinel://:cl%3Au%2Fst%40r@" + ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
-                + f"/{SERVICE}")
+        url = ("redis+sentinel://:cl%3Au%2Fst%40r@" + ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
+               + f"/{SERVICE}")
+        return url if self.ca is None else f"rediss{url[5:]}?ssl_ca_certs={self.ca}"
+
+    def client(self, port: int, password: str | None = PASSWORD) -> redis.Redis:
+        """A client of the Redis (or, ``password=None``, the sentinel) on ``port``."""
+        tls = {} if self.ca is None else {"ssl": True, "ssl_ca_certs": str(self.ca)}
+        return redis.Redis(host="127.0.0.1", port=port, password=password, socket_timeout=2, **tls)
 
     def primary(self) -> int:
         """The primary's port, as the first sentinel that answers names it."""
         for port in self.sentinel_ports:
             if self.procs[port].poll() is None:
-                with redis.Redis(host="127.0.0.1", port=port, socket_timeout=2) as s:
+                with self.client(port, None) as s:
                     return int(s.sentinel_get_master_addr_by_name(SERVICE)[1])
         raise AssertionError("no sentinel answers")
 
@@ -44,14 +54,25 @@ class Sentinels:
 
 
 @contextlib.contextmanager
-def redis_sentinels() -> Iterator[Sentinels]:
+def redis_sentinels(tls: bool = False) -> Iterator[Sentinels]:
     d = Path(tempfile.mkdtemp(prefix="redis-sentinel-"))
     redis_ports, sentinel_ports = [free_port(), free_port()], [free_port() for _ in range(3)]
     procs: dict[int, subprocess.Popen[bytes]] = {}
+    ca: Path | None = None
+    listen = "port {port}\n"
+    if tls:
+        authority = trustme.CA()
+        ca = d / "ca.pem"
+        authority.cert_pem.write_to_path(str(ca))
+        server = authority.issue_cert("127.0.0.1", "localhost")
+        server.private_key_pem.write_to_path(str(d / "server.key"))
+        server.cert_chain_pems[0].write_to_path(str(d / "server.pem"))
+        listen = (f"port 0\ntls-port {{port}}\ntls-replication yes\ntls-auth-clients no\n"
+                  f"tls-cert-file {d / 'server.pem'}\ntls-key-file {d / 'server.key'}\ntls-ca-cert-file {ca}\n")
 
     def start(port: int, conf: str, *extra: str) -> None:
         (d / str(port)).mkdir()
-        (d / str(port) / "redis.conf").write_text(f"port {port}\nbind 127.0.0.1\ndir {d / str(port)}\n"
+        (d / str(port) / "redis.conf").write_text(listen.format(port=port) + f"bind 127.0.0.1\ndir {d / str(port)}\n"
                                                   f"daemonize no\nloglevel warning\n{conf}")
         with (d / str(port) / "log").open("wb") as log:
             procs[port] = subprocess.Popen([str(REDIS_SERVER), str(d / str(port) / "redis.conf"), *extra],
@@ -65,15 +86,15 @@ def redis_sentinels() -> Iterator[Sentinels]:
                         f"sentinel auth-pass {SERVICE} {PASSWORD}\n"
                         f"sentinel down-after-milliseconds {SERVICE} 1000\n"
                         f"sentinel failover-timeout {SERVICE} 5000\n", "--sentinel")
-        s = Sentinels(redis_ports, sentinel_ports, procs)
+        s = Sentinels(redis_ports, sentinel_ports, procs, ca)
 
         def ready() -> bool:
             try:
-                with redis.Redis(host="127.0.0.1", port=redis_ports[1], password=PASSWORD) as r:
+                with s.client(redis_ports[1]) as r:
                     if r.info("replication").get("master_link_status") != "up":
                         return False
                 for port in sentinel_ports:  # each sentinel knows the replica and the other sentinels
-                    with redis.Redis(host="127.0.0.1", port=port) as r:
+                    with s.client(port, None) as r:
                         info = r.sentinel_master(SERVICE)
                         if int(info["num-slaves"]) < 1 or int(info["num-other-sentinels"]) < 2:
                             return False

@@ -4,7 +4,8 @@ PostgreSQL.  Under a mixed load from all three the primary is SIGKILLed: the sen
 both clients of every process (the request path's own, core/resp_sentinel.py, and redis-py's) follow it,
 no request hangs (a client gets the interface's 500 or is served), and afterwards each request is reconciled by
 its id (tests/test_reconciliation_e2e.py): nothing served lost, nothing billed twice, no slot or hold
-left, the balance equal to the ledger."""
+left, the balance equal to the ledger.  On servers of their own: the primary frozen (SIGSTOP) past its
+failover and resumed; and every server, the sentinels too, speaking only TLS."""
 from __future__ import annotations
 
 import os
@@ -12,6 +13,7 @@ import signal
 import time
 from typing import Iterator
 
+import httpx
 import pytest
 import redis
 
@@ -99,3 +101,38 @@ def test_a_primary_paused_past_its_failover_and_resumed_as_a_replica_is_survived
         assert int(gw.redis(lambda r: r.hget(rk.ONE.org(org), "hold")) or 0) == 0  # no hold left
         assert counts["served"] >= 8
         print(f"primary paused and resumed: {counts}, {len(refused)} answered 500, {took:.1f} s")
+
+
+def test_sentinels_and_redis_that_speak_only_tls_serve_bill_and_fail_over() -> None:
+    """Every server TLS only, the sentinels too (rediss+sentinel://...?ssl_ca_certs=...), as a managed
+    deployment with encryption in transit has it: chat and a stream are served and billed once (the
+    request path's client and redis-py both ask the sentinels over TLS), then the primary is killed under
+    load, the sentinels name its replica, and each request is reconciled by its id."""
+    with redis_sentinels(tls=True) as s, instances("gw-sentinel-tls-", s.url, n=1) as gws:
+        gw = gws[0]
+        assert s.url.startswith("rediss+sentinel://") and "ssl_ca_certs=" in s.url
+        org, _, key = gw.new_org(1_000_000_000)
+        for stream in (False, True):
+            r = httpx.post(gw.v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                           json={"model": "polish-fast", "messages": [{"role": "user", "content": "x"}],
+                                 "max_tokens": 4, "stream": stream})
+            assert r.status_code == 200, r.text
+            rid = r.headers["x-request-id"]
+            wait_for(lambda: gw.sql("SELECT 1 FROM usage_records WHERE request_id = $1", rid), timeout=15)
+            rec = gw.sql("SELECT status, stream, cost_micro_pln FROM usage_records WHERE request_id = $1", rid)[0]
+            assert (rec["status"], rec["stream"]) == (200, stream) and rec["cost_micro_pln"] > 0
+            debits = gw.sql("SELECT amount_micro_pln FROM ledger WHERE ref = $1", "usage:" + rid)
+            assert [d["amount_micro_pln"] for d in debits] == [-rec["cost_micro_pln"]]
+        wait_for(lambda: gw.slots_held(org) == 0, timeout=10)
+        bal = gw.admin(lambda a: a.balance(org))
+        assert bal["balance_micro_pln"] == bal["ledger_micro_pln"]
+        org, _, key = gw.new_org(1_000_000_000)  # the load's own: every request of it is in ``seen``
+        before = gw.admin(lambda a: a.balance(org))["ledger_micro_pln"]
+        victim, heir = s.redis_ports
+        seen = load_through(gws, key, lambda: s.kill(victim))
+        assert s.primary() == heir
+        refused = [x for x in seen if x.status not in (200, 0)]
+        assert all((x.status, x.code) == (500, "internal_error") for x in refused), refused[:3]
+        counts = _reconcile(gw, org, before, seen)
+        assert int(gw.redis(lambda r: r.hget(rk.ONE.org(org), "hold")) or 0) == 0
+        assert counts["served"] >= 8
