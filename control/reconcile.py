@@ -4,8 +4,12 @@ from the ledger once and then only debited.  ``gateway reconcile`` compares them
 ``--apply``, moves each cached balance by its drift.
 
 What Redis should hold for an organisation: its ledger sum less the costs of its usage records still queued
-in the usage stream (debited in Redis already, not yet in the ledger).  The stream is read before and after
-the ledger: an organisation whose queued records changed meanwhile is left for the next run."""
+in the usage stream (debited in Redis already, not yet in the ledger), each request once, and none the
+ledger already has (the usage writer commits a record before it takes it off the stream, and a repeated
+finish queues a copy PostgreSQL drops).  The ledger's sums and which queued requests it has are read in one
+statement, one snapshot; the stream is read before and after the balances and the ledger: an organisation
+whose queued records changed meanwhile (a request finished, the writer took some) is left for the next
+run.  The mend is an increment, so a request that finishes after the reads keeps its own debit."""
 from __future__ import annotations
 
 import json
@@ -31,8 +35,9 @@ class Drift:
         return asdict(self)
 
 
-async def _queued(r: AnyRedis) -> dict[str, int]:
-    out: dict[str, int] = {}
+async def _queued(r: AnyRedis) -> dict[str, dict[str, int]]:
+    """The usage stream's records by organisation: {org: {request id: cost}}, the first of each request."""
+    out: dict[str, dict[str, int]] = {}
     for stream in layout_of(r).streams():  # a cluster's: one per shard
         last = "-"
         while True:
@@ -42,7 +47,7 @@ async def _queued(r: AnyRedis) -> dict[str, int]:
                     continue
                 try:
                     rec = json.loads(fields[b"r"])
-                    out[rec["org_id"]] = out.get(rec["org_id"], 0) + int(rec["cost_micro_pln"])
+                    out.setdefault(rec["org_id"], {}).setdefault(rec["request_id"], int(rec["cost_micro_pln"]))
                 except (KeyError, ValueError, TypeError):
                     continue
             if len(batch) < 1000:
@@ -51,30 +56,42 @@ async def _queued(r: AnyRedis) -> dict[str, int]:
     return out
 
 
+# Each organisation's ledger sum and what of it is the debits of the queued requests ($2: their refs), in
+# one statement: one snapshot of the ledger for both.
+_LEDGER = """
+SELECT org_id, COALESCE(SUM(amount_micro_pln), 0)::bigint AS s,
+       COALESCE(SUM(-amount_micro_pln) FILTER (WHERE ref = ANY($2::text[])), 0)::bigint AS written
+FROM ledger WHERE org_id = ANY($1::text[]) GROUP BY org_id
+"""
+
+
 async def reconcile(pool: asyncpg.Pool, r: AnyRedis, apply: bool) -> list[Drift]:
     """The organisations whose cached balance is apart from what the ledger says it should be."""
-    cached: dict[str, int] = {}
     layout = layout_of(r)
-    async for name in r.scan_iter(match=rk.ORG + "*", count=1000):  # a cluster's: every primary's
-        org = layout.org_of(name.decode())
-        balance = await r.hget(name, "balance")
-        if balance is not None:
-            cached[org] = int(balance)
-    if not cached:
+    names = [name async for name in r.scan_iter(match=rk.ORG + "*", count=1000)]  # a cluster's: every primary's
+    if not names:
         return []
     before = await _queued(r)
-    rows = await pool.fetch("SELECT org_id, COALESCE(SUM(amount_micro_pln), 0)::bigint AS s FROM ledger"
-                            " WHERE org_id = ANY($1::text[]) GROUP BY org_id", list(cached))
-    ledger = {row["org_id"]: int(row["s"]) for row in rows}
+    cached: dict[str, int] = {}
+    for name in names:
+        balance = await r.hget(name, "balance")
+        if balance is not None:
+            cached[layout.org_of(name.decode())] = int(balance)
+    if not cached:
+        return []
+    refs = [f"usage:{rid}" for rids in before.values() for rid in rids]
+    rows = await pool.fetch(_LEDGER, list(cached), refs)
+    ledger = {row["org_id"]: (int(row["s"]), int(row["written"])) for row in rows}
     after = await _queued(r)
     out = []
     for org, redis_balance in sorted(cached.items()):
-        if before.get(org, 0) != after.get(org, 0):
-            continue  # its records were being written meanwhile: the next run sees it still
-        queued = after.get(org, 0)
-        drift = redis_balance - (ledger.get(org, 0) - queued)
+        if before.get(org, {}) != after.get(org, {}):
+            continue  # its records were being queued or written meanwhile: the next run sees it still
+        total, written = ledger.get(org, (0, 0))
+        queued = sum(before.get(org, {}).values()) - written
+        drift = redis_balance - (total - queued)
         if drift:
             if apply:
                 await r.hincrby(layout.org(org), "balance", -drift)
-            out.append(Drift(org, redis_balance, ledger.get(org, 0), queued, drift, apply))
+            out.append(Drift(org, redis_balance, total, queued, drift, apply))
     return out

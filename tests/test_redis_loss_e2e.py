@@ -6,16 +6,20 @@ mends them."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import httpx
 import pytest
 
 from conftest import Gateway, assert_error, running_stack, wait_for
 from control.admin import Admin
+from core.decisions import UsageRecord
 from core.key_limits import Change
 from test_drain_e2e import _streams
 
@@ -95,6 +99,44 @@ def test_reconcile_finds_and_mends_a_balance_apart_from_the_ledger(gw: Gateway) 
     assert int(gw.redis(lambda r: r.hget("gw:o:" + org, "balance"))) == ledger
     again = _reconcile(gw)
     assert again.returncode == 0 and not [d for d in json.loads(again.stdout) if d["org"] == org], again.stdout
+
+
+def _as_queued(row: dict[str, Any]) -> str:
+    """A usage_records row as the ext_proc queued it (UsageRecord's JSON: times as epoch seconds, NULL text "")."""
+    def value(name: str, pg_type: str) -> Any:
+        v = row[name]
+        return v.timestamp() if pg_type == "timestamptz" else "" if v is None and pg_type == "text" else v
+    return UsageRecord(**{f.name: value(f.name, f.metadata["pg_type"]) for f in fields(UsageRecord)}).to_json()
+
+
+def test_reconcile_counts_a_queued_record_the_ledger_already_has_once(gw: Gateway) -> None:
+    """A usage record still in the stream whose request the ledger already has was debited in Redis once:
+    the usage writer had committed it and not yet taken it off the stream, or it is a repeated finish's
+    copy (queued without a debit; PostgreSQL keeps the first record of a request id).  Reconcile takes its
+    cost off the expected balance once, not twice: nothing to mend.  The writer is frozen meanwhile, so
+    the copy stays queued."""
+    org, _, key = gw.new_org(5_000_000)
+    r = httpx.post(gw.v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                   json={"model": "polish-pro", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200
+    rid = r.headers["x-request-id"]
+    wait_for(lambda: gw.usage_drained(org), timeout=10, interval=0.1)
+    row = gw.sql("SELECT * FROM usage_records WHERE request_id = $1", rid)[0]
+    assert row["cost_micro_pln"] > 0
+    record = _as_queued(row)
+    writer = gw.stack.procs["usage-writer"].popen
+    assert writer is not None
+    os.kill(writer.pid, signal.SIGSTOP)
+    try:
+        gw.redis(lambda r: r.xadd("gw:usage", {"r": record}))
+        dry = _reconcile(gw)
+        assert dry.returncode == 0 and not [d for d in json.loads(dry.stdout) if d["org"] == org], dry.stdout
+    finally:
+        os.kill(writer.pid, signal.SIGCONT)
+    wait_for(lambda: gw.usage_drained(org), timeout=10, interval=0.1)
+    assert gw.sql("SELECT count(*) AS n FROM ledger WHERE ref = $1", "usage:" + rid)[0]["n"] == 1
+    ledger = gw.sql("SELECT sum(amount_micro_pln) AS s FROM ledger WHERE org_id = $1", org)[0]["s"]
+    assert int(gw.redis(lambda r: r.hget("gw:o:" + org, "balance"))) == ledger
 
 
 def test_a_key_at_its_monthly_limit_stays_there_when_redis_loses_its_data(gw: Gateway) -> None:
