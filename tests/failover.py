@@ -6,10 +6,11 @@ import threading
 from typing import Callable, Iterator
 
 
-from conftest import Gateway, free_base, running_stack
+from conftest import Gateway, free_base, running_stack, wait_for
 from control.launcher import Stack
+from control.reconcile import reconcile
 from control.settings import Settings
-from test_reconciliation_e2e import Seen, _load
+from test_reconciliation_e2e import Seen, _load, _reconcile
 
 CLIENTS = 6  # two per instance of three
 
@@ -57,3 +58,17 @@ def load_through(gws: list[Gateway], key: str, fault: Callable[[], None]) -> lis
     """``CLIENTS`` clients spread over the instances send back to back (test_reconciliation_e2e's load);
     no request waits longer than its client's 30 s: a hang is a failure."""
     return _load(gws, key, fault, CLIENTS, timeout=30)
+
+
+def reconciled_after_a_failover(gw: Gateway, org: str, org_key: str, before: int, seen: list[Seen]) -> dict[str, int]:
+    """After a failover under ``load_through``: every refusal the interface's 500; once the usage is written,
+    `gateway reconcile --apply` mends the cached balance of an admission the failover lost
+    (docs/operations.md); then each request is reconciled by its id and no hold is left on the
+    organisation (``org_key``: its Redis hash).  The counts of ``_reconcile``, with the refusals'."""
+    refused = [x for x in seen if x.status not in (200, 0)]
+    assert all((x.status, x.code) == (500, "internal_error") for x in refused), refused[:3]
+    wait_for(lambda: gw.usage_drained(org), timeout=40, interval=0.2)
+    gw.admin(lambda a: reconcile(a.pool, a.r, apply=True))
+    counts = _reconcile(gw, org, before, seen)
+    assert int(gw.redis(lambda r: r.hget(org_key, "hold")) or 0) == 0  # no hold left
+    return counts | {"refused": len(refused)}

@@ -84,6 +84,20 @@ class Cluster:
         self.procs[port].wait()
 
 
+def tls_only(d: Path) -> tuple[Path, str]:
+    """A CA made for the test (trustme) and a certificate of its for 127.0.0.1, written to ``d``: the CA's
+    file, and the lines of a server's configuration (its port as ``{port}``) that make it speak only TLS,
+    to its replicas too, without asking clients for a certificate."""
+    authority = trustme.CA()
+    ca = d / "ca.pem"
+    authority.cert_pem.write_to_path(str(ca))
+    server = authority.issue_cert("127.0.0.1", "localhost")
+    server.private_key_pem.write_to_path(str(d / "server.key"))
+    server.cert_chain_pems[0].write_to_path(str(d / "server.pem"))
+    return ca, (f"port 0\ntls-port {{port}}\ntls-replication yes\ntls-auth-clients no\n"
+                f"tls-cert-file {d / 'server.pem'}\ntls-key-file {d / 'server.key'}\ntls-ca-cert-file {ca}\n")
+
+
 @contextlib.contextmanager
 def redis_cluster(tls: bool = False) -> Iterator[Cluster]:
     d = Path(tempfile.mkdtemp(prefix="redis-cluster-"))
@@ -92,14 +106,8 @@ def redis_cluster(tls: bool = False) -> Iterator[Cluster]:
     ca: Path | None = None
     listen, cli_tls = "port {port}\n", []
     if tls:
-        authority = trustme.CA()
-        ca = d / "ca.pem"
-        authority.cert_pem.write_to_path(str(ca))
-        node = authority.issue_cert("127.0.0.1", "localhost")
-        node.private_key_pem.write_to_path(str(d / "node.key"))
-        node.cert_chain_pems[0].write_to_path(str(d / "node.pem"))
-        listen = (f"port 0\ntls-port {{port}}\ntls-cluster yes\ntls-replication yes\ntls-auth-clients no\n"
-                  f"tls-cert-file {d / 'node.pem'}\ntls-key-file {d / 'node.key'}\ntls-ca-cert-file {ca}\n")
+        ca, listen = tls_only(d)
+        listen += "tls-cluster yes\n"
         cli_tls = ["--tls", "--cacert", str(ca)]
     try:
         for port in ports:

@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Iterator
 
 import redis
-import trustme
 
 from conftest import wait_for
-from redis_cluster import PASSWORD, REDIS_SERVER, free_port, stop
+from redis_cluster import PASSWORD, REDIS_SERVER, free_port, stop, tls_only
 
 SERVICE = "gw-primary"
 
@@ -61,14 +60,7 @@ def redis_sentinels(tls: bool = False) -> Iterator[Sentinels]:
     ca: Path | None = None
     listen = "port {port}\n"
     if tls:
-        authority = trustme.CA()
-        ca = d / "ca.pem"
-        authority.cert_pem.write_to_path(str(ca))
-        server = authority.issue_cert("127.0.0.1", "localhost")
-        server.private_key_pem.write_to_path(str(d / "server.key"))
-        server.cert_chain_pems[0].write_to_path(str(d / "server.pem"))
-        listen = (f"port 0\ntls-port {{port}}\ntls-replication yes\ntls-auth-clients no\n"
-                  f"tls-cert-file {d / 'server.pem'}\ntls-key-file {d / 'server.key'}\ntls-ca-cert-file {ca}\n")
+        ca, listen = tls_only(d)
 
     def start(port: int, conf: str, *extra: str) -> None:
         (d / str(port)).mkdir()
