@@ -56,11 +56,11 @@ async def _queued(r: AnyRedis) -> dict[str, dict[str, int]]:
     return out
 
 
-# Each organisation's ledger sum and what of it is the debits of the queued requests ($2: their refs), in
+# Each organisation's ledger sum and which of the queued requests ($2: their refs) it has a debit of, in
 # one statement: one snapshot of the ledger for both.
 _LEDGER = """
 SELECT org_id, COALESCE(SUM(amount_micro_pln), 0)::bigint AS s,
-       COALESCE(SUM(-amount_micro_pln) FILTER (WHERE ref = ANY($2::text[])), 0)::bigint AS written
+       COALESCE(array_agg(ref) FILTER (WHERE ref = ANY($2::text[])), '{}') AS written
 FROM ledger WHERE org_id = ANY($1::text[]) GROUP BY org_id
 """
 
@@ -81,14 +81,16 @@ async def reconcile(pool: asyncpg.Pool, r: AnyRedis, apply: bool) -> list[Drift]
         return []
     refs = [f"usage:{rid}" for rids in before.values() for rid in rids]
     rows = await pool.fetch(_LEDGER, list(cached), refs)
-    ledger = {row["org_id"]: (int(row["s"]), int(row["written"])) for row in rows}
+    ledger = {row["org_id"]: (int(row["s"]), set(row["written"])) for row in rows}
     after = await _queued(r)
     out = []
     for org, redis_balance in sorted(cached.items()):
         if before.get(org, {}) != after.get(org, {}):
             continue  # its records were being queued or written meanwhile: the next run sees it still
-        total, written = ledger.get(org, (0, 0))
-        queued = sum(before.get(org, {}).values()) - written
+        total, written = ledger.get(org, (0, set()))
+        # a request the ledger has counts there, whatever its queued copy says (a reaper's estimate may
+        # stand in the ledger, the ext_proc's own record queued after it)
+        queued = sum(cost for rid, cost in before.get(org, {}).items() if f"usage:{rid}" not in written)
         drift = redis_balance - (total - queued)
         if drift:
             if apply:

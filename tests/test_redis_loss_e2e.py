@@ -109,12 +109,14 @@ def _as_queued(row: dict[str, Any]) -> str:
     return UsageRecord(**{f.name: value(f.name, f.metadata["pg_type"]) for f in fields(UsageRecord)}).to_json()
 
 
-def test_reconcile_counts_a_queued_record_the_ledger_already_has_once(gw: Gateway) -> None:
+@pytest.mark.parametrize("other", [0, 7], ids=["the same record", "another cost"])
+def test_reconcile_counts_a_queued_record_the_ledger_already_has_once(gw: Gateway, other: int) -> None:
     """A usage record still in the stream whose request the ledger already has was debited in Redis once:
     the usage writer had committed it and not yet taken it off the stream, or it is a repeated finish's
-    copy (queued without a debit; PostgreSQL keeps the first record of a request id).  Reconcile takes its
-    cost off the expected balance once, not twice: nothing to mend.  The writer is frozen meanwhile, so
-    the copy stays queued."""
+    copy (queued without a debit; PostgreSQL keeps the first record of a request id), whose cost may
+    differ (``other``: the ext_proc's own record queued after the reaper's estimate).  Reconcile counts
+    the request as the ledger has it: nothing to mend.  The writer is frozen meanwhile, so the copy stays
+    queued."""
     org, _, key = gw.new_org(5_000_000)
     r = httpx.post(gw.v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
                    json={"model": "polish-pro", "messages": [{"role": "user", "content": "x"}]})
@@ -123,7 +125,7 @@ def test_reconcile_counts_a_queued_record_the_ledger_already_has_once(gw: Gatewa
     wait_for(lambda: gw.usage_drained(org), timeout=10, interval=0.1)
     row = gw.sql("SELECT * FROM usage_records WHERE request_id = $1", rid)[0]
     assert row["cost_micro_pln"] > 0
-    record = _as_queued(row)
+    record = _as_queued(row | {"cost_micro_pln": row["cost_micro_pln"] + other})
     writer = gw.stack.procs["usage-writer"].popen
     assert writer is not None
     os.kill(writer.pid, signal.SIGSTOP)
