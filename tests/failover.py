@@ -5,6 +5,7 @@ import contextlib
 import threading
 from typing import Callable, Iterator
 
+import httpx
 
 from conftest import Gateway, free_base, running_stack, wait_for
 from control.launcher import Stack
@@ -72,3 +73,22 @@ def reconciled_after_a_failover(gw: Gateway, org: str, org_key: str, before: int
     counts = _reconcile(gw, org, before, seen)
     assert int(gw.redis(lambda r: r.hget(org_key, "hold")) or 0) == 0  # no hold left
     return counts | {"refused": len(refused)}
+
+
+def served_and_billed_once(gw: Gateway, org: str, key: str, stream: bool) -> None:
+    """A chat request (``stream``: streamed) served whole and billed once: its usage record, its one debit,
+    no slot left, the organisation's cached balance equal to its ledger."""
+    r = httpx.post(gw.v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
+                   json={"model": "polish-fast", "messages": [{"role": "user", "content": "x"}],
+                         "max_tokens": 4, "stream": stream})
+    assert r.status_code == 200, r.text
+    assert r.text.rstrip().endswith("data: [DONE]") if stream else r.json()["usage"]["completion_tokens"] > 0
+    rid = r.headers["x-request-id"]
+    wait_for(lambda: gw.sql("SELECT 1 FROM usage_records WHERE request_id = $1", rid), timeout=15)
+    rec = gw.sql("SELECT status, stream, cost_micro_pln FROM usage_records WHERE request_id = $1", rid)[0]
+    assert (rec["status"], rec["stream"]) == (200, stream) and rec["cost_micro_pln"] > 0
+    debits = gw.sql("SELECT amount_micro_pln FROM ledger WHERE ref = $1", "usage:" + rid)
+    assert [d["amount_micro_pln"] for d in debits] == [-rec["cost_micro_pln"]]
+    wait_for(lambda: gw.slots_held(org) == 0, timeout=10)
+    bal = gw.admin(lambda a: a.balance(org))
+    assert bal["balance_micro_pln"] == bal["ledger_micro_pln"]

@@ -35,7 +35,7 @@ from core.resp_cluster import ClusterClient, client_from_url
 from extproc.hold import WorstCase
 from extproc.store import Late, Store
 from redis_cluster import Cluster, redis_cluster, require_redis_server
-from failover import instances, load_through, reconciled_after_a_failover
+from failover import instances, load_through, reconciled_after_a_failover, served_and_billed_once
 from test_reconciliation_e2e import _reconcile
 
 require_redis_server()
@@ -233,21 +233,7 @@ def test_a_cluster_that_speaks_only_tls_serves_and_bills_on_every_shard() -> Non
         orgs = [gw.new_org(1_000_000_000) for _ in range(6)]
         assert len({c.primary_of(key_slot(rk.CLUSTER.tag(org).encode())) for org, _, _ in orgs}) >= 2
         for i, (org, _, key) in enumerate(orgs):
-            stream = i % 2 == 1
-            r = httpx.post(gw.v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
-                           json={"model": "polish-fast", "messages": [{"role": "user", "content": "x"}],
-                                 "max_tokens": 4, "stream": stream})
-            assert r.status_code == 200, r.text
-            assert r.text.rstrip().endswith("data: [DONE]") if stream else r.json()["usage"]["completion_tokens"] > 0
-            rid = r.headers["x-request-id"]
-            wait_for(lambda: gw.sql("SELECT 1 FROM usage_records WHERE request_id = $1", rid), timeout=15)
-            rec = gw.sql("SELECT status, stream, cost_micro_pln FROM usage_records WHERE request_id = $1", rid)[0]
-            assert (rec["status"], rec["stream"]) == (200, stream) and rec["cost_micro_pln"] > 0
-            debits = gw.sql("SELECT amount_micro_pln FROM ledger WHERE ref = $1", "usage:" + rid)
-            assert [d["amount_micro_pln"] for d in debits] == [-rec["cost_micro_pln"]]
-            wait_for(lambda: gw.slots_held(org) == 0, timeout=10)
-            bal = gw.admin(lambda a: a.balance(org))
-            assert bal["balance_micro_pln"] == bal["ledger_micro_pln"]
+            served_and_billed_once(gw, org, key, stream=i % 2 == 1)
 
 
 def test_a_cancelled_admission_gives_its_slot_and_hold_back_on_its_shard(gws: list[Gateway]) -> None:

@@ -13,13 +13,12 @@ import signal
 import time
 from typing import Iterator
 
-import httpx
 import pytest
 import redis
 
 from conftest import Gateway, wait_for
 from core import redis_keys as rk
-from failover import instances, load_through, reconciled_after_a_failover
+from failover import instances, load_through, reconciled_after_a_failover, served_and_billed_once
 from redis_cluster import PASSWORD, require_redis_server
 from redis_sentinel import Sentinels, redis_sentinels
 from test_reconciliation_e2e import _reconcile
@@ -107,19 +106,7 @@ def test_sentinels_and_redis_that_speak_only_tls_serve_bill_and_fail_over() -> N
         assert s.url.startswith("rediss+sentinel://") and "ssl_ca_certs=" in s.url
         org, _, key = gw.new_org(1_000_000_000)
         for stream in (False, True):
-            r = httpx.post(gw.v1 + "/chat/completions", headers={"Authorization": f"Bearer {key}"}, timeout=30,
-                           json={"model": "polish-fast", "messages": [{"role": "user", "content": "x"}],
-                                 "max_tokens": 4, "stream": stream})
-            assert r.status_code == 200, r.text
-            rid = r.headers["x-request-id"]
-            wait_for(lambda: gw.sql("SELECT 1 FROM usage_records WHERE request_id = $1", rid), timeout=15)
-            rec = gw.sql("SELECT status, stream, cost_micro_pln FROM usage_records WHERE request_id = $1", rid)[0]
-            assert (rec["status"], rec["stream"]) == (200, stream) and rec["cost_micro_pln"] > 0
-            debits = gw.sql("SELECT amount_micro_pln FROM ledger WHERE ref = $1", "usage:" + rid)
-            assert [d["amount_micro_pln"] for d in debits] == [-rec["cost_micro_pln"]]
-        wait_for(lambda: gw.slots_held(org) == 0, timeout=10)
-        bal = gw.admin(lambda a: a.balance(org))
-        assert bal["balance_micro_pln"] == bal["ledger_micro_pln"]
+            served_and_billed_once(gw, org, key, stream)
         org, _, key = gw.new_org(1_000_000_000)  # the load's own: every request of it is in ``seen``
         before = gw.admin(lambda a: a.balance(org))["ledger_micro_pln"]
         victim, heir = s.redis_ports
