@@ -212,15 +212,26 @@ class Gateway:
 
     def usage_backlog(self, org_id: str) -> dict[str, Any]:
         """What of the organisation can still come to PostgreSQL: its requests in flight or left for the
-        reaper (gw:if: "key|org|hold|owner|pending record"), and its records queued in the usage stream and
-        not yet written (the writer deletes what it wrote)."""
+        reaper (gw:if: "key|org|hold|owner|pending record"), its records queued in the usage stream and
+        not yet written (the writer deletes what it wrote), and its finishes an ext_proc kept on disk to
+        send again (extproc/spool.py: a finish Redis did not confirm, during a failover say)."""
         def look(r: Any) -> dict[str, Any]:
             tag = f'"org_id":"{org_id}"'.encode()
             shard = self.layout.tag(org_id)
             in_flight = [v[:120] for v in r.hvals(self.layout.journal(shard)) if v.split(b"|", 2)[1] == org_id.encode()]
             queued = [i for i, f in r.xrange(self.layout.stream(shard)) if tag in f.get(b"r", b"")]
             return {"in_flight": in_flight, "queued": queued}
-        return dict(self.redis(look))
+        return dict(self.redis(look)) | {"spooled": self._spooled(org_id)}
+
+    def _spooled(self, org_id: str) -> list[str]:
+        found = []
+        for f in (self.stack.state / "spool").glob("*.json"):
+            try:
+                if f'"{org_id}"' in f.read_text():
+                    found.append(f.name)
+            except FileNotFoundError:  # sent meanwhile
+                continue
+        return found
 
     def usage_drained(self, org_id: str) -> bool:
         """Nothing of the organisation can still come to PostgreSQL (``usage_backlog`` is empty)."""
