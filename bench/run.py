@@ -153,8 +153,9 @@ def measure(systems: list[System], cells: list[tuple[str, str, int]], secs: floa
     total = n_rounds + headline_rounds
     for i in range(total):
         only = i >= n_rounds  # a headline round
+        named = [s for s in rounds.order(systems, i) if not only or any(s.name in v for v in HEADLINE_CELLS.values())]
         log(f"--- round {i + 1} of {total}{' (the headline cells)' if only else ''}: "
-            f"{', '.join(s.label for s in rounds.order(systems, i))} ---")
+            f"{', '.join(s.label for s in named)} ---")
         got: dict[str, dict[str, Any]] = {s.name: {} for s in systems}
         for cell in cells:
             if only and cell[0] not in HEADLINE_CELLS:
