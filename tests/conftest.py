@@ -50,7 +50,34 @@ def _skip_reason(report: pytest.CollectReport | pytest.TestReport) -> str:
     return str(lr)
 
 
+# ---- one temporary directory per run ------------------------------------------------------------------
+RUN_TMP = "GATEWAY_TESTS_TMP"  # its path, for the workers (they inherit the first process's environment)
+_OWN_RUN_TMP = pytest.StashKey[Path]()
+_EXIT = pytest.StashKey[int]()
+
+
+def _run_tmp(config: pytest.Config) -> None:
+    """Everything the run makes through ``tempfile`` (the stacks' state directories, the test Redis and
+    PostgreSQL servers' data, the workers' lock files) goes under one directory of the run's own, made by
+    the process that starts the run: ``pytest_unconfigure`` removes it when the run passed and keeps it,
+    named in the summary, when it failed."""
+    here = os.environ.get(RUN_TMP)
+    if here is None or not Path(here).is_dir():
+        here = tempfile.mkdtemp(prefix="llm-gateway-tests-")
+        os.environ[RUN_TMP] = here
+        config.stash[_OWN_RUN_TMP] = Path(here)
+    tempfile.tempdir = here
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    own = config.stash.get(_OWN_RUN_TMP, None)
+    if own is not None and config.stash.get(_EXIT, 1) == 0:
+        import shutil
+        shutil.rmtree(own, ignore_errors=True)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _run_tmp(config)
     # A run stopped by SIGTERM (`kill`, a job's timeout) ends as Ctrl-C does: pytest then tears the
     # fixtures down, so the stacks' processes stop with it instead of outliving the run.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -93,7 +120,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _SKIPS.append(f"{report.nodeid}: {_skip_reason(report)}")
 
 
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    own = config.stash.get(_OWN_RUN_TMP, None)
+    if own is not None and exitstatus != 0:
+        terminalreporter.write_line(f"the run's temporary directories are kept for a look: {own}")
     seed = getattr(config.option, "randomly_seed", None)
     if isinstance(seed, int) and config.pluginmanager.has_plugin("randomly"):
         terminalreporter.write_line(f"tests in random order (pytest-randomly): --randomly-seed={seed} repeats this order")
@@ -106,6 +136,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _SKIPS and in_ci() and exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    session.config.stash[_EXIT] = int(session.exitstatus)
 
 
 def make_catalog(base: int, extra: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -68,7 +68,7 @@ def reconciled_after_a_failover(gw: Gateway, org: str, org_key: str, before: int
     organisation (``org_key``: its Redis hash).  The counts of ``_reconcile``, with the refusals'."""
     refused = [x for x in seen if x.status not in (200, 0)]
     assert all((x.status, x.code) == (500, "internal_error") for x in refused), refused[:3]
-    wait_for(lambda: gw.usage_drained(org), timeout=40, interval=0.2)
+    wait_for(lambda: gw.usage_drained(org), timeout=40, interval=0.2, describe=lambda: gw.usage_backlog(org))
     gw.admin(lambda a: reconcile(a.pool, a.r, apply=True))
     counts = _reconcile(gw, org, before, seen)
     assert int(gw.redis(lambda r: r.hget(org_key, "hold")) or 0) == 0  # no hold left

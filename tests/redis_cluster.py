@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -131,7 +130,7 @@ def redis_cluster(tls: bool = False) -> Iterator[Cluster]:
         wait_for(lambda: all(_synced(cluster, p) for p in ports), timeout=30, interval=0.1)
         yield cluster
     finally:
-        stop(procs, d)
+        stop(procs)
 
 
 def _answers(cluster: Cluster, port: int) -> bool:
@@ -148,8 +147,9 @@ def _synced(cluster: Cluster, port: int) -> bool:
     return bool(info["role"] == "master" or info.get("master_link_status") == "up")
 
 
-def stop(procs: dict[int, subprocess.Popen[bytes]], d: Path) -> None:
-    """Every server of ``procs`` ended (SIGTERM, SIGKILL after 10 s) and their directory removed."""
+def stop(procs: dict[int, subprocess.Popen[bytes]]) -> None:
+    """Every server of ``procs`` ended (SIGTERM, SIGKILL after 10 s).  Their directory, with each server's
+    log, stays in the run's temporary directory, which goes when the run passed (conftest)."""
     for p in procs.values():
         if p.poll() is None:
             p.terminate()
@@ -159,4 +159,3 @@ def stop(procs: dict[int, subprocess.Popen[bytes]], d: Path) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
-    shutil.rmtree(d, ignore_errors=True)

@@ -65,7 +65,7 @@ def redis_sentinels(tls: bool = False) -> Iterator[Sentinels]:
     def start(port: int, conf: str, *extra: str) -> None:
         (d / str(port)).mkdir()
         (d / str(port) / "redis.conf").write_text(listen.format(port=port) + f"bind 127.0.0.1\ndir {d / str(port)}\n"
-                                                  f"daemonize no\nloglevel warning\n{conf}")
+                                                  f"daemonize no\nloglevel notice\n{conf}")
         with (d / str(port) / "log").open("wb") as log:
             procs[port] = subprocess.Popen([str(REDIS_SERVER), str(d / str(port) / "redis.conf"), *extra],
                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -96,4 +96,4 @@ def redis_sentinels(tls: bool = False) -> Iterator[Sentinels]:
         wait_for(ready, timeout=30, interval=0.1)
         yield s
     finally:
-        stop(procs, d)
+        stop(procs)
