@@ -160,6 +160,7 @@ class RespClient:
             self._setup.append(("SELECT", db))
         self._conn: _Conn | None = None
         self._connecting: asyncio.Lock | None = None
+        self._closed = False  # ``close``d: no new connection (a node left for another, after a failover)
         self._shas: dict[str, str] = {}
 
     @classmethod
@@ -204,7 +205,14 @@ class RespClient:
             self._connecting = asyncio.Lock()
         async with self._connecting:
             if self._conn is None or self._conn.lost:
-                self._conn = await asyncio.wait_for(self._open(), self.timeout)
+                if self._closed:
+                    raise ConnectionError(f"the client of Redis at {self.label} is closed")
+                conn = await asyncio.wait_for(self._open(), self.timeout)
+                if self._closed:  # closed while it connected (a frozen node that came back meanwhile)
+                    assert conn.transport is not None
+                    conn.transport.close()
+                    raise ConnectionError(f"the client of Redis at {self.label} is closed")
+                self._conn = conn
         return self._conn
 
     async def call(self, *args: Any) -> Any:
@@ -234,6 +242,33 @@ class RespClient:
             return reply
         raise AssertionError("unreachable")
 
+    async def call_replicated(self, *args: Any, wait_ms: int = 500) -> tuple[Any, int]:
+        """``args`` and then ``WAIT 1 wait_ms``, written together on one connection: (the reply, how many
+        replicas have the write).  WAIT counts only the writes of its own connection, so the two never go
+        on different ones: a WAIT on a new connection would count nothing and confirm at once.  A
+        connection lost or silent meanwhile raises ``ConnectionError`` and nothing is sent again here
+        (the caller sends the write again, whole)."""
+        conn = await self._connection()
+        reply_f, acked_f = conn.send(args), conn.send(("WAIT", 1, wait_ms))
+        loop = asyncio.get_running_loop()
+        timers = [loop.call_later(self.timeout, expire, reply_f),
+                  loop.call_later(self.timeout + wait_ms / 1000, expire, acked_f)]
+        try:
+            got: tuple[Any, Any] = await asyncio.gather(reply_f, acked_f, return_exceptions=True)
+            reply, acked = got
+        finally:
+            for t in timers:
+                t.cancel()
+        for r in (reply, acked):
+            if isinstance(r, TimeoutError):
+                self._drop()
+                raise ConnectionError("Redis did not answer in time")
+            if isinstance(r, BaseException) and not isinstance(r, RespError):  # the connection lost
+                raise r
+        if isinstance(reply, RespError):
+            raise reply
+        return reply, acked if isinstance(acked, int) else 0
+
     def _drop(self) -> None:
         # replies of a connection that stopped answering would come back out of order: never reuse it
         if self._conn is not None and self._conn.transport is not None:
@@ -253,4 +288,5 @@ class RespClient:
             return await self.call("EVALSHA", sha, len(keys), *keys, *args)
 
     async def close(self) -> None:
+        self._closed = True
         self._drop()

@@ -79,29 +79,32 @@ class ClusterClient:
 
     async def send(self, key: Any, *args: Any) -> Any:
         """``args`` to the primary serving ``key``'s slot (any node for None), redirections followed."""
-        return (await self._send(key, args))[0]
+        return await self._send(key, args)
 
     async def send_replicated(self, key: Any, *args: Any, wait_ms: int = 500) -> Any:
         """``send``, then ``WAIT`` on the same connection until a replica has the write too, so that a
         failover does not take it back: a primary with a replica that does not confirm it within
         ``wait_ms`` raises ``ConnectionError`` (the write may be lost; the caller sends it again)."""
-        reply, client = await self._send(key, args)
-        if self._replicas.get((client.host, client.port), 0) > 0:
-            if int(await client.call("WAIT", 1, wait_ms)) < 1:
-                self._stale = True  # its replica may be gone: read the map again
-                raise ConnectionError("no replica of the Redis Cluster's primary confirmed the write")
-        return reply
+        return await self._send(key, args, wait_ms)
 
-    async def _send(self, key: Any, args: tuple[Any, ...]) -> tuple[Any, RespClient]:
+    async def _send(self, key: Any, args: tuple[Any, ...], wait_ms: int | None = None) -> Any:
+        """``args`` where ``key`` lives; with ``wait_ms``, on a primary with replicas, the write and its
+        ``WAIT`` together on one connection (``RespClient.call_replicated``)."""
         client = await self._target(key)
         asking = False
         for _ in range(REDIRECTS + 1):
             try:
-                if asking:
+                if wait_ms is not None and self._replicas.get((client.host, client.port), 0) > 0:
+                    sent = client.call_replicated(*args, wait_ms=wait_ms)
+                    reply, acked = (await asyncio.gather(client.call("ASKING"), sent))[1] if asking else await sent
+                    if acked < 1:
+                        self._stale = True  # its replica may be gone: read the map again
+                        raise ConnectionError("no replica of the Redis Cluster's primary confirmed the write")
+                elif asking:
                     _, reply = await asyncio.gather(client.call("ASKING"), client.call(*args))
                 else:
                     reply = await client.call(*args)
-                return reply, client
+                return reply
             except RespError as e:
                 kind, _, where = str(e).partition(" ")
                 if kind not in ("MOVED", "ASK"):

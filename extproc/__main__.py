@@ -99,7 +99,7 @@ async def serve(settings: GatewaySettings) -> None:
     metrics.serve(settings.metrics_http_port, settings.metrics_host,
                   settings.envoy_admin_port if settings.metrics_envoy else None)
     try:
-        await heartbeat(r, gw.owner)
+        await heartbeat(store.fast, gw.owner)
         await asyncio.gather(*(r.ping() for _ in range(REDIS_POOL)))  # every pooled connection open
         redis_ok = True
     except Exception as e:  # noqa: BLE001 - Redis down at start: NOT_SERVING until it is back
@@ -117,7 +117,7 @@ async def serve(settings: GatewaySettings) -> None:
     async def redis_check() -> None:
         # the request path's own connection first: that is the one every request needs
         await store.fast.call("PING")
-        await heartbeat(r, gw.owner)
+        await heartbeat(store.fast, gw.owner)
         await store.sync_clock()
 
     postgres_check = health.PostgresCheck(settings.database_url)

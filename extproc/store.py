@@ -24,7 +24,7 @@ from core.decisions import Admission, Identity, UsageRecord
 from core.errors import (CONCURRENCY, INVALID_KEY, MODEL_NOT_FOUND, QUOTA, SUSPENDED, ApiError, key_limit_reached,
                          rate_limited)
 from core.key_limits import month
-from core.resp import RespClient, RespSetupError
+from core.resp import RespClient, RespError, RespSetupError
 from core.resp_cluster import ClusterClient, client_from_url
 from core.resp_sentinel import SentinelClient
 from core.settings import GatewaySettings
@@ -420,12 +420,20 @@ def _flat(fields: dict[str, Any]) -> list[Any]:
     return [x for k, v in fields.items() if v is not None for x in (k, v)]
 
 
-async def heartbeat(r: AnyRedis, owner: str) -> None:
-    await r.set(rk.heartbeat(owner), "1", ex=3)
+async def heartbeat(fast: RespClient | ClusterClient | SentinelClient, owner: str) -> None:
+    """This process is alive (for 3 s): written by the request path's client, on the primary its
+    requests' journal entries are on, where the reaper looks (``orphans``)."""
+    await fast.call("SET", rk.heartbeat(owner), "1", "EX", 3)
 
 
-async def orphans(r: AnyRedis) -> list[tuple[str, str, str, dict[str, Any]]]:
-    """In-flight entries whose ext_proc process is gone: (request id, key id, org id, pending record)."""
+async def orphans(r: AnyRedis, fast: RespClient | SentinelClient | None = None) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """In-flight entries whose ext_proc process is gone: (request id, key id, org id, pending record).
+    Given ``fast`` (one Redis or Sentinel: the client the reaper finishes them with), read through it:
+    after a failover redis-py and it may speak to different primaries for seconds (an old primary back
+    from a freeze takes commands until the sentinels demote it), and an owner silent on one must not
+    have its requests billed on the other."""
+    if fast is not None and not isinstance(r, RedisCluster):
+        return await _orphans_on(layout_of(r), fast)
     layout = layout_of(r)
     parsed = []
     for tag in layout.tags:  # a cluster's shards each have their journal
@@ -439,6 +447,27 @@ async def orphans(r: AnyRedis) -> list[tuple[str, str, str, dict[str, Any]]]:
     silent = {o for o, beat in zip(owners, found) if beat is None}
     if silent:
         silent -= await _connected(r)
+    return [(rid, key_id, org, json.loads(payload)) for rid, key_id, org, owner, payload in parsed
+            if owner in silent]
+
+
+async def _orphans_on(layout: rk.Layout, fast: RespClient | SentinelClient) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """``orphans`` read through the request path's client (one Redis or Sentinel: one journal)."""
+    flat: list[bytes] = await fast.call("HGETALL", layout.journal(layout.tags[0]))
+    parsed = [(rid.decode(), *_journal_entry(v.decode())) for rid, v in zip(flat[::2], flat[1::2])]
+    if not parsed:
+        return []
+    owners = sorted({p[3] for p in parsed})
+    found = await fast.call("MGET", *(rk.heartbeat(o) for o in owners))
+    silent = {o for o, beat in zip(owners, found) if beat is None}
+    if silent:
+        try:
+            listed: bytes = await fast.call("CLIENT", "LIST")
+        except RespError:  # an ACL without CLIENT LIST: the heartbeat alone judges
+            listed = b""
+        prefix = rk.liveness("").encode()
+        silent -= {f[5 + len(prefix):].decode() for line in listed.splitlines() for f in line.split(b" ")
+                   if f.startswith(b"name=" + prefix)}
     return [(rid, key_id, org, json.loads(payload)) for rid, key_id, org, owner, payload in parsed
             if owner in silent]
 
