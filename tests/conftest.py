@@ -64,6 +64,7 @@ def _run_tmp(config: pytest.Config) -> None:
     here = os.environ.get(RUN_TMP)
     if here is None or not Path(here).is_dir():
         here = tempfile.mkdtemp(prefix="llm-gateway-tests-")
+        os.chmod(here, 0o755)  # as /tmp lets them: other accounts (Debian's postgres) reach their own
         os.environ[RUN_TMP] = here
         config.stash[_OWN_RUN_TMP] = Path(here)
     tempfile.tempdir = here
