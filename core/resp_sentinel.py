@@ -94,10 +94,7 @@ class SentinelClient:
     async def _ask_all(self) -> tuple[list[Named], list[Exception]]:
         """The sentinels' answers (each asked within the client's timeout), and the errors of the others."""
         got = await asyncio.gather(*(self._ask_one(*addr) for addr in self.sentinels), return_exceptions=True)
-        errors = [g for g in got if isinstance(g, Exception)]
-        if any(not isinstance(g, (Named, Exception)) for g in got):  # a cancellation, an interrupt
-            raise next(g for g in got if isinstance(g, BaseException) and not isinstance(g, Exception))
-        return [g for g in got if isinstance(g, Named)], errors
+        return [g for g in got if isinstance(g, Named)], [g for g in got if isinstance(g, Exception)]
 
     async def _ask_one(self, host: str, port: int) -> Named:
         sentinel = self._ask(host, port)

@@ -426,66 +426,56 @@ async def heartbeat(fast: RespClient | ClusterClient | SentinelClient, owner: st
     await fast.call("SET", rk.heartbeat(owner), "1", "EX", 3)
 
 
-async def orphans(r: AnyRedis, fast: RespClient | SentinelClient | None = None) -> list[tuple[str, str, str, dict[str, Any]]]:
+async def orphans(r: AnyRedis, fast: RespClient | ClusterClient | SentinelClient) -> list[tuple[str, str, str, dict[str, Any]]]:
     """In-flight entries whose ext_proc process is gone: (request id, key id, org id, pending record).
-    Given ``fast`` (one Redis or Sentinel: the client the reaper finishes them with), read through it:
-    after a failover redis-py and it may speak to different primaries for seconds (an old primary back
-    from a freeze takes commands until the sentinels demote it), and an owner silent on one must not
-    have its requests billed on the other."""
-    if fast is not None and not isinstance(r, RedisCluster):
-        return await _orphans_on(layout_of(r), fast)
+    On one Redis or behind Sentinel they are read through ``fast``, the client the reaper bills them
+    with: after a failover redis-py and it may speak to different primaries for seconds (an old primary
+    back from a freeze takes commands until the sentinels demote it), and an owner silent on one must
+    not have its requests billed on the other.  On a cluster, through redis-py (every shard's journal,
+    every node's clients)."""
     layout = layout_of(r)
-    parsed = []
-    for tag in layout.tags:  # a cluster's shards each have their journal
-        entries: Any = await r.hgetall(layout.journal(tag))
-        parsed += [(rid.decode(), *_journal_entry(v.decode())) for rid, v in entries.items()]
+    cluster = r if isinstance(r, RedisCluster) else None
+    entries: list[tuple[bytes, bytes]]
+    if cluster is not None:
+        journals: list[Any] = [await cluster.hgetall(layout.journal(tag)) for tag in layout.tags]
+        entries = [e for j in journals for e in j.items()]
+    else:
+        flat = await fast.call("HGETALL", layout.journal(layout.tags[0]))
+        entries = list(zip(flat[::2], flat[1::2]))
+    parsed = [(rid.decode(), *_journal_entry(v.decode())) for rid, v in entries]
     if not parsed:
         return []
     owners = sorted({p[3] for p in parsed})
     beats = [rk.heartbeat(o) for o in owners]
-    found: Any = await (r.mget_nonatomic(beats) if isinstance(r, RedisCluster) else r.mget(beats))
+    found: Any = await (cluster.mget_nonatomic(beats) if cluster is not None else fast.call("MGET", *beats))
     silent = {o for o, beat in zip(owners, found) if beat is None}
     if silent:
-        silent -= await _connected(r)
+        silent -= await (_connected(cluster) if cluster is not None else _connected_to(fast))
     return [(rid, key_id, org, json.loads(payload)) for rid, key_id, org, owner, payload in parsed
             if owner in silent]
 
 
-async def _orphans_on(layout: rk.Layout, fast: RespClient | SentinelClient) -> list[tuple[str, str, str, dict[str, Any]]]:
-    """``orphans`` read through the request path's client (one Redis or Sentinel: one journal)."""
-    flat: list[bytes] = await fast.call("HGETALL", layout.journal(layout.tags[0]))
-    parsed = [(rid.decode(), *_journal_entry(v.decode())) for rid, v in zip(flat[::2], flat[1::2])]
-    if not parsed:
-        return []
-    owners = sorted({p[3] for p in parsed})
-    found = await fast.call("MGET", *(rk.heartbeat(o) for o in owners))
-    silent = {o for o, beat in zip(owners, found) if beat is None}
-    if silent:
-        try:
-            listed: bytes = await fast.call("CLIENT", "LIST")
-        except RespError:  # an ACL without CLIENT LIST: the heartbeat alone judges
-            listed = b""
-        prefix = rk.liveness("").encode()
-        silent -= {f[5 + len(prefix):].decode() for line in listed.splitlines() for f in line.split(b" ")
-                   if f.startswith(b"name=" + prefix)}
-    return [(rid, key_id, org, json.loads(payload)) for rid, key_id, org, owner, payload in parsed
-            if owner in silent]
-
-
-async def _connected(r: AnyRedis) -> set[str]:
-    """The owners whose request-path connection Redis still holds: a paused process's (SIGSTOP, a long
-    pause of its machine) stays, a dead one's goes with the process.  A Redis that refuses CLIENT LIST
-    (an ACL without it) leaves the heartbeat alone to judge."""
+async def _connected(r: RedisCluster) -> set[str]:
+    """The owners whose request-path connection a node of the cluster still holds: a paused process's
+    (SIGSTOP, a long pause of its machine) stays, a dead one's goes with the process.  A Redis that
+    refuses CLIENT LIST (an ACL without it) leaves the heartbeat alone to judge."""
     try:
-        if isinstance(r, RedisCluster):  # every node's clients: the process talks to several
-            per_node: Any = await r.client_list(target_nodes=RedisCluster.ALL_NODES)
-            clients: Any = [c for cs in per_node.values() for c in cs] if isinstance(per_node, dict) else per_node
-        else:
-            clients = await r.client_list()
+        per_node: Any = await r.client_list(target_nodes=RedisCluster.ALL_NODES)
     except redis.exceptions.ResponseError:
         return set()
+    clients: Any = [c for cs in per_node.values() for c in cs] if isinstance(per_node, dict) else per_node
     prefix = rk.liveness("")
     return {c["name"][len(prefix):] for c in clients if c.get("name", "").startswith(prefix)}
+
+
+async def _connected_to(fast: RespClient | ClusterClient | SentinelClient) -> set[str]:
+    """``_connected`` on one Redis, asked through ``fast`` (CLIENT LIST: a line per client)."""
+    try:
+        listed: bytes = await fast.call("CLIENT", "LIST")
+    except RespError:
+        return set()
+    name = b"name=" + rk.liveness("").encode()
+    return {f[len(name):].decode() for line in listed.splitlines() for f in line.split(b" ") if f.startswith(name)}
 
 
 _HOLD = re.compile(r"\d+(/[\d-]*)?")

@@ -25,7 +25,6 @@ import asyncpg
 import redis.exceptions
 
 from core.decisions import UsageRecord
-from core.resp_cluster import ClusterClient
 from core.usage_writer_settings import WriterSettings
 from . import metrics
 from .process import run, until_stopped
@@ -174,8 +173,7 @@ class UsageWriter:
         """Bill the requests of ext_proc processes that died mid-request (estimated input tokens):
         such a request reached the model server, but its process can no longer see its end."""
         now = asyncio.get_running_loop().time()
-        fast = self.store.fast
-        found = await orphans(self.r, None if isinstance(fast, ClusterClient) else fast)
+        found = await orphans(self.r, self.store.fast)
         # an owner must stay silent for 3 s more (past Redis's own outages) before its requests are taken
         self._suspects = {rid: self._suspects.get(rid, now) for rid, *_ in found}
         reaped = 0

@@ -135,7 +135,7 @@ def test_reconcile_counts_a_queued_record_the_ledger_already_has_once(gw: Gatewa
         assert dry.returncode == 0 and not [d for d in json.loads(dry.stdout) if d["org"] == org], dry.stdout
     finally:
         os.kill(writer.pid, signal.SIGCONT)
-    wait_for(lambda: gw.usage_drained(org), timeout=10, interval=0.1)
+    wait_for(lambda: gw.usage_drained(org), timeout=10, interval=0.1, describe=lambda: gw.usage_backlog(org))
     assert gw.sql("SELECT count(*) AS n FROM ledger WHERE ref = $1", "usage:" + rid)[0]["n"] == 1
     ledger = gw.sql("SELECT sum(amount_micro_pln) AS s FROM ledger WHERE org_id = $1", org)[0]["s"]
     assert int(gw.redis(lambda r: r.hget("gw:o:" + org, "balance"))) == ledger
