@@ -52,6 +52,7 @@ def _skip_reason(report: pytest.CollectReport | pytest.TestReport) -> str:
 
 # ---- one temporary directory per run ------------------------------------------------------------------
 RUN_TMP = "GATEWAY_TESTS_TMP"  # its path, for the workers (they inherit the first process's environment)
+SYSTEM_TMP = Path(tempfile.gettempdir())  # the machine's, for what several runs share (``accounts_lock``)
 _OWN_RUN_TMP = pytest.StashKey[Path]()
 _EXIT = pytest.StashKey[int]()
 
@@ -411,10 +412,10 @@ def process(argv: list[str], log: Path, ready: Callable[[], Any],
 @contextlib.contextmanager
 def accounts_lock() -> Iterator[None]:
     """Held while a test adds an account to this machine (tests/test_nonroot_e2e.py) or checks that none
-    was added (tests/test_places_e2e.py): a file lock, so that `make test`'s parallel workers never run the
-    two at once."""
+    was added (tests/test_places_e2e.py): a file lock in the machine's temporary directory, so that no
+    two workers, of one run or of two, run the two at once."""
     import fcntl
-    with open(Path(tempfile.gettempdir()) / "llm-gateway-tests-accounts.lock", "a") as f:
+    with open(SYSTEM_TMP / "llm-gateway-tests-accounts.lock", "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
