@@ -8,6 +8,7 @@ left, the balance equal to the ledger.  On servers of their own: the primary fro
 failover and resumed; and every server, the sentinels too, speaking only TLS."""
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -18,6 +19,8 @@ import redis
 
 from conftest import Gateway, wait_for
 from core import redis_keys as rk
+from core.redis_client import redis_client
+from core.resp_cluster import client_from_url
 from failover import instances, load_through, reconciled_after_a_failover, served_and_billed_once
 from redis_cluster import PASSWORD, require_redis_server
 from redis_sentinel import Sentinels, redis_sentinels
@@ -122,3 +125,39 @@ def test_sentinels_and_redis_that_speak_only_tls_serve_bill_and_fail_over() -> N
         seen = load_through(gws, key, lambda: killed_until_replaced(s, victim, heir))
         assert s.primary() == heir
         assert reconciled_after_a_failover(gw, org, rk.ONE.org(org), before, seen)["served"] >= 8
+
+
+def test_both_clients_leave_a_primary_back_from_a_freeze_before_it_is_demoted() -> None:
+    """The request path's client and redis-py's (core/redis_client.py), each connected to the primary,
+    which is frozen past its failover and resumed.  It takes commands as a primary until the sentinels
+    demote it, some 8 s after it answers again (their wait before converting it); each client, asking
+    the sentinels once a second, moves to the new primary meanwhile without an error: a write made 2.5 s
+    after the wake, while the old primary still says it is one, lands on the new primary.  (Before, both
+    stayed on the old one, and what they wrote there was dropped at its demotion.)"""
+    with redis_sentinels() as s:
+        victim, heir = s.redis_ports
+
+        def role(port: int) -> str:
+            with s.client(port) as r:
+                return str(r.info("replication")["role"])
+
+        async def go() -> None:
+            fast, r = client_from_url(s.url), redis_client(s.url, 2)
+            try:
+                await fast.call("SET", "follow:fast", "0")
+                await r.set("follow:py", "0")
+                os.kill(s.procs[victim].pid, signal.SIGSTOP)
+                try:
+                    await asyncio.to_thread(wait_for, lambda: s.primary() == heir, 30, 0.1)
+                finally:
+                    os.kill(s.procs[victim].pid, signal.SIGCONT)
+                await asyncio.sleep(2.5)
+                assert role(victim) == "master"  # not demoted yet: the window this test is about
+                await fast.call("SET", "follow:fast", "1")
+                await r.set("follow:py", "1")
+            finally:
+                await fast.close()
+                await r.aclose()
+        asyncio.run(go())
+        with s.client(heir) as on_heir:
+            assert (on_heir.get("follow:fast"), on_heir.get("follow:py")) == (b"1", b"1")
