@@ -66,9 +66,11 @@ def test_sigterm_to_gateway_up_drains_streams(gateway: Gateway) -> None:
 
 
 def _refused(v1: str, key: str) -> bool:
+    """A new connection gets no answer: refused, or (taken into the listener's queue as it closed) reset
+    before any byte of a reply."""
     try:
         httpx.get(v1 + "/models", headers={"Authorization": f"Bearer {key}"}, timeout=2)
-    except httpx.ConnectError:
+    except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
         return True
     return False
 
