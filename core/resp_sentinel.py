@@ -56,7 +56,6 @@ class SentinelClient:
         """``make(host, port)``: a client of a Redis (logged in as REDIS_URL says); ``ask``: of a sentinel."""
         self.sentinels, self.service, self._make, self._ask, self.timeout = sentinels, service, make, ask, timeout
         self._primary: RespClient | None = None
-        self._where: Node | None = None
         self._replicas = 0
         self._shas: dict[str, str] = {}
         self._follower: asyncio.Task[None] | None = None
@@ -87,7 +86,7 @@ class SentinelClient:
             refused = next((e for e in errors if isinstance(e, RespSetupError)), None)
             raise refused or ConnectionError(f"no sentinel names a primary of {self.service} that is up"
                                              + (f" ({errors[0]})" if errors and not answers else ""))
-        self._where, self._replicas = named.where, named.replicas
+        self._replicas = named.replicas
         self._primary = self._make(*named.where)
         return self._primary
 
@@ -117,9 +116,10 @@ class SentinelClient:
                 continue
             try:
                 named = newest((await self._ask_all())[0])
-                if named is not None and named.where != self._where and self._primary is not None:
+                primary = self._primary
+                if named is not None and primary is not None and named.where != (primary.host, primary.port):
                     log.warning("the sentinels name another Redis primary: following it")
-                    await self._forget(self._primary)
+                    await self._forget(primary)
             except Exception as e:  # noqa: BLE001 - the next look may do better; calls go on meanwhile
                 log.warning("could not ask the sentinels: %s", type(e).__name__)
 
@@ -142,7 +142,7 @@ class SentinelClient:
 
     async def _forget(self, client: RespClient) -> None:
         if self._primary is client:
-            self._primary, self._where = None, None
+            self._primary = None
             await client.close()
 
     async def evalsha(self, script: str, keys: list[Any], args: list[Any], *, replicated: bool = False) -> Any:
