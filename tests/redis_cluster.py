@@ -40,10 +40,19 @@ def require_redis_server() -> None:
         pytest.skip(why, allow_module_level=True)
 
 
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on, never one this process was given before: the servers of a set are
+    started one after another, and the kernel may offer a port again until its server binds it."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 @dataclass
