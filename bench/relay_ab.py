@@ -43,6 +43,21 @@ def tree_cpu_s(pid: int) -> float:
     return total
 
 
+def burst(s: System, bodies: Path, seconds: float) -> dict[str, float]:
+    """wrk's stream cell (the burst, usage asked, 64 connections) on a system with an Envoy and a processor,
+    after a second's warm-up: req/s, errors, and the CPU µs per stream of its Envoy, its processor and the
+    stack's parts whose pids ``s.extra`` holds (Redis, the usage writer, PostgreSQL with its backends)."""
+    assert s.envoy_pid is not None and s.pid is not None
+    wrk(s, SCENARIOS["stream"], 64, 1, bodies)  # warm-up
+    pids = {"envoy_us": s.envoy_pid, "processor_us": s.pid,
+            **{f"{part}_us": s.extra[part] for part in ("redis", "usage-writer", "postgres") if part in s.extra}}
+    before = {k: tree_cpu_s(v) for k, v in pids.items()}
+    r = wrk(s, SCENARIOS["stream"], 64, seconds, bodies)
+    n = max(1, r["requests"])
+    return {"rps": round(r["rps"], 1), "errors": r["errors"],
+            **{k: round((tree_cpu_s(v) - before[k]) / n * 1e6, 1) for k, v in pids.items()}}
+
+
 @contextlib.contextmanager
 def python_of(ref: str | None, tmp: Path) -> Iterator[None]:
     """Processes started meanwhile run ``ref``'s Python (its tree, from git, as their working directory:
@@ -101,17 +116,7 @@ def main() -> None:
                     systems[name].extra[part] = popen.pid
             for i in range(args.rounds):
                 for name in (list(systems) if i % 2 == 0 else list(systems)[::-1]):
-                    s = systems[name]
-                    assert s.envoy_pid is not None and s.pid is not None
-                    wrk(s, SCENARIOS["stream"], 64, 1, bodies)  # warm-up
-                    pids = {"envoy_us": s.envoy_pid, "processor_us": s.pid,
-                            **{f"{part}_us": s.extra[part] for part in ("redis", "usage-writer", "postgres")
-                               if part in s.extra}}
-                    before = {k: tree_cpu_s(v) for k, v in pids.items()}
-                    r = wrk(s, SCENARIOS["stream"], 64, args.seconds, bodies)
-                    n = max(1, r["requests"])
-                    res = {"rps": round(r["rps"], 1), "errors": r["errors"],
-                           **{k: round((tree_cpu_s(v) - before[k]) / n * 1e6, 1) for k, v in pids.items()}}
+                    res = burst(systems[name], bodies, args.seconds)
                     runs.setdefault(name, []).append(res)
                     print(f"round {i + 1} {name}: {json.dumps(res)}", flush=True)
         finally:

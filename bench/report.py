@@ -454,6 +454,7 @@ Each starts what it needs, alternates its variants over `--rounds` and prints on
 figures are not kept here (earlier ones are in git history): `python -m bench.event_loop` (the ext_proc
 on asyncio or uvloop), `python -m bench.message_cost` (what each ext_proc message costs Envoy),
 `python -m bench.refusal_cost` (logging a refused request), `python -m bench.sse_relay` (the Lua relay in
-LuaJIT), `python -m bench.relay_ab` (two relays in Envoy beside the minimal ext_proc), and the four `make bench`
+LuaJIT), `python -m bench.relay_ab` (two relays in Envoy beside the minimal ext_proc), `python -m bench.stream_parts`
+(the streaming cells with the stream watch or the relay's body work taken out), and the four `make bench`
 runs too: `python -m bench.grpc_servers`, `python -m bench.resp_ab`, `python -m bench.redis_ceiling`,
 `python -m bench.redis_cluster_ceiling`."""
