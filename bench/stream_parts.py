@@ -35,11 +35,13 @@ WATCH = re.compile(r"          - name: stream-watch\n.*?(?=          - name: env
 # the relay's body work taken out: the stream's header is still removed, nothing else is done
 NO_RELAY = 'function envoy_on_response(handle)\n  handle:headers():remove("x-gateway-stream")\nend\n'
 PARTS = ("gateway", "without the watch", "without the relay's body work", "without either",
-         "the relay's facts by the access log, no watch")
-# The last: what billing from the relay's own facts would cost, in place of the watch's copies (a
-# prototype: nothing bills a stream in the cell).  The relay counts the events with content whether or
-# not the client asked for usage, puts the count in Envoy's dynamic metadata whenever it changes (a stream
-# that breaks keeps what it had), and each relayed stream's access log entry goes to the ext_proc.
+         "the relay's facts by the access log, no watch", "the relay's facts by a call at the end, no watch")
+# The last two: what billing from the relay's own facts would cost, in place of the watch's copies
+# (prototypes: nothing bills a stream in the cell).  The relay counts the events with content whether or
+# not the client asked for usage and puts the count in Envoy's dynamic metadata whenever it changes (a
+# stream that breaks keeps what it had); the facts reach the ext_proc by each relayed stream's access log
+# entry, or by an asynchronous call of the relay's own (``httpCall``) when the stream ended (a method the
+# ext_proc does not serve: it answers at once that it has none).
 _COUNT = ("function Relay:count(block)\n  if self.show and not self.reported then",
           "function Relay:count(block)\n  if not self.reported then")
 _LOOP = ("    if n > 0 then chunk:setBytes(relay:feed(chunk:getBytes(0, n))) end\n",
@@ -49,6 +51,11 @@ _LOOP = ("    if n > 0 then chunk:setBytes(relay:feed(chunk:getBytes(0, n))) end
          '      handle:streamInfo():dynamicMetadata():set("gateway.relay", "content", seen)\n'
          "    end\n")
 _LOOP_START = ("  for chunk in handle:bodyChunks() do\n", "  local seen = 0\n  for chunk in handle:bodyChunks() do\n")
+_CALL = ('  meta:set("gateway.relay", "chunks", relay.chunks)\n',
+         '  handle:httpCall("extproc", {[":method"] = "POST", [":path"] = "/gateway.Relay/Ended",\n'
+         '    [":authority"] = "extproc", ["content-type"] = "application/grpc", ["te"] = "trailers"},\n'
+         '    "\\0\\0\\0\\0\\16" .. string.format("%016d", relay.content), 1000, true)\n'
+         '  meta:set("gateway.relay", "chunks", relay.chunks)\n')
 _ALS = ("                - response_flag_filter: {flags: [DC, DR]}\n",
         "                - response_flag_filter: {flags: [DC, DR]}\n"
         "                - metadata_filter:\n"
@@ -69,10 +76,12 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--streams", type=int, default=long_streams.HEADLINE_C, help="long streams at once")
     ap.add_argument("--seconds", type=float, default=3.0, help="each burst cell")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=TEMPLATE[,RELAY]")
+    ap.add_argument("--parts", default=",".join(map(str, range(len(PARTS)))),
+                    help="which of PARTS to run besides the variants, by index (default: all)")
     return ap.parse_args()
 
 
-def _files(tmp: Path, variants: list[str]) -> dict[str, tuple[Path, Path]]:
+def _files(tmp: Path, variants: list[str], parts: str) -> dict[str, tuple[Path, Path]]:
     """Each gateway's (Envoy template, relay)."""
     template, relay = Path(envoy_config.TEMPLATE), Path(envoy_config.SSE_RELAY)
     text = template.read_text()
@@ -85,8 +94,11 @@ def _files(tmp: Path, variants: list[str]) -> dict[str, tuple[Path, Path]]:
     facts_relay, facts_template = tmp / "relay-facts.lua", tmp / "relay-facts.yaml"
     facts_relay.write_text(_edit(relay.read_text(), _COUNT, _LOOP_START, _LOOP))
     facts_template.write_text(_edit(no_watch.read_text(), _ALS))
-    out = {PARTS[0]: (template, relay), PARTS[1]: (no_watch, relay), PARTS[2]: (template, no_relay),
-           PARTS[3]: (no_watch, no_relay), PARTS[4]: (facts_template, facts_relay)}
+    call_relay = tmp / "relay-facts-call.lua"
+    call_relay.write_text(_edit(facts_relay.read_text(), _CALL))
+    every = dict(zip(PARTS, ((template, relay), (no_watch, relay), (template, no_relay), (no_watch, no_relay),
+                             (facts_template, facts_relay), (no_watch, call_relay))))
+    out = {PARTS[int(i)]: every[PARTS[int(i)]] for i in parts.split(",") if i}
     for v in variants:
         name, _, files = v.partition("=")
         t, _, r = files.partition(",")
@@ -110,7 +122,7 @@ def main() -> None:
         stacks = []
         tree = (envoy_config.TEMPLATE, envoy_config.SSE_RELAY)
         try:
-            for name, (template, relay) in _files(tmp, args.variant).items():
+            for name, (template, relay) in _files(tmp, args.variant, args.parts).items():
                 d = tmp / _slug(name)
                 d.mkdir()
                 envoy_config.TEMPLATE, envoy_config.SSE_RELAY = template, relay  # read when the stack starts
