@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import math
 import shutil
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ import yaml
 from conftest import process
 from control import ports
 from control.settings import Settings
+from free_ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = Path("/usr/bin/prometheus")
@@ -98,11 +98,6 @@ def finite(samples: list[dict[str, Any]]) -> list[float]:
     return [v for v in values if math.isfinite(v)]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def _ready(url: str) -> bool:
     try:
@@ -117,7 +112,7 @@ def running_prometheus(s: Settings) -> Iterator[Prometheus]:
     tmp = Path(tempfile.mkdtemp(prefix="prometheus-"))
     doc = scrape_config(s)
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(doc))
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     argv = [str(PROMETHEUS), f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
             f"--web.listen-address={url.removeprefix('http://')}", "--log.level=warn"]
     try:

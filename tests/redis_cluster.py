@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import redis
 import trustme
 
 from conftest import wait_for
+from free_ports import free_port
 
 REDIS_SERVER = Path("/usr/bin/redis-server")
 REDIS_CLI = Path("/usr/bin/redis-cli")
@@ -38,21 +38,6 @@ def require_redis_server() -> None:
         if os.environ.get("CI", "").lower() == "true":
             raise RuntimeError(why)
         pytest.skip(why, allow_module_level=True)
-
-
-_GIVEN: set[int] = set()
-
-
-def free_port() -> int:
-    """A port nothing listens on, never one this process was given before: the servers of a set are
-    started one after another, and the kernel may offer a port again until its server binds it."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in _GIVEN:
-            _GIVEN.add(port)
-            return port
 
 
 @dataclass

@@ -16,7 +16,8 @@ from typing import Iterator
 import redis
 
 from conftest import wait_for
-from redis_cluster import PASSWORD, REDIS_SERVER, free_port, stop, tls_only
+from free_ports import free_port
+from redis_cluster import PASSWORD, REDIS_SERVER, stop, tls_only
 
 SERVICE = "gw-primary"
 

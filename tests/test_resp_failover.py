@@ -22,7 +22,8 @@ import redis
 from conftest import wait_for
 from core.resp import RespClient
 from core.resp_sentinel import Named, newest
-from redis_cluster import REDIS_SERVER, free_port, require_redis_server
+from free_ports import free_port
+from redis_cluster import REDIS_SERVER, require_redis_server
 
 require_redis_server()
 

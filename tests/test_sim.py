@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import struct
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import pytest
 
 from conftest import wait_for
 from sim.tokens import chat_prompt_tokens, count_tokens
+from free_ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT = "sim-chat"
@@ -27,15 +27,10 @@ SMALL = "sim-small"
 EMBED = "sim-embed"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "sim", "--port", str(port), "--name", "dep-a",
          "--chat-model", CHAT, "--chat-model", f"{SMALL}@64", "--embed-model", f"{EMBED}@32"],
@@ -458,7 +453,7 @@ def test_make_app_in_process() -> None:
 
     from sim import make_app
 
-    port = _free_port()
+    port = free_port()
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(make_app("emb", {"c": 100}, {"e": 100}))
     started = threading.Event()

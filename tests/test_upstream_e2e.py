@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
 import ssl
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import pytest
 import trustme
 
 from conftest import Gateway, assert_error, make_catalog, running_stack, wait_for
+from free_ports import free_port
 
 MSGS = [{"role": "user", "content": "Dzień dobry"}]
 
@@ -240,11 +240,6 @@ KEY_ENV = "GW_TEST_UPSTREAM_KEY"
 SIM_HOST = "127.0.0.3"  # the launcher starts simulators on 127.0.0.1 only: these are the test's own
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
 
 def _start_sim(port: int, name: str, *extra: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "sim", "--host", SIM_HOST, "--port", str(port), "--name", name,
@@ -267,7 +262,7 @@ def remote() -> Iterator[tuple[Gateway, str, str]]:
     deployment_key = "dk-" + secrets.token_hex(16)
     saved = dict(os.environ)
     os.environ[KEY_ENV] = deployment_key
-    plain_port, tls_port = _free_port(SIM_HOST), _free_port(SIM_HOST)
+    plain_port, tls_port = free_port(SIM_HOST), free_port(SIM_HOST)
     sims = [_start_sim(plain_port, "plain"),
             _start_sim(tls_port, "tls", "--tls-cert", str(chain), "--tls-key", str(key_file))]
     with httpx.Client(verify=ssl.create_default_context(cafile=str(ca_file))) as c:
