@@ -1,7 +1,7 @@
 """What each part of a streamed reply's path costs: the gateway as built, and the same gateway with its
 stream watch or its relay's body work taken out (measurement only: without the watch nothing bills a
-stream within the cell, without the relay's body work no alias is put in), and a prototype of billing
-from the relay's own facts instead of the watch's copies (``PARTS``' last), on the two streaming cells of
+stream within the cell, without the relay's body work no alias is put in), and two prototypes of billing
+from the relay's own facts instead of the watch's copies (``PARTS``' last two), on the two streaming cells of
 ``make bench``: the 500 long streams (one event every 25 ms, ``bench/long_streams.py``) and the 64-event
 burst at 64 connections (``bench/lua/``).  Bare Envoy is the long streams' reference and the minimal
 ext_proc the burst's, all measured in the same run, alternated over ``--rounds`` (reversed every other
@@ -13,8 +13,8 @@ delivered); the burst's req/s over the minimal's of the same round and the CPU p
 process.  ``--variant NAME=TEMPLATE.yaml[,RELAY.lua]`` adds a gateway on another envoy/envoy.yaml
 (and relay): a change to either measured against the tree in the same run.
 
-``python -m bench.stream_parts [--rounds 5] [--streams 500] [--seconds 3] [--variant NAME=...]``; the
-last line printed is JSON."""
+``python -m bench.stream_parts [--rounds 5] [--streams 500] [--seconds 3] [--parts 0,1,...]
+[--variant NAME=...]``; the last line printed is JSON."""
 from __future__ import annotations
 
 import argparse
