@@ -10,7 +10,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from conftest import Gateway, assert_error
+from conftest import assert_error
 
 ENDPOINTS = [("/chat/completions", "polish-pro", "messages"), ("/embeddings", "embed", "input")]
 

@@ -95,7 +95,7 @@ def test_urls_that_cannot_be_used(gw: Gateway, monkeypatch: pytest.MonkeyPatch, 
      "DATABASE_URL postgresql://postgres:***@127.0.0.1:5432/postgres cannot be used: ValueError; a reserved "
      "character in the password (@ : / ? # % or a space) must be percent-encoded"),
     (f"postgres//postgres:{SECRET}@127.0.0.1/postgres",  # the scheme's colon forgotten
-     f"DATABASE_URL postgres//postgres:***@127.0.0.1/postgres cannot be used: invalid DSN"),
+     "DATABASE_URL postgres//postgres:***@127.0.0.1/postgres cannot be used: invalid DSN"),
     (f"postgresql://postgres:{SECRET}@127.0.0.1:5432/postgres?sslmode=bogus",
      "DATABASE_URL postgresql://postgres:***@127.0.0.1:5432/postgres?sslmode=bogus cannot be used: `sslmode`"),
 ])

@@ -4,6 +4,7 @@ Each test asserts on the result, not only on success."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Literal
 
 import openai
@@ -144,7 +145,6 @@ def test_llm_cli(gateway: Gateway, org: tuple[str, str, str], tmp_path) -> None:
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     (tmp_path / "extra-openai-models.yaml").write_text(
         f"- model_id: gw-pro\n  model_name: polish-pro\n  api_base: {gateway.v1}\n  api_key_name: gw\n")
@@ -168,7 +168,6 @@ def _run(args: list[str], env: dict[str, str]) -> str:
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     bindir = str(Path(sys.executable).parent)
     out = subprocess.run(args, capture_output=True, text=True, timeout=120,
@@ -232,10 +231,9 @@ def test_readme_openai_agents_snippet(gateway: Gateway) -> None:
     assert _records(gateway, org, 2) == [("polish-pro", "chat", 200)] * 2
 
 
-def _node_clients() -> "Path":
+def _node_clients() -> Path:
     """The Vercel AI SDK, installed from npm by `make test` (make node-clients) into .venv/node-clients."""
     import shutil
-    from pathlib import Path
 
     where = Path(__file__).resolve().parent.parent / ".venv" / "node-clients"
     if shutil.which("node") is None or not (where / "node_modules" / "@ai-sdk" / "openai").is_dir():

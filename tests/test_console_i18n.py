@@ -189,7 +189,7 @@ def test_pages_in_english_and_the_choice_stored_for_mails(gateway: Gateway) -> N
     again.get("/login")
     assert '<html lang="en">' in again.post("/login", {"email": email, "password": PASSWORD}, follow=True).text
     assert c.post("/billing/low-balance", {"threshold": "6,5"}).status_code == 303
-    assert f'value="6,50"' in c.get("/billing").text
+    assert 'value="6,50"' in c.get("/billing").text
     wait_for(lambda: any(m["subject"].startswith("Niskie saldo") for m in mails(gateway, email)), timeout=15)
     mail = next(m for m in mails(gateway, email) if m["subject"].startswith("Niskie saldo"))
     assert f"wynosi 5,00{NBSP}zł, poniżej ustawionego progu 6,50{NBSP}zł" in mail["body"]

@@ -9,7 +9,6 @@ import sys
 import threading
 
 import httpx
-import pytest
 
 from conftest import Gateway, free_base, running_stack, wait_for
 

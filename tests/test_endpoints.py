@@ -23,7 +23,7 @@ from docs_blocks import ROOT, marked
 from core import catalog as catalog_mod
 from core.catalog import CatalogError
 from core.cost import estimate_text
-from core.endpoints import REGISTRY, Endpoint, Registry
+from core.endpoints import REGISTRY, Endpoint
 from core.stream_context import HEADER, StreamContext
 from extproc.exchange import CLUSTER_HEADER, Exchange, Gateway
 from extproc.observer import StreamWatch

@@ -22,7 +22,7 @@ from core.catalog import WARSAW
 from control.console.invoices import nip_valid, normal_nip, pln_text, split_gross
 from fa3_schema import made_documents
 from test_console_billing import sandbox, start_topup
-from test_console_support import ConsoleClient, mails, signed_up
+from test_console_support import mails, signed_up
 
 
 @pytest.mark.parametrize("nip,ok", [("5260250274", True), ("526-025-02-74", True), ("526 025 02 74", True),

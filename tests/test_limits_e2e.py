@@ -125,8 +125,8 @@ def test_concurrency_per_org_released_on_every_ending(gateway: Gateway) -> None:
         except httpx.HTTPError:
             pass
     try:
-        _post_timeout = httpx.post(gateway.v1 + "/chat/completions", json={**CHAT, "sim": {"ttft_ms": 3000}},
-                                   headers={"Authorization": f"Bearer {key}"}, timeout=0.3)
+        httpx.post(gateway.v1 + "/chat/completions", json={**CHAT, "sim": {"ttft_ms": 3000}},
+                   headers={"Authorization": f"Bearer {key}"}, timeout=0.3)
     except httpx.TimeoutException:
         pass
     # both slots come back (the disconnect is noticed as soon as Envoy sees the client gone)

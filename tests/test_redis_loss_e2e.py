@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 from dataclasses import fields
-from pathlib import Path
 from typing import Any, Iterator
 
 import httpx

@@ -373,10 +373,6 @@ def test_shapes_framings_and_cuts_property(shape: str, framing: tuple[bytes, boo
 
 # ---- The interface's streaming rules 1 and 3 whatever the model server writes ------------------------------------
 
-def _without_usage(data: bytes) -> bytes:
-    return b"".join(e + b"\n\n" for e in data.split(b"\n\n") if e and b'"usage"' not in e)
-
-
 @pytest.mark.parametrize("eol,comments,multiline", FRAMINGS)
 def test_every_event_leaves_as_one_data_line(eol: bytes, comments: bool, multiline: bool) -> None:
     """The interface's streaming rule 1: each event is "data: " + JSON + a blank line, whatever the framing the
